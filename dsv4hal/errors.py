@@ -1,0 +1,62 @@
+"""Typed errors. Every message says what was wrong, where, and what to do about it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+class Dsv4HalError(Exception):
+    """Base class of every error dsv4hal raises on purpose."""
+
+    def __init__(self, message: str, *, remedy: str | None = None) -> None:
+        self.remedy = remedy
+        super().__init__(f"{message}\nRemedy: {remedy}" if remedy else message)
+
+
+def format_reasons(reasons: Mapping[str, Iterable[str]]) -> str:
+    """Render {candidate: [reason, ...]} as an indented block for error messages."""
+    lines = []
+    for name, why in reasons.items():
+        why = list(why)
+        lines.append(f"  - {name}: {'; '.join(why) if why else 'eligible'}")
+    return "\n".join(lines) if lines else "  (no candidates registered)"
+
+
+class RegistryError(Dsv4HalError):
+    """A plugin registered something inconsistent (duplicate name, priority tie, unknown op)."""
+
+
+class PluginLoadError(Dsv4HalError):
+    """A plugin failed to import or to register (raised in strict mode; a warning otherwise)."""
+
+
+class PlatformNotFoundError(Dsv4HalError):
+    """No platform of that name exists, or the named platform does not match this machine."""
+
+
+class AmbiguousPlatformError(Dsv4HalError):
+    """Several platforms claim this machine with the same priority."""
+
+
+class BadOverrideError(Dsv4HalError):
+    """An override string (environment or API) is malformed or names something unknown."""
+
+
+class NoKernelError(Dsv4HalError):
+    """No registered implementation of an op can run this case on this platform."""
+
+
+class UnsupportedCaseError(Dsv4HalError):
+    """A forced implementation exists but refuses this case."""
+
+
+class InvalidArgumentError(Dsv4HalError, ValueError):
+    """An op argument has the wrong dtype, shape, device, layout or value."""
+
+    def __init__(self, op: str, argument: str, expected: str, got: str, *, remedy: str | None = None) -> None:
+        self.op, self.argument, self.expected, self.got = op, argument, expected, got
+        super().__init__(f"{op}: argument '{argument}' expected {expected}, got {got}", remedy=remedy)
+
+
+class PreparedWeightsMismatchError(Dsv4HalError):
+    """Weights prepared for one implementation were handed to another."""

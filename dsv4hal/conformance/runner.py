@@ -1,0 +1,258 @@
+"""The conformance matrix: every op's catalog, case by mode, run on one platform against the oracle.
+
+Statuses: pass, fail, production-unreachable, blocked, deferred, not-run (each with why)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dsv4hal import hardware
+from dsv4hal.conformance.types import CaseSpec, Fixture, Tolerance, compare_close
+from dsv4hal.errors import Dsv4HalError
+from dsv4hal.platform import Platform, load_registry, select_platform
+from dsv4hal.selection import select_kernel
+
+CATALOG_MODULES = ("pack_store", "sparse_attention", "indexer_topk", "compress", "indexer_logits", "moe", "mhc")
+STATUSES = ("pass", "fail", "production-unreachable", "blocked", "deferred", "not-run")
+
+
+@dataclass
+class Cell:
+    op: str
+    implementation: str
+    case: str
+    mode: str
+    compress_ratio: int | None
+    platform: str
+    status: str
+    max_error: float | None = None
+    tolerance: dict[str, Any] | None = None
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    platform: str
+    info: dict[str, Any]
+    cells: list[Cell] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(c.status == s for c in self.cells) for s in STATUSES}
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == "fail" for c in self.cells)
+
+    def to_json(self) -> dict[str, Any]:
+        def clean(c: Cell) -> dict[str, Any]:
+            d = dataclasses.asdict(c)
+            if d["max_error"] is not None and not math.isfinite(d["max_error"]):
+                d["max_error"] = str(d["max_error"])
+            return d
+        return {"platform": self.platform, "info": self.info, "summary": self.counts(),
+                "cells": [clean(c) for c in self.cells]}
+
+
+def load_catalog(ops: Iterable[str] | None = None) -> list[tuple[CaseSpec, Callable[..., Fixture]]]:
+    wanted = set(ops) if ops else None
+    out = []
+    for name in CATALOG_MODULES:
+        mod = importlib.import_module(f"dsv4hal.conformance.cases_{name}")
+        specs = [s for attr in sorted(dir(mod)) if attr.startswith("CASES") for s in getattr(mod, attr)]
+        out += [(s, mod.build) for s in specs if wanted is None or s.op in wanted]
+    return out
+
+
+def _to_device(x: Any, device: torch.device) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to_device(v, device) for v in x)
+    return x
+
+
+def copy_into(static: Any, new: Any) -> None:
+    """Write `new` into the buffers of `static` in place (graph replay with fresh inputs)."""
+    if isinstance(static, torch.Tensor):
+        if static.shape != new.shape or static.dtype != new.dtype:
+            raise ValueError(f"replay input {tuple(new.shape)} {new.dtype} does not match the captured "
+                             f"{tuple(static.shape)} {static.dtype}")
+        static.copy_(new)
+    elif dataclasses.is_dataclass(static):
+        for f in dataclasses.fields(static):
+            copy_into(getattr(static, f.name), getattr(new, f.name))
+    elif isinstance(static, dict):
+        for k in static:
+            copy_into(static[k], new[k])
+    elif isinstance(static, (tuple, list)):
+        for a, b in zip(static, new, strict=True):
+            copy_into(a, b)
+    elif static != new:
+        raise ValueError(f"non-tensor argument differs between capture and replay: {static!r} != {new!r}")
+
+
+def clone_args(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: clone_args(getattr(x, f.name)) for f in dataclasses.fields(x)
+                                         if f.init})
+    if isinstance(x, dict):
+        return {k: clone_args(v) for k, v in x.items()}
+    return x
+
+
+def _judge(fx: Fixture, got: Any, expected: Any, tol: Tolerance) -> tuple[float, bool, str]:
+    if fx.compare is not None:
+        return fx.compare(got, expected)
+    return compare_close(got, expected, tol)
+
+
+def _graph_tolerance(op: str, tol: Tolerance) -> Tolerance:
+    if op.startswith("sparse_attention"):
+        from dsv4hal.conformance.cases_sparse_attention import GRAPH_TOLERANCE
+
+        return GRAPH_TOLERANCE
+    return tol
+
+
+def run_cell(platform: Platform, spec: CaseSpec, build: Callable[..., Fixture], mode: str, seed: int = 0) -> Cell:
+    device = torch.device(platform.device_type)
+    cell = Cell(spec.op, "", spec.name, mode, spec.compress_ratio, platform.name, "not-run")
+    bound = platform.ops[spec.op]
+    spec_m = dataclasses.replace(spec, params={**spec.params, "mode": mode})
+    t0 = time.perf_counter()
+    try:
+        fx = build(spec_m, device, torch.Generator().manual_seed(seed))
+        decision = bound.decide(bound.case_of(**fx.args))
+        cell.implementation = decision.chosen.name
+        tol = fx.tolerance or Tolerance(0, 0, "exact")
+        if mode == "graph":
+            tol = _graph_tolerance(spec.op, tol)
+            fx_new = build(spec_m, device, torch.Generator().manual_seed(seed + 1))
+            got, args = _run_graph(bound, fx, fx_new)
+            expected, fx_used = fx_new.expected, fx_new
+        else:
+            args = fx.args
+            ret = bound(**args)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            got, expected, fx_used = ret, fx.expected, fx
+        if fx_used.extract is not None:
+            got = fx_used.extract(got, args)
+        err, ok, detail = _judge(fx_used, got, expected, tol)
+        cell.status, cell.max_error, cell.detail = ("pass" if ok else "fail"), err, detail
+        cell.tolerance = {"atol": tol.atol, "rtol": tol.rtol, "reason": tol.reason}
+    except Dsv4HalError as exc:
+        cell.status, cell.detail = "blocked", str(exc).splitlines()[0]
+    except Exception as exc:  # a crash in a kernel is a failure of that cell, not of the run
+        cell.status = "fail"
+        cell.detail = f"{type(exc).__name__}: {exc}"[:500]
+        if "--debug" in sys.argv:
+            traceback.print_exc()
+    cell.seconds = time.perf_counter() - t0
+    return cell
+
+
+def _run_graph(bound: Any, fx: Fixture, fx_new: Fixture) -> tuple[Any, dict[str, Any]]:
+    """Capture the op once on fx's inputs, write fx_new's inputs into the same buffers, replay."""
+    static = clone_args(fx.args)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        bound(**static)  # warm-up: compilation, autotuning and lazy scheduler plans happen outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ret = bound(**static)
+    copy_into(static, fx_new.args)
+    graph.replay()
+    torch.cuda.synchronize()
+    return ret, static
+
+
+def _not_run_cells(spec: CaseSpec, platform: str, impl: str, why: str) -> list[Cell]:
+    return [Cell(spec.op, impl, spec.name, m, spec.compress_ratio, platform, "not-run", detail=why)
+            for m in spec.modes]
+
+
+def _static_status(spec: CaseSpec, mode: str, on_gpu: bool) -> tuple[str, str] | None:
+    if mode in spec.unreachable:
+        return "production-unreachable", spec.unreachable[mode]
+    if mode in spec.deferred:
+        return "deferred", spec.deferred[mode]
+    if spec.gpu_only and not on_gpu:
+        return "not-run", "full-size shape: run on a GPU platform (too slow for the CPU reference)"
+    if mode == "graph" and not on_gpu:
+        return "not-run", "CUDA graphs need a GPU"
+    return None
+
+
+def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | None = None,
+                    progress: Callable[[int, int, Cell], None] | None = None, seed: int = 0) -> Report:
+    """Run the catalog on the selected platform. A platform that does not fit this machine yields
+    not-run cells naming the implementation it would use and why it did not run."""
+    registry = load_registry()
+    info = hardware.detect(registry.requirements())
+    catalog = load_catalog(ops)
+    spec_platform = registry.platforms.get(platform_name or "")
+    fits = spec_platform is not None and not spec_platform.claims(info)
+    if platform_name and spec_platform is not None and not fits:
+        return _absent_platform_report(platform_name, catalog, info, registry)
+    platform = select_platform(platform_name, info=info, registry=registry)
+    report = Report(platform.name, platform.info.to_json())
+    on_gpu = platform.device_type == "cuda"
+    todo = [(s, b, m) for s, b in catalog for m in s.modes]
+    for i, (spec, build, mode) in enumerate(todo):
+        static = _static_status(spec, mode, on_gpu)
+        if static is not None:
+            impl = _impl_name(platform, spec)
+            cell = Cell(spec.op, impl, spec.name, mode, spec.compress_ratio, platform.name, static[0],
+                        detail=static[1])
+        else:
+            cell = run_cell(platform, spec, build, mode, seed)
+        report.cells.append(cell)
+        if progress:
+            progress(i + 1, len(todo), cell)
+    return report
+
+
+def _impl_name(platform: Platform, spec: CaseSpec) -> str:
+    try:
+        return platform.ops[spec.op].decide().chosen.name
+    except Dsv4HalError:
+        return "-"
+
+
+def _absent_platform_report(name: str, catalog: list, info: hardware.PlatformInfo, registry: Any) -> Report:
+    """Cells of a platform with no hardware here: not-run, with the kernel it would bind were its
+    vendor libraries installed (decided on a simulated PlatformInfo of its first architecture)."""
+    spec = registry.platforms[name]
+    sim = hardware.simulated(spec.archs[0], libraries={r: "simulated" for r in registry.requirements() | {"torch"}})
+    from dsv4hal.override import current
+
+    why = f"no hardware: {'; '.join(spec.claims(info))}"
+    report = Report(name, {**info.to_json(), "simulated_for_selection": sim.arch})
+    for case, _ in catalog:
+        ops_spec = importlib.import_module("dsv4hal.ops.catalog").OPS_BY_NAME[case.op]
+        try:
+            impl = select_kernel(registry, case.op, ops_spec.default_case, sim, name, current()).chosen.name
+        except Dsv4HalError:
+            impl = "-"
+        for cell in _not_run_cells(case, name, impl, why):
+            static = _static_status(case, cell.mode, True)
+            if static and static[0] != "not-run":
+                cell.status, cell.detail = static
+            report.cells.append(cell)
+    return report

@@ -1,0 +1,28 @@
+"""The built-in CPU platform: every op bound to its pure-PyTorch reference. The references are also
+registered for every other platform at the lowest priority, so an op with no fast kernel still runs
+(on the GPU, through PyTorch) and `info` says so; strict mode refuses that on GPU platforms."""
+
+from __future__ import annotations
+
+from dsv4hal.hardware import PlatformInfo
+from dsv4hal.hookspecs import hookimpl
+from dsv4hal.ops.catalog import OPS
+from dsv4hal.registry import KernelImpl, PlatformSpec, Registry
+
+REFERENCE_PRIORITY = 0
+
+
+def _always(info: PlatformInfo) -> list[str]:
+    return [] if "torch" in info.libraries else ["torch is not installed"]
+
+
+@hookimpl
+def dsv4hal_register(registry: Registry) -> None:
+    registry.add_platform(PlatformSpec(
+        name="cpu", description="pure-PyTorch reference on the CPU (any machine)", priority=0,
+        claims=_always, device_type="cpu"))
+    for op in OPS:
+        registry.add_kernel(KernelImpl(
+            op=op.name, name="torch_reference", target=op.reference, platforms=("*",),
+            priority=REFERENCE_PRIORITY, tier="reference", requires=("torch",),
+            description="pure-PyTorch reference (float32 accumulation)"))

@@ -1,0 +1,130 @@
+"""Contracts of the sparse attention ops (spec 3.2-3.4).
+
+sparse_attention_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale,
+                        extra_cache=None, extra_indices=None, extra_lengths=None) -> (out, lse)
+    q            bf16 [T, h_q, 512], h_q in {64, 128}; every query token is its own row (s_q = 1)
+    swa_cache    V4PagedCache, page 256 (the SWA pool)
+    swa_indices  int32 [T, W] slots of swa_cache, newest first; -1 = unused; W % 64 == 0
+    swa_lengths  int32 [T]; entries k >= swa_lengths[t] are ignored even if valid
+    sink         fp32 [h_q] per-head attention sink logit (value vector 0)
+    extra_*      the C4 (page 64) or C128 (page 2) cache of the layer, its indices [T, W_x] and lengths
+    returns      out bf16 [T, h_q, 512] (V = K, all 512 dims), lse fp32 [T, h_q] (natural log, before the
+                 sink; +inf for a row with no key)
+
+sparse_attention_prefill(q, kv, indices, lengths, sink, softmax_scale) -> (out, lse)
+    kv           bf16 [S, 512] workspace (dequantized cache rows); indices int32 [T, W] into kv, -1 unused
+    same math as decode.
+
+Compress ratio is implied by the extra cache's page size (64 -> 4, 2 -> 128; none -> 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
+from dsv4hal.ops.checks import check_finite, check_index_range, check_tensor, describe
+
+H_Q_CHOICES = (64, 128)
+INDEX_ALIGN = 64
+RATIO_BY_EXTRA_PAGE = {64: 4, 2: 128}
+SWA_PAGE_SIZE = 256
+
+DECODE = "sparse_attention_decode"
+PREFILL = "sparse_attention_prefill"
+
+
+def _check_q(op: str, q: object) -> torch.Tensor:
+    q = check_tensor(op, "q", q, dtype=torch.bfloat16, shape=(None, None, HEAD_DIM))
+    if q.shape[1] not in H_Q_CHOICES:
+        raise InvalidArgumentError(op, "q", f"h_q in {H_Q_CHOICES} (pad heads to 64)", describe(q),
+                                   remedy="zero-pad the per-rank heads to 64 as the model does")
+    return q
+
+
+def _check_indices(op: str, name: str, idx: object, t: int, dev: torch.device) -> torch.Tensor:
+    idx = check_tensor(op, name, idx, dtype=torch.int32, shape=(t, None), device=dev)
+    if idx.shape[1] % INDEX_ALIGN:
+        raise InvalidArgumentError(op, name, f"width a multiple of {INDEX_ALIGN}", describe(idx),
+                                   remedy="pad the last dimension with -1")
+    return idx
+
+
+def _check_lengths(op: str, name: str, lengths: object, t: int, width: int, dev: torch.device,
+                   checked: bool) -> None:
+    lengths = check_tensor(op, name, lengths, dtype=torch.int32, shape=(t,), device=dev)
+    if checked and lengths.numel() and bool(((lengths < 0) | (lengths > width)).any()):
+        raise InvalidArgumentError(op, name, f"lengths in [0, {width}] (the index width)",
+                                   f"min {int(lengths.min())}, max {int(lengths.max())}")
+
+
+def _check_cache(op: str, name: str, cache: object, dev: torch.device, pages: tuple[int, ...]) -> V4PagedCache:
+    if not isinstance(cache, V4PagedCache):
+        raise InvalidArgumentError(op, name, "a V4PagedCache", describe(cache),
+                                   remedy="wrap the uint8 pool: V4PagedCache(data, page_size, fp8)")
+    cache.validate(op, name)
+    if cache.data.device.type != dev.type:
+        raise InvalidArgumentError(op, name, f"a cache on {dev}", f"a cache on {cache.data.device}")
+    if cache.page_size not in pages:
+        raise InvalidArgumentError(op, name, f"page size in {pages}", f"page size {cache.page_size}",
+                                   remedy="SWA pools use 256-token pages, C4 pools 64, C128 pools 2")
+    return cache
+
+
+def validate_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale, extra_cache=None,  # noqa: ANN001
+                    extra_indices=None, extra_lengths=None, *, checked: bool = False) -> None:
+    op = DECODE
+    q = _check_q(op, q)
+    t, h, dev = q.shape[0], q.shape[1], q.device
+    swa = _check_cache(op, "swa_cache", swa_cache, dev, (SWA_PAGE_SIZE,))
+    idx = _check_indices(op, "swa_indices", swa_indices, t, dev)
+    _check_lengths(op, "swa_lengths", swa_lengths, t, idx.shape[1], dev, checked)
+    check_tensor(op, "sink", sink, dtype=torch.float32, shape=(h,), device=dev)
+    if not isinstance(softmax_scale, (int, float)) or not softmax_scale > 0:
+        raise InvalidArgumentError(op, "softmax_scale", "a positive float (512**-0.5 for DSV4)", repr(softmax_scale))
+    given = [x is not None for x in (extra_cache, extra_indices, extra_lengths)]
+    if any(given) and not all(given):
+        raise InvalidArgumentError(op, "extra_cache/extra_indices/extra_lengths", "all three or none",
+                                   f"only {sum(given)} of them")
+    if checked:
+        check_finite(op, "q", q)
+        check_index_range(op, "swa_indices", idx, swa.num_slots)
+    if extra_cache is None:
+        return
+    extra = _check_cache(op, "extra_cache", extra_cache, dev, tuple(RATIO_BY_EXTRA_PAGE))
+    if extra.fp8 != swa.fp8:
+        raise InvalidArgumentError(op, "extra_cache", f"the same FP8 flavour as swa_cache ({swa.fp8})", extra.fp8)
+    xidx = _check_indices(op, "extra_indices", extra_indices, t, dev)
+    _check_lengths(op, "extra_lengths", extra_lengths, t, xidx.shape[1], dev, checked)
+    if checked:
+        check_index_range(op, "extra_indices", xidx, extra.num_slots)
+
+
+def case_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale, extra_cache=None,  # noqa: ANN001
+                extra_indices=None, extra_lengths=None) -> dict[str, object]:
+    ratio = 0 if extra_cache is None else RATIO_BY_EXTRA_PAGE.get(extra_cache.page_size, -1)
+    return {"h_q": int(q.shape[1]), "compress_ratio": ratio, "fp8": swa_cache.fp8,
+            "swa_page_size": swa_cache.page_size,
+            "extra_page_size": None if extra_cache is None else extra_cache.page_size,
+            "extra_width": None if extra_indices is None else int(extra_indices.shape[1])}
+
+
+def validate_prefill(q, kv, indices, lengths, sink, softmax_scale, *, checked: bool = False) -> None:  # noqa: ANN001
+    op = PREFILL
+    q = _check_q(op, q)
+    t, h, dev = q.shape[0], q.shape[1], q.device
+    kv = check_tensor(op, "kv", kv, dtype=torch.bfloat16, shape=(None, HEAD_DIM), device=dev, contiguous=True)
+    idx = _check_indices(op, "indices", indices, t, dev)
+    _check_lengths(op, "lengths", lengths, t, idx.shape[1], dev, checked)
+    check_tensor(op, "sink", sink, dtype=torch.float32, shape=(h,), device=dev)
+    if not isinstance(softmax_scale, (int, float)) or not softmax_scale > 0:
+        raise InvalidArgumentError(op, "softmax_scale", "a positive float", repr(softmax_scale))
+    if checked:
+        check_finite(op, "q", q)
+        check_finite(op, "kv", kv)
+        check_index_range(op, "indices", idx, kv.shape[0])
+
+
+def case_prefill(q, kv, indices, lengths, sink, softmax_scale) -> dict[str, object]:  # noqa: ANN001
+    return {"h_q": int(q.shape[1]), "width": int(indices.shape[1])}

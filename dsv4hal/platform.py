@@ -1,0 +1,129 @@
+"""select_platform() and the Platform it returns: ops bound to kernels at selection time, a choice
+per case class decided once and cached, and every decision explainable."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from functools import cache
+from typing import Any
+
+from dsv4hal import hardware
+from dsv4hal import override as ov
+from dsv4hal.hardware import PlatformInfo
+from dsv4hal.ops.catalog import OP_NAMES, OPS_BY_NAME, OpSpec
+from dsv4hal.plugins import build_registry, import_target
+from dsv4hal.registry import PlatformSpec, Registry
+from dsv4hal.selection import Decision, PlatformDecision, select_kernel, select_platform_spec
+
+
+@cache
+def _registry_cached(disabled: frozenset[str], strict: bool) -> Registry:
+    return build_registry(disabled=disabled, strict=strict)
+
+
+def load_registry(overrides: ov.Overrides | None = None) -> Registry:
+    o = overrides or ov.current()
+    return _registry_cached(o.disabled_plugins, o.strict)
+
+
+class BoundOp:
+    """One op of a Platform. Calling it validates the arguments (cheap checks, no device sync unless
+    the platform is in checked mode), finds the case class, and calls the kernel chosen for it."""
+
+    def __init__(self, platform: Platform, spec: OpSpec) -> None:
+        self.platform, self.spec = platform, spec
+        contract = importlib.import_module(spec.contract)
+        self._validate: Callable[..., Any] = getattr(contract, spec.validate)
+        self._case: Callable[..., Mapping[str, object]] = getattr(contract, spec.case)
+        self._by_case: dict[tuple, tuple[Decision, Callable[..., Any]]] = {}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def decide(self, case: Mapping[str, object] | None = None) -> Decision:
+        return self._resolve(dict(self.spec.default_case if case is None else case))[0]
+
+    def kernel(self, case: Mapping[str, object]) -> Callable[..., Any]:
+        """The kernel callable for a case class, for callers that hoist dispatch out of a hot loop."""
+        return self._resolve(case)[1]
+
+    def case_of(self, *args: Any, **kwargs: Any) -> Mapping[str, object]:
+        return self._case(*args, **kwargs)
+
+    def _resolve(self, case: Mapping[str, object]) -> tuple[Decision, Callable[..., Any]]:
+        key = tuple(sorted(case.items()))
+        hit = self._by_case.get(key)
+        if hit is None:
+            p = self.platform
+            d = select_kernel(p.registry, self.spec.name, case, p.info, p.name, p.overrides)
+            hit = (d, import_target(d.chosen.target))
+            self._by_case[key] = hit
+        return hit
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.platform.validate:
+            self._validate(*args, **kwargs, checked=self.platform.checked)
+        return self._resolve(self._case(*args, **kwargs))[1](*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<dsv4hal op {self.spec.name} on {self.platform.name}>"
+
+
+class Ops:
+    """Attribute access to the bound ops: platform.ops.sparse_attention_decode(...)."""
+
+    def __init__(self, platform: Platform) -> None:
+        self._ops = {name: BoundOp(platform, OPS_BY_NAME[name]) for name in OP_NAMES}
+        for name, op in self._ops.items():
+            setattr(self, name, op)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._ops.values())
+
+    def __getitem__(self, name: str) -> BoundOp:
+        return self._ops[name]
+
+
+class Platform:
+    def __init__(self, spec: PlatformSpec, info: PlatformInfo, registry: Registry, overrides: ov.Overrides,
+                 decision: PlatformDecision, *, validate: bool = True, checked: bool = False) -> None:
+        self.spec, self.info, self.registry, self.overrides = spec, info, registry, overrides
+        self.platform_decision = decision
+        self.validate, self.checked = validate, checked
+        self.ops = Ops(self)
+        # Bind now: each op's default case is decided at selection time, so a missing kernel or a bad
+        # override surfaces here rather than at the first call in the middle of a forward pass.
+        self.default_decisions = {op.name: op.decide() for op in self.ops}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def device_type(self) -> str:
+        return self.spec.device_type
+
+    def explain(self, op: str, case: Mapping[str, object] | None = None) -> Decision:
+        return self.ops[op].decide(case)
+
+    def __repr__(self) -> str:
+        return f"<dsv4hal Platform {self.name} on {self.info.summary()}>"
+
+
+def detect_info(registry: Registry) -> PlatformInfo:
+    return hardware.detect(registry.requirements())
+
+
+def select_platform(name: str | None = None, *, info: PlatformInfo | None = None,
+                    overrides: ov.Overrides | None = None, registry: Registry | None = None,
+                    validate: bool = True, checked: bool = False) -> Platform:
+    """Detect the hardware (unless `info` is given) and return the best fitting platform with its ops
+    bound. `name` (or DSV4HAL_PLATFORM) forces a platform; if it does not fit, PlatformNotFoundError.
+    `checked=True` validates index ranges and finiteness on the device before each kernel (a host sync)."""
+    o = overrides or ov.current()
+    reg = registry or load_registry(o)
+    inf = info or detect_info(reg)
+    decision = select_platform_spec(reg, inf, o, name)
+    return Platform(decision.chosen, inf, reg, o, decision, validate=validate, checked=checked)

@@ -1,0 +1,28 @@
+"""Reference indexer top-k with the length semantics and the page transform (spec 4.3)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def page_transform(raw: torch.Tensor, page_table: torch.Tensor, page_size: int = 64) -> torch.Tensor:
+    """raw compressed positions -> slots of the paged pool; -1 stays -1."""
+    safe = raw.clamp(min=0).long()
+    page = torch.gather(page_table.long(), 1, (safe // page_size).clamp(max=page_table.shape[1] - 1))
+    slots = page * page_size + safe % page_size
+    return torch.where(raw >= 0, slots, torch.full_like(slots, -1)).to(torch.int32)
+
+
+def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
+                 page_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+    b, s = scores.shape
+    n = lengths.long()[:, None]
+    cols = torch.arange(max(s, k), device=scores.device)
+    masked = torch.full((b, max(s, k)), float("-inf"), device=scores.device, dtype=torch.float32)
+    masked[:, :s] = scores.float()
+    masked = masked.masked_fill(cols[None, :] >= n, float("-inf"))
+    top = masked.topk(k, dim=1, sorted=False).indices
+    ascending = torch.where(cols[None, :k] < n, cols[None, :k], torch.full_like(cols[None, :k], -1))
+    raw = torch.where(n <= k, ascending.expand(b, k), top).to(torch.int32)
+    pages = page_transform(raw, page_table, page_size) if page_table is not None else None
+    return raw, pages

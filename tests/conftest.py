@@ -1,0 +1,53 @@
+"""Shared fixtures: fake hardware and registries built from plugin modules written in the test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from dsv4hal.hardware import simulated
+from dsv4hal.plugins import build_registry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("DSV4HAL_PLATFORM", "DSV4HAL_KERNELS", "DSV4HAL_DISABLE_PLUGINS", "DSV4HAL_STRICT",
+                "DSV4HAL_SIMULATE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def plugin_module(name: str, register) -> types.ModuleType:  # noqa: ANN001
+    """A plugin module whose dsv4hal_register hook is `register`."""
+    from dsv4hal.hookspecs import hookimpl
+
+    mod = types.ModuleType(name)
+    mod.dsv4hal_register = hookimpl(register)  # type: ignore[attr-defined]
+    return mod
+
+
+def registry_with(*extra: tuple[str, types.ModuleType], disabled: tuple[str, ...] = (), strict: bool = False):  # noqa: ANN201
+    return build_registry(disabled=disabled, strict=strict, extra_modules=extra)
+
+
+ALL_LIBS = {"torch": "2", "triton": "3", "flash_mla": "1.0.0", "deep_gemm": "2", "flashinfer": "0.5", "aiter": "1",
+            "vllm_moe": "0.24"}
+
+
+def fake(arch: str, **libs: str):  # noqa: ANN201
+    return simulated(arch, libraries={"torch": "2", **libs})
+
+
+def run_py(code: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    e = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, cwd=cwd, timeout=120)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return run_py(f"import sys; from dsv4hal.cli import main; sys.exit(main({list(args)!r}))", env)

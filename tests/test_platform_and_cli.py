@@ -1,0 +1,145 @@
+"""select_platform(), bound ops, import cost, the CLI, and a third-party plugin found through entry points."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import fake, run_cli, run_py
+
+import dsv4hal
+from dsv4hal.errors import BadOverrideError, InvalidArgumentError, PlatformNotFoundError
+
+
+def test_import_is_free_and_does_not_touch_cuda() -> None:
+    r = run_py(textwrap.dedent("""
+        import sys
+        import dsv4hal
+        assert 'triton' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)
+        p = dsv4hal.select_platform()
+        assert 'triton' not in sys.modules, 'selection imported triton'
+        import torch
+        assert not torch.cuda.is_initialized()
+        print(p.name)
+    """))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "cpu"
+
+
+def test_select_platform_binds_ops_and_caches_per_case() -> None:
+    p = dsv4hal.select_platform(info=fake("cpu"))
+    assert p.name == "cpu" and set(p.default_decisions) == set(dsv4hal.OP_NAMES)
+    scores = torch.randn(2, 700)
+    lengths = torch.tensor([3, 700], dtype=torch.int32)
+    before = len(p.ops.indexer_topk._by_case)  # the default case is decided at selection time
+    raw, pages = p.ops.indexer_topk(scores, lengths, 512)
+    p.ops.indexer_topk(scores, lengths, 512)
+    assert pages is None and raw[0, :4].tolist() == [0, 1, 2, -1]
+    assert len(p.ops.indexer_topk._by_case) == before + 1
+    p.ops.indexer_topk(scores, lengths, 1024)
+    assert len(p.ops.indexer_topk._by_case) == before + 2
+    with pytest.raises(InvalidArgumentError, match="'k'"):
+        p.ops.indexer_topk(scores, lengths, 300)
+
+
+def test_select_platform_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(PlatformNotFoundError, match="does not fit"):
+        dsv4hal.select_platform("cuda_sm90", info=fake("cpu"))
+    monkeypatch.setenv("DSV4HAL_KERNELS", "indexer_topk=warp_speed")
+    with pytest.raises(BadOverrideError, match="torch_reference"):
+        dsv4hal.select_platform(info=fake("cpu"))
+
+
+def test_gpu_platform_on_fake_hardware_reports_reference_fallback() -> None:
+    p = dsv4hal.select_platform(info=fake("gfx942"))
+    assert p.name == "rocm" and p.info.fp8 == "e4m3fnuz"
+    assert p.explain("mhc_post").chosen.tier in ("reference", "portable", "vendor")
+
+
+def test_cli_info_json_lists_platforms() -> None:
+    r = run_cli("info", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    rows = {row["name"]: row for row in data["platforms"]}
+    assert {"cpu", "cuda_sm90", "cuda_sm100", "rocm"} <= set(rows)
+    assert rows["cpu"]["selected"] and rows["cpu"]["fits"]
+    assert "NVIDIA GPU" in rows["cuda_sm90"]["reasons"][0]
+    assert set(data["ops"]) == set(dsv4hal.OP_NAMES)
+    assert all(d["candidates"] for d in data["ops"].values())
+
+
+def test_cli_forced_platform_on_cpu_fails_with_reason() -> None:
+    r = run_cli("info", env={"DSV4HAL_PLATFORM": "cuda_sm90"})
+    assert r.returncode == 2
+    assert "cuda_sm90" in r.stderr and "needs an NVIDIA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(("arch", "platform"), [("gfx942", "rocm"), ("sm100", "cuda_sm100"), ("sm120", "cpu")])
+def test_cli_info_simulated(arch: str, platform: str) -> None:
+    r = run_cli("info", "--json", "--simulate", arch)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["platform"] == platform and data["info"]["arch"] == arch
+
+
+def test_cli_bad_inputs_are_typed() -> None:
+    r = run_cli("info", env={"DSV4HAL_KERNELS": "nonsense"})
+    assert r.returncode == 2 and "malformed" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("explain", "warp_drive")
+    assert r.returncode == 2 and "valid ops" in r.stderr
+    r = run_cli("info", "--simulate", "sm999")
+    assert r.returncode == 2 and "unknown arch" in r.stderr
+
+
+def test_cli_explain_json() -> None:
+    r = run_cli("explain", "indexer_topk", "--json", "--case", "k=1024")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["chosen"] == "torch_reference" and d["case"]["k"] == 1024 and d["source"] == "auto"
+
+
+def _third_party(site: Path, body: str) -> None:
+    (site / "acme_dsv4.py").write_text(textwrap.dedent(body))
+    dist = site / "acme_dsv4-1.2.3.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-dsv4\nVersion: 1.2.3\n")
+    (dist / "entry_points.txt").write_text("[dsv4hal.platforms]\nacme = acme_dsv4\n")
+
+
+def test_third_party_plugin_through_entry_points(tmp_path: Path) -> None:
+    _third_party(tmp_path, """
+        from dsv4hal import hookimpl
+        from dsv4hal.registry import KernelImpl
+
+        def topk(scores, lengths, k, page_table=None, page_size=64):
+            from dsv4hal.reference.indexer_topk import indexer_topk
+            return indexer_topk(scores, lengths, k, page_table, page_size)
+
+        @hookimpl
+        def dsv4hal_register(registry):
+            registry.add_kernel(KernelImpl(op="indexer_topk", name="acme_topk", target="acme_dsv4:topk",
+                                           platforms=("cpu",), priority=10, tier="portable"))
+    """)
+    r = run_cli("explain", "indexer_topk", "--json", env={"PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["chosen"] == "acme_topk"
+    assert {c["name"]: c["plugin"] for c in d["candidates"]}["acme_topk"] == "acme"
+    r = run_cli("info", "--json", env={"PYTHONPATH": str(tmp_path)})
+    assert {"name": "acme", "version": "acme-dsv4 1.2.3"} in json.loads(r.stdout)["plugins"]
+    r = run_cli("explain", "indexer_topk", "--json", env={"PYTHONPATH": str(tmp_path),
+                                                         "DSV4HAL_DISABLE_PLUGINS": "acme"})
+    assert json.loads(r.stdout)["chosen"] == "torch_reference"
+
+
+def test_broken_third_party_plugin_warns_or_fails_strict(tmp_path: Path) -> None:
+    _third_party(tmp_path, "raise ImportError('acme needs libacme.so')\n")
+    r = run_cli("info", "--json", env={"PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert "libacme.so" in json.loads(r.stdout)["plugin_errors"]["acme"]
+    assert "PluginWarning" in r.stderr
+    r = run_cli("info", env={"PYTHONPATH": str(tmp_path), "DSV4HAL_STRICT": "1"})
+    assert r.returncode == 2 and "libacme.so" in r.stderr and "DSV4HAL_DISABLE_PLUGINS=acme" in r.stderr

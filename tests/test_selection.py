@@ -1,0 +1,191 @@
+"""Selection on fake hardware: platforms per arch, priorities, requirements, supports(), ties,
+overrides, strict mode, failing and competing plugins. No GPU needed."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import fake, plugin_module, registry_with
+
+from dsv4hal import override as ov
+from dsv4hal.errors import (
+    AmbiguousPlatformError,
+    BadOverrideError,
+    NoKernelError,
+    PlatformNotFoundError,
+    PluginLoadError,
+    RegistryError,
+    UnsupportedCaseError,
+)
+from dsv4hal.plugins import PluginWarning
+from dsv4hal.registry import KernelImpl, PlatformSpec
+from dsv4hal.selection import select_kernel, select_platform_spec
+
+OP = "sparse_attention_decode"
+CASE = {"h_q": 64, "compress_ratio": 4, "fp8": "e4m3fn"}
+
+
+def _refuse_h128(case, info):  # noqa: ANN001, ANN202
+    return ["h_q 128 not supported by this fake kernel"] if case.get("h_q") == 128 else []
+
+
+def _vendor_plugin(registry) -> None:  # noqa: ANN001
+    registry.add_kernel(KernelImpl(op=OP, name="fake_vendor", target="builtins:len", platforms=("cuda_sm90",),
+                                   priority=200, tier="vendor", requires=("flash_mla",), supports=_refuse_h128))
+    registry.add_kernel(KernelImpl(op=OP, name="fake_triton", target="builtins:len",
+                                   platforms=("cuda_sm90", "rocm"), priority=100, requires=("triton",)))
+
+
+@pytest.fixture()
+def reg():  # noqa: ANN201
+    return registry_with(("fakevendor", plugin_module("fakevendor", _vendor_plugin)))
+
+
+@pytest.mark.parametrize(("arch", "platform", "fp8"), [
+    ("sm90", "cuda_sm90", "e4m3fn"), ("sm100", "cuda_sm100", "e4m3fn"), ("sm103", "cuda_sm100", "e4m3fn"),
+    ("sm120", "cpu", "e4m3fn"), ("gfx942", "rocm", "e4m3fnuz"), ("gfx950", "rocm", "e4m3fn"), ("cpu", "cpu", "e4m3fn"),
+])
+def test_platform_per_arch(reg, arch: str, platform: str, fp8: str) -> None:  # noqa: ANN001
+    info = fake(arch)
+    d = select_platform_spec(reg, info, ov.Overrides())
+    assert d.chosen.name == platform and d.source == "auto"
+    assert info.fp8 == fp8
+
+
+def test_sm120_is_not_sm100(reg) -> None:  # noqa: ANN001
+    d = select_platform_spec(reg, fake("sm120"), ov.Overrides())
+    assert any("SM120 is not SM100" in r for r in d.reasons["cuda_sm100"])
+
+
+def test_priority_and_requirements(reg) -> None:  # noqa: ANN001
+    o = ov.Overrides()
+    d = select_kernel(reg, OP, CASE, fake("sm90", flash_mla="1.0", triton="3"), "cuda_sm90", o)
+    assert d.chosen.name == "fake_vendor" and d.source == "auto"
+    d = select_kernel(reg, OP, CASE, fake("sm90", triton="3"), "cuda_sm90", o)
+    assert d.chosen.name == "fake_triton"
+    rejected = {c.name: c.reasons for c in d.candidates if c.status == "rejected"}
+    assert rejected["fake_vendor"] == ("missing flash_mla",)
+    eligible = {c.name for c in d.candidates if c.status == "eligible"}
+    assert "torch_reference" in eligible
+
+
+def test_supports_reasons_per_case(reg) -> None:  # noqa: ANN001
+    info = fake("sm90", flash_mla="1.0", triton="3")
+    d = select_kernel(reg, OP, {**CASE, "h_q": 128}, info, "cuda_sm90", ov.Overrides())
+    assert d.chosen.name == "fake_triton"
+    assert any("h_q 128" in r for c in d.candidates for r in c.reasons if c.name == "fake_vendor")
+
+
+def test_selection_is_pure(reg) -> None:  # noqa: ANN001
+    info = fake("sm90", triton="3")
+    a = select_kernel(reg, OP, CASE, info, "cuda_sm90", ov.Overrides())
+    b = select_kernel(reg, OP, CASE, info, "cuda_sm90", ov.Overrides())
+    assert a == b
+
+
+def test_forced_kernel_env_and_errors(reg) -> None:  # noqa: ANN001
+    info = fake("sm90", triton="3")
+    o = ov.from_env({"DSV4HAL_KERNELS": f"{OP}=fake_triton"})
+    d = select_kernel(reg, OP, CASE, info, "cuda_sm90", o)
+    assert (d.chosen.name, d.source) == ("fake_triton", "env")
+    o = ov.from_env({"DSV4HAL_KERNELS": f"{OP}=fake_vendor"})
+    with pytest.raises(UnsupportedCaseError, match="missing flash_mla") as e:
+        select_kernel(reg, OP, CASE, info, "cuda_sm90", o)
+    assert "cuda_sm90" in str(e.value) and "h_q=64" in str(e.value) and "Remedy" in str(e.value)
+    o = ov.from_env({"DSV4HAL_KERNELS": f"{OP}=nope"})
+    with pytest.raises(BadOverrideError, match="fake_triton"):
+        select_kernel(reg, OP, CASE, info, "cuda_sm90", o)
+
+
+@pytest.mark.parametrize("text", ["sparse_attention_decode", "=x", "bogus_op=x", "indexer_topk=a,indexer_topk=b"])
+def test_malformed_kernel_overrides(text: str) -> None:
+    with pytest.raises(BadOverrideError):
+        ov.from_env({"DSV4HAL_KERNELS": text})
+
+
+def test_bad_strict_value() -> None:
+    with pytest.raises(BadOverrideError, match="boolean"):
+        ov.from_env({"DSV4HAL_STRICT": "maybe"})
+
+
+def test_context_manager_overrides_nest(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DSV4HAL_KERNELS", "indexer_topk=from_env")
+    with ov.overrides(kernels={OP: "fake_triton"}) as o1:
+        assert o1.kernels == {"indexer_topk": "from_env", OP: "fake_triton"}
+        assert o1.kernel_source(OP) == "api" and o1.kernel_source("indexer_topk") == "env"
+        with ov.overrides(kernels="indexer_topk=inner", strict=True) as o2:
+            assert o2.kernels["indexer_topk"] == "inner" and o2.strict
+        assert not ov.current().strict
+    assert ov.current().kernels == {"indexer_topk": "from_env"}
+    with pytest.raises(BadOverrideError):
+        with ov.overrides(kernels={"no_such_op": "x"}):
+            pass
+
+
+def test_no_kernel_error_names_everything() -> None:
+    reg = registry_with(disabled=("cpu",))  # no references: nothing can run
+    with pytest.raises(NoKernelError) as e:
+        select_kernel(reg, OP, CASE, fake("sm90"), "cuda_sm90", ov.Overrides())
+    assert OP in str(e.value) and "cuda_sm90" in str(e.value) and "Remedy" in str(e.value)
+
+
+def test_strict_refuses_reference_on_gpu(reg) -> None:  # noqa: ANN001
+    with pytest.raises(NoKernelError, match="strict mode refuses"):
+        select_kernel(reg, "mhc_pre", {}, fake("sm90"), "cuda_sm90", ov.Overrides(strict=True))
+    d = select_kernel(reg, "mhc_pre", {}, fake("cpu"), "cpu", ov.Overrides(strict=True))
+    assert d.chosen.name == "torch_reference"
+
+
+def test_priority_tie_is_a_registry_error() -> None:
+    def a(registry):  # noqa: ANN001, ANN202
+        registry.add_kernel(KernelImpl(op=OP, name="a", target="m:f", platforms=("cuda_sm90",), priority=5))
+
+    def b(registry):  # noqa: ANN001, ANN202
+        registry.add_kernel(KernelImpl(op=OP, name="b", target="m:f", platforms=("*",),
+                                       priority={"cuda_sm90": 5, "*": 3}))
+
+    with pytest.raises(RegistryError, match="priority 5"):
+        registry_with(("a", plugin_module("a", a)), ("b", plugin_module("b", b)), strict=True)
+
+
+def test_duplicate_kernel_name_rejected_and_plugin_reported() -> None:
+    def dup(registry):  # noqa: ANN001, ANN202
+        registry.add_kernel(KernelImpl(op="mhc_pre", name="torch_reference", target="m:f", platforms=("cpu",),
+                                       priority=7))
+
+    with pytest.warns(PluginWarning, match="registered twice"):
+        reg = registry_with(("dup", plugin_module("dup", dup)))
+    assert "dup" in reg.plugin_errors
+    with pytest.raises(PluginLoadError, match="registered twice"):
+        registry_with(("dup", plugin_module("dup", dup)), strict=True)
+
+
+def test_plugin_raising_at_probe_time() -> None:
+    def boom(info):  # noqa: ANN001, ANN202
+        raise RuntimeError("probe exploded")
+
+    def reg_boom(registry):  # noqa: ANN001, ANN202
+        registry.add_platform(PlatformSpec("boom", "x", 1, boom, "cuda"))
+
+    reg = registry_with(("boom", plugin_module("boom", reg_boom)))
+    with pytest.raises(RuntimeError):  # the registry holds it; selection surfaces the plugin's failure
+        select_platform_spec(reg, fake("cpu"), ov.Overrides())
+
+
+def test_competing_platform_is_ambiguous() -> None:
+    def rival(registry):  # noqa: ANN001, ANN202
+        registry.add_platform(PlatformSpec("rival_sm90", "claims sm90 too", 100,
+                                           lambda info: [] if info.arch == "sm90" else ["not sm90"], "cuda"))
+
+    reg = registry_with(("rival", plugin_module("rival", rival)))
+    with pytest.raises(AmbiguousPlatformError, match="rival_sm90") as e:
+        select_platform_spec(reg, fake("sm90"), ov.Overrides())
+    assert "DSV4HAL_PLATFORM" in str(e.value)
+    d = select_platform_spec(reg, fake("sm90"), ov.Overrides(platform="cuda_sm90", sources={"platform": "env"}))
+    assert d.chosen.name == "cuda_sm90" and d.source == "env"
+
+
+def test_forced_platform_that_does_not_fit(reg) -> None:  # noqa: ANN001
+    with pytest.raises(PlatformNotFoundError, match="needs an NVIDIA GPU"):
+        select_platform_spec(reg, fake("cpu"), ov.Overrides(platform="cuda_sm90"))
+    with pytest.raises(PlatformNotFoundError, match="cuda_sm100, cuda_sm90"):
+        select_platform_spec(reg, fake("cpu"), ov.Overrides(platform="tpu"))

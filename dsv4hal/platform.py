@@ -105,6 +105,12 @@ class Platform:
     def device_type(self) -> str:
         return self.spec.device_type
 
+    def decode_step(self):  # type: ignore[no-untyped-def]
+        """Declare a decode step whose metadata is fixed: kernels may share plans inside (dsv4hal.step)."""
+        from dsv4hal.step import decode_step
+
+        return decode_step()
+
     def explain(self, op: str, case: Mapping[str, object] | None = None) -> Decision:
         return self.ops[op].decide(case)
 

@@ -30,9 +30,9 @@ def _refuse_h128(case, info):  # noqa: ANN001, ANN202
 
 def _vendor_plugin(registry) -> None:  # noqa: ANN001
     registry.add_kernel(KernelImpl(op=OP, name="fake_vendor", target="builtins:len", platforms=("cuda_sm90",),
-                                   priority=200, tier="vendor", requires=("flash_mla",), supports=_refuse_h128))
+                                   priority=1000, tier="vendor", requires=("flash_mla",), supports=_refuse_h128))
     registry.add_kernel(KernelImpl(op=OP, name="fake_triton", target="builtins:len",
-                                   platforms=("cuda_sm90", "rocm"), priority=100, requires=("triton",)))
+                                   platforms=("cuda_sm90", "rocm"), priority=900, requires=("triton",)))
 
 
 @pytest.fixture()

@@ -225,6 +225,13 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
         report.cells.append(cell)
         if progress:
             progress(i + 1, len(todo), cell)
+    if ops is None or "decode_step" in set(ops):
+        from dsv4hal.conformance.decode_step import decode_step_cells
+
+        for cell in decode_step_cells(platform, seed):
+            report.cells.append(cell)
+            if progress:
+                progress(len(report.cells), len(report.cells), cell)
     return report
 
 

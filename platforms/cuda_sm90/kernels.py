@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
-from dsv4hal.registry import Registry
+from dsv4hal.registry import KernelImpl, Registry
+
+_MOD = "dsv4hal_cuda_sm90.flashmla"
 
 
 def register(registry: Registry) -> None:
-    """Vendor kernels are added here as they are bound (see the Hopper issue)."""
+    for flavour, lib, prio in (("sgl", "flash_mla", 300), ("vllm", "vllm", 290)):
+        registry.add_kernel(KernelImpl(
+            op="sparse_attention_decode", name=f"flashmla_sm90_{flavour}", target=f"{_MOD}:sparse_attention_decode_"
+            f"{flavour}", platforms=("cuda_sm90",), priority=prio, tier="vendor", requires=(lib,),
+            supports=_decode_supports, layout="v4-584-e4m3fn",
+            description=f"FlashMLA legacy SM90 sparse decode ({lib})"))
+        registry.add_kernel(KernelImpl(
+            op="sparse_attention_prefill", name=f"flashmla_sm90_{flavour}", target=f"{_MOD}:sparse_attention_prefill_"
+            f"{flavour}", platforms=("cuda_sm90",), priority=prio, tier="vendor", requires=(lib,),
+            supports=_prefill_supports, description=f"FlashMLA legacy SM90 sparse prefill ({lib})"))
+
+
+def _decode_supports(case, info):  # noqa: ANN001, ANN202
+    from dsv4hal_cuda_sm90.flashmla import decode_supports
+
+    return decode_supports(case, info)
+
+
+def _prefill_supports(case, info):  # noqa: ANN001, ANN202
+    from dsv4hal_cuda_sm90.flashmla import prefill_supports
+
+    return prefill_supports(case, info)

@@ -1,9 +1,33 @@
-"""KernelImpl entries for the portable Triton kernels (added as kernels land)."""
+"""KernelImpl entries for the portable Triton kernels: every GPU platform below its vendor kernels, and
+the CPU only under Triton's interpreter (TRITON_INTERPRET=1, for tests) below the reference, so there
+they run only when forced."""
 
 from __future__ import annotations
 
-from dsv4hal.registry import Registry
+from collections.abc import Mapping
+
+from dsv4hal.hardware import PlatformInfo
+from dsv4hal.registry import KernelImpl, Registry
+
+GPU_PLATFORMS = ("cuda_sm90", "cuda_sm100", "rocm")
+PRIORITY = {"cuda_sm90": 100, "cuda_sm100": 100, "rocm": 100, "cpu": -10}
+_MOD = "dsv4hal.kernels.triton"
+
+
+def interpreter_on_cpu(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    if not info.is_gpu and "triton-interpreter" not in info.libraries:
+        return ["on the CPU Triton runs only under its interpreter: set TRITON_INTERPRET=1 (tests only)"]
+    return []
 
 
 def register(registry: Registry) -> None:
-    pass
+    common = dict(platforms=GPU_PLATFORMS + ("cpu",), priority=PRIORITY, tier="portable", requires=("triton",),
+                  supports=interpreter_on_cpu)
+    registry.add_kernel(KernelImpl(op="pack_store", name="triton_pack_store",
+                                   target=f"{_MOD}.v4_cache_kernels:pack_store", layout="v4-584",
+                                   description="one program per token, bit-identical to the reference", **common))
+    registry.add_kernel(KernelImpl(op="dequant_gather", name="triton_dequant_gather",
+                                   target=f"{_MOD}.v4_cache_kernels:dequant_gather", layout="v4-584",
+                                   description="cache rows to the bf16 prefill workspace", **common))
+    registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_radix_topk", target=f"{_MOD}.topk:indexer_topk",
+                                   description="3-level radix select (11/11/10 bits) and a collect pass", **common))

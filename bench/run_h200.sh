@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Everything dsv4hal checks and times on the H200, in one go (run through the device tool from the repo
+# root, with the vendor bundle carried in .kernels/: see bench/README.md). Writes into $OUT.
+set -uo pipefail
+OUT=${OUT:-out/h200}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -d .kernels/bundle ]; then
+  source .kernels/install-kernels.sh .kernels/bundle /tmp/dsv4hal-site || echo "vendor bundle did not install"
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "pip install -e . failed"
+what=${1:-all}
+{
+  nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv
+  dsv4hal info
+  dsv4hal info --json > "$OUT/info.json"
+  if [[ $what == all || $what == tests ]]; then
+    python3 -m pytest -q -x tests/test_triton_kernels.py -p no:cacheprovider
+  fi
+  if [[ $what == all || $what == conformance ]]; then
+    dsv4hal conformance --platform cuda_sm90 --json "$OUT/conformance-cuda_sm90.json" \
+      --markdown "$OUT/conformance-cuda_sm90.md" --quiet
+  fi
+  if [[ $what == all || $what == bench ]]; then
+    dsv4hal bench ${BENCH:-all} --json "$OUT/bench-${BENCH:-all}.json" --plot "$OUT/bench-${BENCH:-all}.png"
+  fi
+} 2>&1 | tee "$OUT/log.txt"

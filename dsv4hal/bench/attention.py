@@ -1,0 +1,105 @@
+"""Attention benchmark: dsv4hal's bound sparse_attention_decode against a direct FlashMLA call (and any
+other implementation registered for the platform) on the same inputs, V4-Flash and V4-Pro shapes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dsv4hal.bench.common import bound_op, candidates
+from dsv4hal.bench.pools import random_pool
+from dsv4hal.bench.timing import graph_us, host_us
+
+POOL_SLOTS = 1 << 22  # ~4M entries per pool: gathers miss the L2 as in serving
+SCALE = 512 ** -0.5
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    name: str
+    h_q: int
+    ratio: int  # 0, 4 or 128
+    extra: int  # extra entries attended per query (top-k for C4, ceil(L/128) for C128)
+
+
+CONFIGS = (
+    AttnConfig("flash-c4 (SWA 128 + top-512)", 64, 4, 512),
+    AttnConfig("flash-c128-8k (SWA 128 + 64)", 64, 128, 64),
+    AttnConfig("flash-c128-128k (SWA 128 + 1024)", 64, 128, 1024),
+    AttnConfig("flash-c128-1m (SWA 128 + 8192)", 64, 128, 8192),
+    AttnConfig("pro-c4 (h128, SWA 128 + top-1024)", 128, 4, 1024),
+)
+TOKENS = (1, 8, 64, 256, 1024)
+
+
+def _inputs(cfg: AttnConfig, t: int, pools: dict[int, Any], gen: torch.Generator) -> dict[str, Any]:
+    dev = "cuda"
+    q = torch.randn(t, cfg.h_q, 512, device=dev, dtype=torch.bfloat16)
+    swa = pools[0]
+    args: dict[str, Any] = dict(
+        q=q, swa_cache=swa, sink=torch.randn(cfg.h_q, device=dev),
+        swa_indices=torch.randint(0, swa.num_slots, (t, 128), device=dev, dtype=torch.int32, generator=gen),
+        swa_lengths=torch.full((t,), 128, device=dev, dtype=torch.int32), softmax_scale=SCALE)
+    if cfg.ratio:
+        x = pools[cfg.ratio]
+        width = -(-cfg.extra // 64) * 64
+        args.update(extra_cache=x, extra_indices=torch.randint(0, x.num_slots, (t, width), device=dev,
+                                                                dtype=torch.int32, generator=gen),
+                    extra_lengths=torch.full((t,), cfg.extra, device=dev, dtype=torch.int32))
+    return args
+
+
+def _direct_flashmla(args: dict[str, Any]):  # noqa: ANN202
+    """The vendor call written by hand, as an engine would without dsv4hal."""
+    import flash_mla.flash_mla_interface as fm
+
+    q, swa = args["q"].unsqueeze(1), args["swa_cache"].flashmla_view()
+    idx = args["swa_indices"].unsqueeze(1)
+    extra = {}
+    if args.get("extra_cache") is not None:
+        extra = dict(extra_k_cache=args["extra_cache"].flashmla_view(),
+                     extra_indices_in_kvcache=args["extra_indices"].unsqueeze(1),
+                     extra_topk_length=args["extra_lengths"])
+
+    def run():  # noqa: ANN202
+        return fm.flash_mla_with_kvcache(q, swa, None, None, 512, fm.get_mla_metadata()[0], softmax_scale=SCALE,
+                                         is_fp8_kvcache=True, indices=idx, attn_sink=args["sink"],
+                                         topk_length=args["swa_lengths"], use_legacy=True, **extra)
+    return run
+
+
+def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[dict[str, Any]]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    pools = {0: random_pool(POOL_SLOTS, 256), 4: random_pool(POOL_SLOTS, 64), 128: random_pool(POOL_SLOTS, 2)}
+    impls = candidates(platform, "sparse_attention_decode")
+    rows = []
+    for cfg in CONFIGS:
+        for t in TOKENS if not quick else (1, 64, 1024):
+            args = _inputs(cfg, t, pools, gen)
+            attended = 128 + cfg.extra
+            row: dict[str, Any] = {"config": cfg.name, "h_q": cfg.h_q, "compress_ratio": cfg.ratio, "T": t,
+                                   "attended_per_query": attended, "us": {}, "host_us": {}}
+            timed = {"direct_flashmla": _direct_flashmla(args)} if platform.info.has("flash_mla") else {}
+            for impl in impls:
+                op = bound_op(platform, "sparse_attention_decode", impl)
+                timed[f"dsv4hal[{impl}]"] = lambda op=op, args=args: op(**args)
+            for name, fn in timed.items():
+                row["us"][name] = graph_us(fn)
+                if t == 1:
+                    row["host_us"][name] = host_us(fn)
+            best = min(row["us"].values())
+            tok_s = t * attended / (best * 1e-6)
+            flop_per_tok = 2 * cfg.h_q * 1024
+            row.update(tokens_per_s=tok_s, tflops=tok_s * flop_per_tok / 1e12,
+                       fraction_hbm=tok_s / (ceilings["copy_bytes_per_s"] / 584),
+                       fraction_mma=tok_s / (ceilings["bf16_tflops"] * 1e12 / flop_per_tok),
+                       fraction_dequant=tok_s / (5.97e9 if cfg.h_q == 64 else 11.9e9))
+            if "direct_flashmla" in row["us"]:
+                row["ratio_vs_direct"] = {k: v / row["us"]["direct_flashmla"] for k, v in row["us"].items()}
+            rows.append(row)
+            print(f"attention {cfg.name} T={t}: " + ", ".join(f"{k} {v:.1f}us" for k, v in row["us"].items()),
+                  flush=True)
+    return rows
+

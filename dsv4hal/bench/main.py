@@ -1,0 +1,51 @@
+"""`dsv4hal bench OP`: run benchmarks side by side in one process and write JSON (and a PNG plot)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform as pyplatform
+import sys
+from pathlib import Path
+from typing import Any
+
+from dsv4hal.errors import Dsv4HalError
+
+BENCHES = {"attention": "dsv4hal.bench.attention", "pack_store": "dsv4hal.bench.cache_ops",
+           "topk": "dsv4hal.bench.topk"}
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    import dsv4hal
+    from dsv4hal.bench.timing import bf16_tflops, copy_bandwidth
+
+    if not torch.cuda.is_available():
+        raise Dsv4HalError("benchmarks need a GPU", remedy="run on a machine with a CUDA or ROCm device")
+    names = list(BENCHES) if args.op == "all" else args.op.split(",")
+    for n in names:
+        if n not in BENCHES:
+            raise Dsv4HalError(f"unknown benchmark {n!r}", remedy=f"choose from {', '.join(BENCHES)} or all")
+    platform = dsv4hal.select_platform()
+    ceilings = {"copy_bytes_per_s": copy_bandwidth(), "bf16_tflops": bf16_tflops()}
+    print(f"ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 {ceilings['bf16_tflops']:.0f} TF",
+          flush=True)
+    result: dict[str, Any] = {
+        "command": "dsv4hal " + " ".join(sys.argv[1:]), "platform": platform.name,
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "libraries": dict(platform.info.libraries), "python": pyplatform.python_version(),
+        "timing": "CUDA graphs of 10 calls, median of 25 replays; host_us = host enqueue time per call",
+        "ceilings": ceilings,
+    }
+    for n in names:
+        result[n] = importlib.import_module(BENCHES[n]).run(platform, ceilings, quick=args.quick)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        from dsv4hal.bench.plot import plot
+
+        plot(result, args.plot)
+    return 0

@@ -1,0 +1,53 @@
+"""PNG plot of a benchmark JSON: one panel per benchmark present."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [k for k in ("attention", "pack_store", "topk") if k in result]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
+    for ax, name in zip(axes[0], panels):
+        rows = result[name]
+        if name == "attention":
+            for cfg in dict.fromkeys(r["config"] for r in rows):
+                sel = [r for r in rows if r["config"] == cfg]
+                for impl in sel[0]["us"]:
+                    ax.plot([r["T"] for r in sel], [r["T"] * r["attended_per_query"] / r["us"][impl] / 1e3
+                                                    for r in sel], marker="o", label=f"{cfg} {impl}")
+            ax.set_xscale("log")
+            ax.set_xlabel("query tokens T")
+            ax.set_ylabel("G attended tokens/s")
+            ax.set_title("sparse decode")
+        elif name == "pack_store":
+            for impl in rows[0]["GBps"]:
+                ax.plot([r["tokens"] for r in rows], [r["GBps"][impl] for r in rows], marker="o", label=impl)
+            ax.axhline(rows[0]["copy_GBps"], color="k", ls="--", label="D2D copy")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("tokens")
+            ax.set_ylabel("GB/s")
+            ax.set_title("pack store")
+        else:
+            labels = [f"B{r['B']} N{r['N'] // 1024}K k{r['k']}" for r in rows]
+            impls = list(rows[0]["us"])
+            width = 0.8 / (len(impls) + 1)
+            for i, impl in enumerate(impls):
+                ax.bar([x + i * width for x in range(len(rows))], [r["us"][impl] for r in rows], width, label=impl)
+            ax.bar([x + len(impls) * width for x in range(len(rows))], [r["floor_us"] for r in rows], width,
+                   label="bandwidth floor", color="grey")
+            ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7)
+            ax.set_yscale("log")
+            ax.set_ylabel("us")
+            ax.set_title("indexer top-k")
+        ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{result.get('device', '')}: {result.get('command', '')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,64 @@
+"""GPU timing: CUDA-graph replays timed with events (median), and host enqueue cost per call."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def graph_us(fn: Callable[[], object], *, inner: int = 10, reps: int = 25) -> float:
+    """Median microseconds per call of `fn`, captured `inner` times in one CUDA graph and replayed."""
+    fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / inner)
+    return statistics.median(times)
+
+
+def host_us(fn: Callable[[], object], *, calls: int = 200) -> float:
+    """Host time to enqueue one call (no sync inside the loop; the GPU queue absorbs the work)."""
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) * 1e6 / calls)
+        torch.cuda.synchronize()
+    return best
+
+
+def copy_bandwidth(bytes_: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, read plus write counted."""
+    src = torch.empty(bytes_ // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = graph_us(lambda: dst.copy_(src), inner=5, reps=15)
+    return bytes_ / (us * 1e-6)
+
+
+def bf16_tflops(n: int = 8192) -> float:
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    us = graph_us(lambda: a @ b, inner=3, reps=10)
+    return 2 * n**3 / (us * 1e-6) / 1e12

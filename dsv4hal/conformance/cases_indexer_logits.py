@@ -1,0 +1,116 @@
+"""Conformance catalog for `indexer_logits` (FP8 paged indexer cache, spec 4.2 step 5) with a float64 oracle.
+
+The fixture writes every slot of the cache from fp32 keys with `write_rows`; the oracle uses the exact
+dequantized values of those same fp32 keys (`exact_dequant`), never bytes read back from the cache, and
+walks the block table one token at a time."""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4hal.conformance.types import CaseSpec, Fixture, Tolerance
+from dsv4hal.formats.fp8 import fp8_dtype
+from dsv4hal.formats.indexer_cache import (
+    INDEX_DIM,
+    PAGE_SIZE,
+    IndexerPagedCache,
+    exact_dequant,
+    quantize_rows,
+    write_rows,
+)
+
+OP = "indexer_logits"
+HEADS = 64
+WEIGHT_FOLD = INDEX_DIM**-0.5 * HEADS**-0.5  # 128^-0.5 * 64^-0.5, folded into the head weights (spec 4.2)
+SPARE_PAGES = 3  # pages no token uses, so a kernel reading the wrong page reads real but wrong data
+
+TOLERANCES: dict[str, Tolerance] = {
+    OP: Tolerance(
+        atol=1e-3, rtol=1e-3,
+        reason="same FP8 inputs as the oracle, so only accumulation differs: fp32 sums of exact fp8 products "
+        "(~1e-6 relative), tensor-core FP8 accumulation (~1e-4 relative per dot) summed over 64 signed heads on "
+        "O(1) logits; a wrong page, offset or scale errs by O(1)",
+    ),
+}
+
+
+def _case(name: str, contexts: tuple[int, ...], fp8: str = "e4m3fn", gpu_only: bool = False) -> CaseSpec:
+    return CaseSpec(op=OP, name=name, params={"contexts": contexts, "fp8": fp8}, compress_ratio=4, gpu_only=gpu_only)
+
+
+_LONG = tuple(range(37, 8192, 8192 // 32))[:32]
+
+CASES: list[CaseSpec] = [
+    _case("t1_ctx200", (200,)),
+    _case("t1_empty", (0,)),
+    _case("t4_page_edges", (1, 63, 64, 65)),
+    _case("t16_mixed", (0, 1, 63, 64, 65, 200, 7, 128, 129, 191, 192, 2, 100, 255, 256, 33)),
+    _case("t4_fnuz", (65, 200, 1, 64), fp8="e4m3fnuz"),
+    _case("t32_long", _LONG, gpu_only=True),
+]
+
+
+# ---------------------------------------------------------------- float64 oracle
+
+def oracle(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, fp8: str, contexts: tuple[int, ...],
+           block_table: torch.Tensor) -> torch.Tensor:
+    """float64 [T, P*64] from the fp8 queries (as float) and the exact dequantized fp32 keys."""
+    k = exact_dequant(keys.cpu(), fp8)  # [slots, 128] float64, value * scale exactly
+    q = q.cpu().to(torch.float64)
+    w = weights.cpu().to(torch.float64)
+    out = torch.full((len(contexts), block_table.shape[1] * PAGE_SIZE), float("-inf"), dtype=torch.float64)
+    for t, ctx in enumerate(contexts):
+        j = torch.arange(ctx)
+        slots = block_table[t].long().cpu()[j // PAGE_SIZE] * PAGE_SIZE + j % PAGE_SIZE
+        scores = (q[t] @ k[slots].t()).clamp_min(0.0)  # [64, ctx]; relu(<q, v*s>) = relu(<q, v> * s), s > 0
+        out[t, :ctx] = w[t] @ scores
+    return out
+
+
+# ---------------------------------------------------------------- fixture
+
+def _keys(num_slots: int, gen: torch.Generator) -> torch.Tensor:
+    """fp32 keys with per-row magnitudes spread over ~e^+-2, plus a zero row and a tiny row (amax floor)."""
+    keys = torch.randn(num_slots, INDEX_DIM, generator=gen) * torch.exp(torch.randn(num_slots, 1, generator=gen))
+    keys[0] = 0.0
+    keys[1] *= 1e-7
+    return keys
+
+
+def _block_table(contexts: tuple[int, ...], num_pages: int, gen: torch.Generator) -> torch.Tensor:
+    """int32 [T, max_blocks + 1]: distinct random pages for the blocks each context uses, -1 elsewhere."""
+    blocks = [(c + PAGE_SIZE - 1) // PAGE_SIZE for c in contexts]
+    table = torch.full((len(contexts), max(blocks, default=0) + 1), -1, dtype=torch.int32)
+    perm = torch.randperm(num_pages, generator=gen).to(torch.int32)
+    used = 0
+    for t, b in enumerate(blocks):
+        table[t, :b] = perm[used : used + b]
+        used += b
+    return table
+
+
+def _queries(num_tokens: int, fp8: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q fp8 [T, 64, 128], weights fp32 [T, 64]) quantized per (token, head) as the indexer q prep does."""
+    q = torch.randn(num_tokens * HEADS, INDEX_DIM, generator=gen)
+    raw, qs = quantize_rows(q, fp8)  # same rule as the keys: max(amax, 1e-4) / FP8_MAX per (token, head)
+    q8 = raw.view(fp8_dtype(fp8)).view(num_tokens, HEADS, INDEX_DIM)
+    weights = torch.randn(num_tokens, HEADS, generator=gen) * qs.view(num_tokens, HEADS) * WEIGHT_FOLD
+    return q8, weights
+
+
+def build(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture:
+    contexts, fp8 = tuple(spec.params["contexts"]), spec.params["fp8"]
+    num_pages = sum((c + PAGE_SIZE - 1) // PAGE_SIZE for c in contexts) + SPARE_PAGES
+    keys = _keys(num_pages * PAGE_SIZE, gen)
+    cache = IndexerPagedCache.empty(num_pages, fp8, device)
+    raw, scale = quantize_rows(keys.to(device), fp8)
+    write_rows(cache, torch.arange(num_pages * PAGE_SIZE, device=device), raw, scale)
+    table = _block_table(contexts, num_pages, gen)
+    q, weights = _queries(len(contexts), fp8, gen)
+    expected = oracle(q, weights, keys, fp8, contexts, table)
+    args = {
+        "q": q.to(device), "weights": weights.to(device), "cache": cache,
+        "context_lens": torch.tensor(contexts, dtype=torch.int32, device=device), "block_table": table.to(device),
+    }
+    return Fixture(args=args, expected=expected, tolerance=TOLERANCES[OP])
+

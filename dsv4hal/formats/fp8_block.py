@@ -1,0 +1,96 @@
+"""FP8 e4m3 with block scales (spec 5.1): 128x128 weight blocks and the 1x128 per-token activation recipe.
+
+A weight [..., N, K] holds one fp32 scale per 128x128 tile: scale [..., ceil(N/128), ceil(K/128)] and
+value = fp8 * scale. Scale = max(amax, 1e-4) / FP8_MAX, so the tile's largest magnitude maps onto FP8_MAX;
+pow2_scales rounds it up to a power of two (the checkpoints' `scale_fmt: ue8m0` variant, also what SM100
+DeepGEMM wants). Edge tiles are partial; their amax covers only the real elements.
+
+Activations use DeepGEMM's SM90 recipe: one fp32 scale per token per 128 consecutive K (a 1x128 block).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4hal.formats.fp8 import FP8_MAX, fp8_dtype, pow2_ceil_exponent
+
+BLOCK = 128
+AMAX_FLOOR = 1e-4
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pad_to_blocks(w: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Zero-pad the last two dims up to multiples of (rows, cols); zeros never raise a tile's amax."""
+    n, k = w.shape[-2:]
+    pad_n, pad_k = _ceil_div(n, rows) * rows - n, _ceil_div(k, cols) * cols - k
+    if pad_n or pad_k:
+        w = torch.nn.functional.pad(w, (0, pad_k, 0, pad_n))
+    return w
+
+
+def _expand_scales(scale: torch.Tensor, rows: int, cols: int, n: int, k: int) -> torch.Tensor:
+    """[..., nb, kb] tile scales -> [..., n, k] per-element scales."""
+    full = scale.repeat_interleave(rows, dim=-2).repeat_interleave(cols, dim=-1)
+    return full[..., :n, :k]
+
+
+def _block_scales(w: torch.Tensor, rows: int, cols: int, fp8: str, pow2_scales: bool) -> torch.Tensor:
+    """Per-tile scale = max(amax, floor) / FP8_MAX (optionally rounded up to 2**e). NaN in a tile stays NaN."""
+    padded = _pad_to_blocks(w, rows, cols)
+    *lead, n_pad, k_pad = padded.shape
+    tiles = padded.reshape(*lead, n_pad // rows, rows, k_pad // cols, cols)
+    amax = tiles.abs().amax(dim=(-3, -1))
+    scale = torch.clamp(amax, min=AMAX_FLOOR) / FP8_MAX[fp8]  # clamp propagates NaN
+    if pow2_scales:
+        pow2 = torch.exp2(pow2_ceil_exponent(scale).to(torch.float32))
+        scale = torch.where(torch.isnan(scale), scale, pow2)
+    return scale
+
+
+def _quantize(w: torch.Tensor, rows: int, cols: int, fp8: str, pow2_scales: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if w.dim() < 2:
+        raise ValueError(f"FP8 block quantization needs a tensor of rank >= 2; got shape {tuple(w.shape)}")
+    w = w.to(torch.float32)
+    scale = _block_scales(w, rows, cols, fp8, pow2_scales)
+    n, k = w.shape[-2:]
+    limit = FP8_MAX[fp8]
+    q = (w / _expand_scales(scale, rows, cols, n, k)).clamp(-limit, limit).to(fp8_dtype(fp8))
+    return q, scale
+
+
+def _dequantize(q: torch.Tensor, scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    n, k = q.shape[-2:]
+    want = (*q.shape[:-2], _ceil_div(n, rows), _ceil_div(k, cols))
+    if tuple(scale.shape) != want:
+        raise ValueError(f"FP8 block scale shape {tuple(scale.shape)} does not match values {tuple(q.shape)} "
+                         f"with {rows}x{cols} blocks; expected {want}")
+    return q.to(torch.float32) * _expand_scales(scale.to(torch.float32), rows, cols, n, k)
+
+
+def quantize_fp8_block(
+    w: torch.Tensor, fp8: str = "e4m3fn", block: int = BLOCK, pow2_scales: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w float [..., N, K] -> (fp8 [..., N, K] in torch's fp8 dtype, fp32 scale [..., ceil(N/block), ceil(K/block)])."""
+    return _quantize(w, block, block, fp8, pow2_scales)
+
+
+def dequantize_fp8_block(w_fp8: torch.Tensor, scale: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """Inverse of quantize_fp8_block: fp8 [..., N, K] with scale [..., ceil(N/block), ceil(K/block)] -> fp32."""
+    return _dequantize(w_fp8, scale, block, block)
+
+
+def act_quant_1x128(
+    x: torch.Tensor, fp8: str = "e4m3fn", pow2_scales: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token activation quantization: x [T, K] -> (fp8 [T, K], fp32 scales [T, ceil(K/128)])."""
+    if x.dim() != 2:
+        raise ValueError(f"act_quant_1x128 expects x of shape [T, K]; got {tuple(x.shape)}")
+    return _quantize(x, 1, BLOCK, fp8, pow2_scales)
+
+
+def act_dequant_1x128(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of act_quant_1x128: fp8 [T, K] with scales [T, ceil(K/128)] -> fp32 [T, K]."""
+    return _dequantize(x_fp8, scale, 1, BLOCK)

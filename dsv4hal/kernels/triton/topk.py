@@ -1,0 +1,142 @@
+"""Radix-select top-k for the indexer (spec 4.3) in Triton.
+
+Scores map to order-preserving 32-bit keys. Three histogram levels (11, 11 and 10 bits) find the exact
+k-th largest key T and how many keys equal to T must be taken; a collect pass then writes every index
+with key > T and the first `need` with key == T (ties broken by arrival order), applying the page
+transform on the way. Rows with n <= k get 0..n-1 in order, as the contract says. Every launch is a
+fixed grid over fixed-size buffers, with no host sync, so the op is CUDA-graph safe."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LEVELS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) from the most significant digit
+NBINS = 2048
+NBINS_C: tl.constexpr = NBINS
+
+
+@triton.jit
+def _order_key(x):
+    """fp32 -> uint32 whose unsigned order is the float order (NaN aside)."""
+    bits = x.to(tl.int32, bitcast=True)
+    flip = (bits >> 31) | -2147483648  # all ones for negatives, sign bit only for positives
+    return (bits ^ flip).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _hist_kernel(scores_ptr, stride_s, len_ptr, state_ptr, hist_ptr, K, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                 SHIFT: tl.constexpr, BITS: tl.constexpr, PREFIX_SHIFT: tl.constexpr, FIRST: tl.constexpr):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    n = tl.load(len_ptr + row)
+    if n > K:
+        prefix = tl.load(state_ptr + row * 4).to(tl.uint32, bitcast=True)
+        offs = tl.arange(0, BLOCK)
+        acc = tl.zeros([2 * NBINS_C], dtype=tl.int32)
+        for start in range(chunk * CHUNK, (chunk + 1) * CHUNK, BLOCK):
+            j = start + offs
+            m = j < n
+            key = _order_key(tl.load(scores_ptr + row.to(tl.int64) * stride_s + j, mask=m, other=0.0))
+            if not FIRST:
+                m = m & ((key >> PREFIX_SHIFT) == (prefix >> PREFIX_SHIFT))
+            digit = ((key >> SHIFT) & ((1 << BITS) - 1)).to(tl.int32)
+            acc += tl.histogram(digit, 2 * NBINS_C, mask=m)
+        bins = tl.arange(0, 2 * NBINS_C)
+        tl.atomic_add(hist_ptr + row * 2 * NBINS_C + bins, acc, mask=(bins < (1 << BITS)) & (acc != 0), sem="relaxed")
+
+
+
+@triton.jit
+def _resolve_kernel(len_ptr, state_ptr, hist_ptr, K, SHIFT: tl.constexpr, BITS: tl.constexpr, FIRST: tl.constexpr):
+    """Pick the digit holding the need-th largest remaining key; record prefix and remaining need."""
+    row = tl.program_id(0)
+    n = tl.load(len_ptr + row)
+    bins = tl.arange(0, NBINS_C)
+    h = tl.load(hist_ptr + row * 2 * NBINS_C + bins)
+    tl.store(hist_ptr + row * 2 * NBINS_C + bins, tl.zeros([NBINS_C], dtype=tl.int32))  # ready for the next level
+    if n > K:
+        if FIRST:
+            need = K
+            prefix = 0
+        else:
+            need = tl.load(state_ptr + row * 4 + 1)
+            prefix = tl.load(state_ptr + row * 4)
+        incl = tl.cumsum(h, axis=0, reverse=True)  # keys with digit >= d
+        d_star = tl.sum((incl >= need).to(tl.int32), axis=0) - 1
+        above = tl.sum(tl.where(bins == d_star, incl - h, 0), axis=0)
+        tl.store(state_ptr + row * 4, prefix | (d_star << SHIFT))
+        tl.store(state_ptr + row * 4 + 1, need - above)
+
+
+@triton.jit
+def _collect_kernel(scores_ptr, stride_s, len_ptr, state_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, K,
+                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    n = tl.load(len_ptr + row)
+    offs = tl.arange(0, BLOCK)
+    out_row = row.to(tl.int64) * K
+    if n <= K:  # indices 0..n-1 in order, then -1 (scores ignored)
+        for start in range(chunk * CHUNK, (chunk + 1) * CHUNK, BLOCK):
+            p = start + offs
+            m = p < K
+            raw = tl.where(p < n, p, -1)
+            tl.store(raw_ptr + out_row + p, raw, mask=m)
+            if HAS_PT:
+                pg = tl.load(pt_ptr + row * stride_pt + (tl.maximum(raw, 0) >> PAGE_SHIFT), mask=m & (raw >= 0),
+                             other=0)
+                slot = tl.where(raw >= 0, (pg << PAGE_SHIFT) | (raw & ((1 << PAGE_SHIFT) - 1)), -1)
+                tl.store(page_ptr + out_row + p, slot, mask=m)
+    else:
+        thr = tl.load(state_ptr + row * 4).to(tl.uint32, bitcast=True)
+        need = tl.load(state_ptr + row * 4 + 1)
+        for start in range(chunk * CHUNK, (chunk + 1) * CHUNK, BLOCK):
+            j = start + offs
+            m = j < n
+            key = _order_key(tl.load(scores_ptr + row.to(tl.int64) * stride_s + j, mask=m, other=0.0))
+            gt = m & (key > thr)
+            eq = m & (key == thr)
+            # positions: keys above the threshold fill [0, K - need), equal keys fill [K - need, K)
+            pos_gt = tl.atomic_add(state_ptr + row * 4 + 2 + tl.zeros_like(j), 1, mask=gt, sem="relaxed")
+            pos_eq = tl.atomic_add(state_ptr + row * 4 + 3 + tl.zeros_like(j), 1, mask=eq, sem="relaxed")
+            take_eq = eq & (pos_eq < need)
+            pos = tl.where(gt, pos_gt, K - need + pos_eq)
+            ok = gt | take_eq
+            tl.store(raw_ptr + out_row + pos, j, mask=ok)
+            if HAS_PT:
+                pg = tl.load(pt_ptr + row * stride_pt + (j >> PAGE_SHIFT), mask=ok, other=0)
+                tl.store(page_ptr + out_row + pos, (pg << PAGE_SHIFT) | (j & ((1 << PAGE_SHIFT) - 1)), mask=ok)
+
+
+def _chunking(s: int, k: int) -> tuple[int, int, int]:
+    block = 1024
+    span = max(s, k)
+    chunk = max(block, min(32768, triton.next_power_of_2(max(1, span // 8))))
+    return block, chunk, triton.cdiv(span, chunk)
+
+
+def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
+                 page_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+    b, s = scores.shape
+    dev = scores.device
+    raw = torch.empty(b, k, dtype=torch.int32, device=dev)
+    pages = torch.empty(b, k, dtype=torch.int32, device=dev) if page_table is not None else None
+    if b == 0:
+        return raw, pages
+    state = torch.zeros(b, 4, dtype=torch.int32, device=dev)  # prefix, need, count above, count equal
+    hist = torch.zeros(b, 2 * NBINS, dtype=torch.int32, device=dev)
+    block, chunk, nchunks = _chunking(s, k)
+    done = 32
+    for i, (shift, bits) in enumerate(LEVELS):
+        _hist_kernel[(b, triton.cdiv(s, chunk))](scores, scores.stride(0), lengths, state, hist, k, CHUNK=chunk,
+                                                 BLOCK=block, SHIFT=shift, BITS=bits, PREFIX_SHIFT=done,
+                                                 FIRST=i == 0, num_warps=4)
+        _resolve_kernel[(b,)](lengths, state, hist, k, SHIFT=shift, BITS=bits, FIRST=i == 0, num_warps=4)
+        done = shift
+    pt = page_table if page_table is not None else raw
+    _collect_kernel[(b, nchunks)](scores, scores.stride(0), lengths, state, raw, pages if pages is not None else raw,
+                                  pt, pt.stride(0), k, CHUNK=chunk, BLOCK=block,
+                                  PAGE_SHIFT=page_size.bit_length() - 1, HAS_PT=page_table is not None, num_warps=4)
+    return raw, pages

@@ -1,0 +1,127 @@
+"""Triton kernels that write and read the 584-byte V4 cache record (formats.v4_cache), bit-identical to
+the reference quantizer. One program per token; no host sync and no allocation beyond the output, so
+both are CUDA-graph safe. FP8 bits are encoded and decoded with integer arithmetic rather than the
+hardware conversion, so e4m3fn and e4m3fnuz come out identical on NVIDIA, ROCm and the interpreter
+(whose fp8 cast does not round to nearest even)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4hal.formats.fp8 import FP8_MAX
+from dsv4hal.formats.v4_cache import AMAX_FLOOR, NOPE_DIM, RECORD_BYTES, V4PagedCache
+
+
+@triton.jit
+def _pow2(e):
+    """2**e as fp32 for integer tensors e in [-126, 127], built from the exponent bits (exact)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _encode_fp8(y, FNUZ: tl.constexpr):
+    """fp32 within +-FP8_MAX -> uint8 e4m3 bits, round to nearest even, in integer arithmetic so that
+    the GPU, ROCm and the interpreter give the same bytes. e4m3fn: bias 7; e4m3fnuz: bias 8, no -0."""
+    BIAS: tl.constexpr = 8 if FNUZ else 7
+    bits = y.to(tl.int32, bitcast=True)
+    a = tl.abs(y)
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, 1 - BIAS)  # binade, subnormals share
+    v = a * _pow2(3 - e)  # in [0, 16): mantissa units of this binade, exact
+    q = ((v + 8388608.0) - 8388608.0).to(tl.int32)  # round half to even through the fp32 adder
+    carry = q >= 16
+    e = tl.where(carry, e + 1, e)
+    q = tl.where(carry, 8, q)
+    normal = q >= 8
+    field = tl.where(normal, ((e + BIAS) << 3) | (q - 8), q)
+    neg = bits < 0
+    if FNUZ:
+        neg = neg & (field != 0)
+    return (field | tl.where(neg, 0x80, 0)).to(tl.uint8)
+
+
+@triton.jit
+def _decode_fp8(b, FNUZ: tl.constexpr):
+    BIAS: tl.constexpr = 8 if FNUZ else 7
+    x = b.to(tl.int32)
+    ex = (x >> 3) & 0xF
+    man = x & 7
+    mag = tl.where(ex == 0, man.to(tl.float32) * _pow2(ex * 0 - BIAS - 2),
+                   (man + 8).to(tl.float32) * _pow2(ex - BIAS - 3))
+    return tl.where((x & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _pack_store_kernel(k_ptr, loc_ptr, cache_ptr, stride_k, page_bytes, P: tl.constexpr, FP8_MAX_C: tl.constexpr,
+                       AMAX_FLOOR_C: tl.constexpr, FNUZ: tl.constexpr):
+    row = tl.program_id(0)
+    loc = tl.load(loc_ptr + row).to(tl.int64)
+    # validity as a tensor: the interpreter rejects scalar-and-tensor masks
+    valid = (tl.zeros([8, 64], dtype=tl.int64) + loc) >= 0
+    valid_c = (tl.zeros([64], dtype=tl.int64) + loc) >= 0
+    valid_t = (tl.zeros([8], dtype=tl.int64) + loc) >= 0
+    loc = tl.maximum(loc, 0)
+    base = cache_ptr + (loc // P) * page_bytes
+    off = loc % P
+    t = tl.arange(0, 8)
+    c = tl.arange(0, 64)
+    m2 = (t[:, None] < 7) & valid
+    x = tl.load(k_ptr + row * stride_k + t[:, None] * 64 + c[None, :], mask=m2, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR_C)
+    q = tl.math.div_rn(amax, FP8_MAX_C)  # IEEE division, as the reference's fp32 amax / FP8_MAX
+    bits = q.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # ceil(log2 q)
+    inv = _pow2(-e)
+    y = tl.minimum(tl.maximum(x * inv[:, None], -FP8_MAX_C), FP8_MAX_C)
+    tl.store(base + off * 576 + t[:, None] * 64 + c[None, :], _encode_fp8(y, FNUZ), mask=m2)
+    r = tl.load(k_ptr + row * stride_k + 448 + c, mask=valid_c)
+    rope_ptr = (base + off * 576 + 448).to(tl.pointer_type(tl.bfloat16))
+    tl.store(rope_ptr + c, r, mask=valid_c)
+    tl.store(base + P * 576 + off * 8 + t, (e + 127).to(tl.uint8), mask=(t < 7) & valid_t)
+
+
+@triton.jit
+def _dequant_gather_kernel(cache_ptr, loc_ptr, out_ptr, page_bytes, P: tl.constexpr, FNUZ: tl.constexpr):
+    row = tl.program_id(0)
+    loc = tl.load(loc_ptr + row).to(tl.int64)
+    # validity as a tensor: the interpreter rejects scalar-and-tensor masks
+    valid = (tl.zeros([8, 64], dtype=tl.int64) + loc) >= 0
+    valid_c = (tl.zeros([64], dtype=tl.int64) + loc) >= 0
+    valid_t = (tl.zeros([8], dtype=tl.int64) + loc) >= 0
+    loc = tl.maximum(loc, 0)
+    base = cache_ptr + (loc // P) * page_bytes
+    off = loc % P
+    t = tl.arange(0, 8)
+    c = tl.arange(0, 64)
+    m2 = (t[:, None] < 7) & valid
+    b = tl.load(base + off * 576 + t[:, None] * 64 + c[None, :], mask=m2, other=0)
+    s = tl.load(base + P * 576 + off * 8 + t, mask=(t < 7) & valid_t, other=127).to(tl.int32)
+    scale = _pow2(s - 127)
+    v = _decode_fp8(b, FNUZ) * scale[:, None]
+    out_row = out_ptr + row.to(tl.int64) * 512
+    tl.store(out_row + t[:, None] * 64 + c[None, :], v.to(tl.bfloat16), mask=(t[:, None] < 7) & (c[None, :] < 64))
+    rope_ptr = (base + off * 576 + 448).to(tl.pointer_type(tl.bfloat16))
+    r = tl.load(rope_ptr + c, mask=valid_c, other=0.0)
+    tl.store(out_row + 448 + c, r)
+
+
+def pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> None:
+    n = k.shape[0]
+    if n == 0:
+        return
+    _pack_store_kernel[(n,)](k, loc, cache.data, k.stride(0), cache.data.stride(0), P=cache.page_size,
+                             FP8_MAX_C=FP8_MAX[cache.fp8], AMAX_FLOOR_C=AMAX_FLOOR, FNUZ=cache.fp8 == "e4m3fnuz",
+                             num_warps=2)
+
+
+def dequant_gather(cache: V4PagedCache, loc: torch.Tensor) -> torch.Tensor:
+    m = loc.shape[0]
+    out = torch.empty(m, NOPE_DIM + 64, dtype=torch.bfloat16, device=cache.data.device)
+    if m:
+        _dequant_gather_kernel[(m,)](cache.data, loc, out, cache.data.stride(0), P=cache.page_size,
+                                     FNUZ=cache.fp8 == "e4m3fnuz", num_warps=2)
+    return out
+
+
+assert RECORD_BYTES == 576  # the kernels hard-code the record geometry

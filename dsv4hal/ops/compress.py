@@ -1,0 +1,144 @@
+"""Op contract: `compress` (spec 4.1), prefill form over whole requests that start at position 0.
+
+compress(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps=1e-6, hadamard=False) -> fp32 [M, hd]
+    kv_score: fp32 [N, 2*coff*hd], the per-token projection x @ wkv_gate^T of all requests packed together;
+        ratio 4 (coff 2): [kv_ov | kv_cur | score_ov | score_cur], ratio 128 (coff 1): [kv | score], each hd wide.
+    cu_seqlens: int32 [B+1], 0 = cu[0] <= cu[1] <= ... <= cu[B] = N; request b owns rows cu[b]:cu[b+1]
+        (positions 0..L_b-1).
+    ape: fp32 [ratio, coff*hd] positional bias of the scores; norm_weight: fp32 [hd] RMSNorm weight;
+    cos, sin: fp32 [max_pos, 32] RoPE table of the layer (YaRN or not is the caller's choice).
+    ratio in {4, 128}; hd in {512 (main), 128 (indexer)}; hadamard only with hd 128.
+Output: request b emits L_b // ratio rows in group order, requests concatenated (M = sum_b L_b // ratio).
+Group i covers positions [i*ratio, i*ratio + ratio - 1]:
+    C128: c = sum_w softmax_w(score[w] + ape[w]) * kv[w] over the group's 128 tokens, per channel.
+    C4: window of 8 rows: rows 0..3 = positions 4i-4..4i-1 from the ov halves with ape[w, :hd], rows 4..7 =
+        positions 4i..4i+3 from the cur halves with ape[w, hd:]; group 0 masks the overlap rows (score -inf,
+        kv 0); per-channel softmax over the 8 rows.
+    Then c = RMSNorm(c) * norm_weight (eps), RoPE on the last 64 dims at position i*ratio, and if hadamard a
+    Walsh-Hadamard transform (Sylvester order) scaled by 128^-0.5. fp32 throughout.
+Every used position i*ratio must be < max_pos.
+
+Value checks read cu_seqlens. Checked mode reads it (a device sync) and all floating inputs (finite).
+Unchecked mode reads it only when it lives on the CPU, where reading costs no device sync.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.ops.checks import check_choice, check_finite, check_tensor, describe
+
+OP = "compress"
+RATIOS = (4, 128)
+HEAD_DIMS = (512, 128)
+HADAMARD_DIM = 128
+ROPE_PAIRS = 32
+
+
+def coff(ratio: int) -> int:
+    """C4 windows span the previous group too, so its projection carries two halves per kv/score."""
+    return 2 if ratio == 4 else 1
+
+
+def _head_dim(kv_score: torch.Tensor, ratio: int) -> int:
+    """hd implied by kv_score's width; raises unless it is 512 or 128."""
+    width, parts = kv_score.shape[1], 2 * coff(ratio)
+    hd = width // parts
+    if width % parts or hd not in HEAD_DIMS:
+        want = " or ".join(str(parts * h) for h in HEAD_DIMS)
+        raise InvalidArgumentError(
+            OP, "kv_score", f"width {want} (2*coff*hd for ratio {ratio}, hd in {HEAD_DIMS})", describe(kv_score)
+        )
+    return hd
+
+
+def _check_same_device(name: str, t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        raise InvalidArgumentError(OP, name, f"a tensor on {device} (kv_score's device)", describe(t))
+
+
+def _check_scalars(eps: object, hadamard: object, hd: int) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise InvalidArgumentError(OP, "eps", "a positive finite float", repr(eps))
+    if not isinstance(hadamard, bool):
+        raise InvalidArgumentError(OP, "hadamard", "a bool", repr(hadamard))
+    if hadamard and hd != HADAMARD_DIM:
+        raise InvalidArgumentError(
+            OP, "hadamard", f"False for hd {hd}", "True", remedy="only the indexer compressor (hd 128) rotates"
+        )
+
+
+def _check_cu_seqlens_values(cu: torch.Tensor, n: int, ratio: int, max_pos: int) -> None:
+    """Reads cu_seqlens: starts at 0, ends at N, non-decreasing, every used position inside the table."""
+    cu = cu.long()
+    if int(cu[0]) != 0 or int(cu[-1]) != n:
+        raise InvalidArgumentError(OP, "cu_seqlens", f"to start at 0 and end at N={n}", f"{int(cu[0])}..{int(cu[-1])}")
+    lengths = cu[1:] - cu[:-1]
+    if bool((lengths < 0).any()):
+        raise InvalidArgumentError(OP, "cu_seqlens", "non-decreasing offsets", "a decreasing step")
+    longest = int(lengths.max()) if lengths.numel() else 0
+    last_pos = (longest // ratio - 1) * ratio  # first position of the last group of the longest request
+    if last_pos >= max_pos:
+        raise InvalidArgumentError(
+            OP, "cos", f"a RoPE table covering position {last_pos}", f"{max_pos} positions",
+            remedy="build the table with max_pos beyond the longest request",
+        )
+
+
+def validate(
+    kv_score: object,
+    cu_seqlens: object,
+    ape: object,
+    norm_weight: object,
+    cos: object,
+    sin: object,
+    ratio: object,
+    eps: object = 1e-6,
+    hadamard: object = False,
+    *,
+    checked: bool = False,
+) -> None:
+    """Raise InvalidArgumentError unless the arguments meet the compress contract (module docstring)."""
+    if isinstance(ratio, bool) or not isinstance(ratio, int):
+        raise InvalidArgumentError(OP, "ratio", "an int in (4, 128)", repr(ratio))
+    check_choice(OP, "ratio", ratio, RATIOS)
+    kv_score = check_tensor(OP, "kv_score", kv_score, dtype=torch.float32, shape=(None, None))
+    hd = _head_dim(kv_score, ratio)
+    dev = kv_score.device
+    cu = check_tensor(OP, "cu_seqlens", cu_seqlens, dtype=torch.int32, shape=(None,))
+    if cu.shape[0] < 2:
+        raise InvalidArgumentError(OP, "cu_seqlens", "shape [B+1] with B >= 1", describe(cu))
+    tensors = {
+        "ape": check_tensor(OP, "ape", ape, dtype=torch.float32, shape=(ratio, coff(ratio) * hd)),
+        "norm_weight": check_tensor(OP, "norm_weight", norm_weight, dtype=torch.float32, shape=(hd,)),
+        "cos": check_tensor(OP, "cos", cos, dtype=torch.float32, shape=(None, ROPE_PAIRS)),
+        "sin": check_tensor(OP, "sin", sin, dtype=torch.float32, shape=(None, ROPE_PAIRS)),
+    }
+    if tensors["sin"].shape != tensors["cos"].shape:
+        raise InvalidArgumentError(OP, "sin", f"the shape of cos {tuple(tensors['cos'].shape)}", describe(sin))
+    for name, t in (("cu_seqlens", cu), *tensors.items()):
+        _check_same_device(name, t, dev)
+    _check_scalars(eps, hadamard, hd)
+    if checked or cu.device.type == "cpu":
+        _check_cu_seqlens_values(cu, kv_score.shape[0], ratio, tensors["cos"].shape[0])
+    if checked:
+        for name, t in (("kv_score", kv_score), *tensors.items()):
+            check_finite(OP, name, t)
+
+
+def case(
+    kv_score: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    ape: torch.Tensor,
+    norm_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    ratio: int,
+    eps: float = 1e-6,
+    hadamard: bool = False,
+) -> dict[str, object]:
+    """Hashable features for kernel selection: ratio, hd (512 main / 128 indexer), hadamard."""
+    return {"ratio": int(ratio), "hd": int(norm_weight.shape[0]), "hadamard": bool(hadamard)}

@@ -1,0 +1,247 @@
+"""Contracts of the MoE ops (spec 5): argument validation and the case features kernels are selected on.
+
+moe_route(router_logits, bias=None, top_k=6, routed_scaling_factor=1.5, hash_table=None, input_ids=None)
+    -> (topk_ids int32 [T, k], topk_weights fp32 [T, k])
+moe_experts(x, topk_ids, topk_weights, weights: ExpertWeights, swiglu_limit=10.0) -> bf16 [T, H]
+    routed experts only; the caller adds the shared expert.
+
+Validation never reads tensor contents unless checked=True (value checks synchronise with the device).
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any
+
+import torch
+
+from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
+from dsv4hal.formats.mxfp4 import GROUP as MXFP4_GROUP
+from dsv4hal.formats.mxfp4 import NAN_SCALE_BYTE
+from dsv4hal.ops.checks import check_choice, check_finite, check_tensor, describe
+from dsv4hal.reference.moe import EXPERT_FORMATS, ExpertWeights
+
+ROUTE_OP = "moe_route"
+EXPERTS_OP = "moe_experts"
+DECODE_MAX_TOKENS = 64  # token-count class boundary: T <= 64 is "decode", larger is "prefill"
+FP8_BLOCK = 128
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def token_class(num_tokens: int) -> str:
+    return "decode" if num_tokens <= DECODE_MAX_TOKENS else "prefill"
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_positive(op: str, name: str, value: object, *, allow_inf: bool) -> float:
+    ok = isinstance(value, Real) and not isinstance(value, bool) and value > 0 and not math.isnan(value)
+    if not ok or (not allow_inf and math.isinf(value)):
+        raise InvalidArgumentError(op, name, "a positive " + ("number" if allow_inf else "finite number"),
+                                   repr(value))
+    return float(value)
+
+
+def _check_upper_bound(op: str, name: str, idx: torch.Tensor, limit: int, *, allow_negative: bool) -> None:
+    """Checked mode only: every index < limit, and >= 0 unless negatives are allowed (reads the tensor)."""
+    if idx.numel() == 0:
+        return
+    bad = idx >= limit if allow_negative else (idx < 0) | (idx >= limit)
+    if bool(bad.any()):
+        first = int(idx[bad].flatten()[0])
+        lower = "< 0 (ignored) or in [0" if allow_negative else "in [0"
+        raise InvalidArgumentError(op, name, f"indices {lower}, {limit})", f"index {first}")
+
+
+def _check_device(op: str, name: str, t: torch.Tensor, device: torch.device) -> None:
+    # check_tensor compares device types only; a kernel cannot read across two GPUs either.
+    if t.device != device:
+        raise InvalidArgumentError(op, name, f"a tensor on {device}", describe(t),
+                                   remedy=f"move it with .to('{device}')")
+
+
+def _tensor(op: str, name: str, t: object, *, device: torch.device, **kw: Any) -> torch.Tensor:
+    """check_tensor plus an exact device match."""
+    t = check_tensor(op, name, t, device=device, **kw)
+    _check_device(op, name, t, device)
+    return t
+
+
+# ---------------------------------------------------------------- moe_route
+
+def validate_moe_route(
+    router_logits: object,
+    bias: object = None,
+    top_k: object = 6,
+    routed_scaling_factor: object = 1.5,
+    hash_table: object = None,
+    input_ids: object = None,
+    *,
+    checked: bool = False,
+) -> None:
+    """Validate moe_route's arguments; raise InvalidArgumentError naming the first bad one.
+
+    router_logits fp32 [T, E]; bias fp32 [E] or None; 1 <= top_k <= E; routed_scaling_factor finite > 0;
+    hash_table int32 [vocab, top_k] and input_ids int32/int64 [T] together or not at all; one device.
+    checked=True also reads values: finite logits and bias, hash-table ids in [0, E), input ids in [0, vocab)."""
+    logits = check_tensor(ROUTE_OP, "router_logits", router_logits, dtype=torch.float32, shape=(None, None))
+    t, e = logits.shape
+    if bias is not None:
+        _tensor(ROUTE_OP, "bias", bias, dtype=torch.float32, shape=(e,), device=logits.device)
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= e:
+        raise InvalidArgumentError(ROUTE_OP, "top_k", f"an int in [1, {e}] (E = {e})", repr(top_k))
+    _check_positive(ROUTE_OP, "routed_scaling_factor", routed_scaling_factor, allow_inf=False)
+    if (hash_table is None) != (input_ids is None):
+        given, missing = ("hash_table", "input_ids") if input_ids is None else ("input_ids", "hash_table")
+        raise InvalidArgumentError(ROUTE_OP, missing, f"a tensor since {given} is given", "None",
+                                   remedy="hash layers need both the token->expert table and the token ids")
+    if hash_table is not None:
+        _tensor(ROUTE_OP, "hash_table", hash_table, dtype=torch.int32, shape=(None, top_k),
+                     device=logits.device)
+        _tensor(ROUTE_OP, "input_ids", input_ids, dtype=INDEX_DTYPES, shape=(t,), device=logits.device)
+    if checked:
+        _check_route_values(logits, bias, hash_table, input_ids)
+
+
+def _check_route_values(
+    logits: torch.Tensor, bias: Any, hash_table: Any, input_ids: Any
+) -> None:
+    check_finite(ROUTE_OP, "router_logits", logits)
+    if bias is not None:
+        check_finite(ROUTE_OP, "bias", bias)
+    if hash_table is not None:
+        _check_upper_bound(ROUTE_OP, "hash_table", hash_table, logits.shape[1], allow_negative=False)
+        _check_upper_bound(ROUTE_OP, "input_ids", input_ids, hash_table.shape[0], allow_negative=False)
+
+
+def case_moe_route(
+    router_logits: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    top_k: int = 6,
+    routed_scaling_factor: float = 1.5,
+    hash_table: torch.Tensor | None = None,
+    input_ids: torch.Tensor | None = None,
+) -> dict[str, Any]:
+    """Hashable features of a moe_route call (what kernels declare support for)."""
+    return {
+        "hash": hash_table is not None,
+        "bias": bias is not None and hash_table is None,
+        "E": router_logits.shape[1],
+        "top_k": hash_table.shape[1] if hash_table is not None else top_k,
+        "tokens": token_class(router_logits.shape[0]),
+    }
+
+
+# ---------------------------------------------------------------- moe_experts
+
+def _expected_weight_specs(w: ExpertWeights, e: int, h: int, i: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """Dtype and shape of each ExpertWeights tensor for E experts, hidden h, intermediate i."""
+    if w.format == "mxfp4":
+        u8 = torch.uint8
+        return {
+            "w13": (u8, (e, 2 * i, h // 2)), "w13_scale": (u8, (e, 2 * i, h // MXFP4_GROUP)),
+            "w2": (u8, (e, h, i // 2)), "w2_scale": (u8, (e, h, i // MXFP4_GROUP)),
+        }
+    q, f32, b = fp8_dtype(w.fp8), torch.float32, FP8_BLOCK
+    return {
+        "w13": (q, (e, 2 * i, h)), "w13_scale": (f32, (e, _ceil_div(2 * i, b), _ceil_div(h, b))),
+        "w2": (q, (e, h, i)), "w2_scale": (f32, (e, _ceil_div(h, b), _ceil_div(i, b))),
+    }
+
+
+def _check_expert_weights(w: object, h: int, device: torch.device) -> ExpertWeights:
+    if not isinstance(w, ExpertWeights):
+        raise InvalidArgumentError(EXPERTS_OP, "weights", "an ExpertWeights", describe(w),
+                                   remedy="build it with dsv4hal.reference.moe.quantize_experts")
+    check_choice(EXPERTS_OP, "weights.format", w.format, EXPERT_FORMATS)
+    check_choice(EXPERTS_OP, "weights.fp8", w.fp8, FP8_FLAVORS)
+    w13 = check_tensor(EXPERTS_OP, "weights.w13", w.w13, shape=(None, None, None))
+    e, two_i = w13.shape[:2]
+    if e < 1 or two_i < 2 or two_i % 2:
+        raise InvalidArgumentError(EXPERTS_OP, "weights.w13", "[E >= 1, 2I (even, > 0), *]", describe(w13))
+    i = two_i // 2
+    if w.format == "mxfp4":
+        for name, k in (("x (hidden size H)", h), ("weights.w2 (intermediate size I)", i)):
+            if k % MXFP4_GROUP:
+                raise InvalidArgumentError(EXPERTS_OP, name, f"a reduction dim that is a multiple of {MXFP4_GROUP}"
+                                           " (one MXFP4 scale a 32-group)", f"{k}")
+    for name, (dtype, shape) in _expected_weight_specs(w, e, h, i).items():
+        _tensor(EXPERTS_OP, f"weights.{name}", getattr(w, name), dtype=dtype, shape=shape, device=device)
+    return w
+
+
+def validate_moe_experts(
+    x: object,
+    topk_ids: object,
+    topk_weights: object,
+    weights: object,
+    swiglu_limit: object = 10.0,
+    *,
+    checked: bool = False,
+) -> None:
+    """Validate moe_experts' arguments; raise InvalidArgumentError naming the first bad one.
+
+    x bf16 [T, H]; topk_ids int32 [T, k]; topk_weights fp32 [T, k]; weights an ExpertWeights whose tensors match
+    its format for hidden H (mxfp4 also needs H % 32 == 0 and I % 32 == 0); swiglu_limit > 0 (inf disables
+    the clamp); everything on x's device. checked=True also reads values: ids < E (negative ids are allowed and
+    ignored), finite x and topk_weights, no NaN codes in the expert weights and finite fp8 block scales."""
+    xt = check_tensor(EXPERTS_OP, "x", x, dtype=torch.bfloat16, shape=(None, None))
+    t, h = xt.shape
+    ids = _tensor(EXPERTS_OP, "topk_ids", topk_ids, dtype=torch.int32, shape=(t, None), device=xt.device)
+    k = ids.shape[1]
+    if k < 1:
+        raise InvalidArgumentError(EXPERTS_OP, "topk_ids", "[T, k] with k >= 1", describe(ids))
+    tw = _tensor(EXPERTS_OP, "topk_weights", topk_weights, dtype=torch.float32, shape=(t, k),
+                      device=xt.device)
+    w = _check_expert_weights(weights, h, xt.device)
+    _check_positive(EXPERTS_OP, "swiglu_limit", swiglu_limit, allow_inf=True)
+    if checked:
+        _check_upper_bound(EXPERTS_OP, "topk_ids", ids, w.num_experts, allow_negative=True)
+        check_finite(EXPERTS_OP, "x", xt)
+        check_finite(EXPERTS_OP, "topk_weights", tw)
+        _check_weight_values(w)
+
+
+def _fp8_nan_mask(q: torch.Tensor, flavor: str) -> torch.Tensor:
+    """NaN codes: e4m3fn 0x7F/0xFF, e4m3fnuz 0x80 (fp8.py's table); compared on bytes to avoid an fp32 copy."""
+    raw = q.view(torch.uint8)
+    return (raw & 0x7F) == 0x7F if flavor == "e4m3fn" else raw == 0x80
+
+
+def _check_weight_values(w: ExpertWeights) -> None:
+    """Checked mode: loops over experts so a full-size layer never needs a second full-size temporary."""
+    for name in ("w13", "w2"):
+        q, scale = getattr(w, name), getattr(w, f"{name}_scale")
+        for e in range(w.num_experts):
+            if w.format == "mxfp4":
+                bad = bool((scale[e] == NAN_SCALE_BYTE).any())
+                what = f"scale byte 0x{NAN_SCALE_BYTE:X} (E8M0 NaN) in expert {e}"
+            else:
+                bad = bool(_fp8_nan_mask(q[e], w.fp8).any()) or not bool(torch.isfinite(scale[e]).all())
+                what = f"a NaN FP8 code or non-finite block scale in expert {e}"
+            if bad:
+                raise InvalidArgumentError(EXPERTS_OP, f"weights.{name}", "finite expert weights", what,
+                                           remedy="re-quantize the checkpoint tensor; its source held NaN or inf")
+
+
+def case_moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    weights: ExpertWeights,
+    swiglu_limit: float = 10.0,
+) -> dict[str, Any]:
+    """Hashable features of a moe_experts call (what kernels declare support for)."""
+    return {
+        "format": weights.format,
+        "fp8": weights.fp8 if weights.format == "fp8_block" else None,
+        "E": weights.num_experts,
+        "H": weights.hidden,
+        "I": weights.intermediate,
+        "top_k": topk_ids.shape[1],
+        "tokens": token_class(x.shape[0]),
+    }

@@ -1,0 +1,103 @@
+"""Op contracts: `pack_store` (quantize -> pack -> scatter by loc) and `dequant_gather` (its inverse read).
+
+pack_store(k, loc, cache) -> None, in place
+    k: bf16 [N, 512] contiguous (448 nope values then 64 post-RoPE rope values); loc: int32/int64 [N] slot ids
+    on k's device; cache: V4PagedCache on the same device. For each row i with loc[i] >= 0 the 584-byte record
+    of slot loc[i] (page loc // P, offset loc % P; layout in dsv4hal.formats.v4_cache) is overwritten with:
+    per 64-element nope tile, amax = max(max|x|, 1e-4), exponent e = ceil(log2(amax / FP8_MAX)) stored as the
+    UE8M0 byte e + 127, values fp8(x * 2**-e) rounded to nearest even and clamped to +-FP8_MAX (448 for
+    e4m3fn, 240 for e4m3fnuz); rope copied as bf16 bits. Rows with loc[i] < 0 are skipped. The pad byte,
+    page padding and every other slot are left untouched. Results must be bit-exact with the reference.
+    Duplicate non-negative locations leave one of the rows, unspecified which.
+
+dequant_gather(cache, loc) -> bf16 [M, 512]
+    Row i is slot loc[i] dequantized (fp8 value * 2**(byte - 127) per tile, rope as stored), exact in bf16;
+    rows with loc[i] < 0 are zero.
+
+Any positive page size P is accepted; production uses 256 (SWA), 64 (C4) and 2 (C128), see
+PAGE_SIZE_BY_RATIO. Checked mode additionally reads the inputs (a device sync): every loc < cache.num_slots
+and k finite.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
+from dsv4hal.ops.checks import check_finite, check_tensor, describe
+
+OP_PACK_STORE = "pack_store"
+OP_DEQUANT_GATHER = "dequant_gather"
+LOC_DTYPES = (torch.int32, torch.int64)
+# Feature "size" (same key as the other ops and ops/catalog.py): rows >= this are "large" (prefill), else "small".
+LARGE_N = 4096
+
+
+def _check_cache(op: str, cache: object) -> V4PagedCache:
+    if not isinstance(cache, V4PagedCache):
+        raise InvalidArgumentError(
+            op, "cache", "a V4PagedCache", describe(cache), remedy="wrap the buffer with V4PagedCache(data, page_size)"
+        )
+    cache.validate(op, "cache")
+    return cache
+
+
+def _check_same_device(op: str, name: str, t: torch.Tensor, device: torch.device) -> None:
+    # check_tensor compares device types only; a kernel cannot read across two GPUs either.
+    if t.device != device:
+        raise InvalidArgumentError(
+            op, name, f"a tensor on {device} (the cache's device)", describe(t), remedy=f"move it with .to('{device}')"
+        )
+
+
+def _check_loc_range(op: str, loc: torch.Tensor, num_slots: int) -> None:
+    """Checked mode: negatives skip, non-negatives must address a slot of the cache."""
+    bad = loc >= num_slots
+    if loc.numel() and bool(bad.any()):
+        first = int(loc[bad][0])
+        raise InvalidArgumentError(
+            op, "loc", f"slot ids < {num_slots} (negative = skip)", f"slot id {first}",
+            remedy="loc addresses slots of this cache (num_pages * page_size)",
+        )
+
+
+def validate_pack_store(k: object, loc: object, cache: object, *, checked: bool = False) -> None:
+    """Raise InvalidArgumentError unless the arguments meet the pack_store contract."""
+    op = OP_PACK_STORE
+    cache = _check_cache(op, cache)
+    k = check_tensor(op, "k", k, dtype=torch.bfloat16, shape=(None, HEAD_DIM), device=cache.device, contiguous=True)
+    loc = check_tensor(op, "loc", loc, dtype=LOC_DTYPES, shape=(k.shape[0],), device=cache.device)
+    _check_same_device(op, "k", k, cache.device)
+    _check_same_device(op, "loc", loc, cache.device)
+    if checked:
+        _check_loc_range(op, loc, cache.num_slots)
+        check_finite(op, "k", k)
+
+
+def validate_dequant_gather(cache: object, loc: object, *, checked: bool = False) -> None:
+    """Raise InvalidArgumentError unless the arguments meet the dequant_gather contract."""
+    op = OP_DEQUANT_GATHER
+    cache = _check_cache(op, cache)
+    loc = check_tensor(op, "loc", loc, dtype=LOC_DTYPES, shape=(None,), device=cache.device)
+    _check_same_device(op, "loc", loc, cache.device)
+    if checked:
+        _check_loc_range(op, loc, cache.num_slots)
+
+
+def size_class(n: int) -> str:
+    return "large" if n >= LARGE_N else "small"
+
+
+def _features(cache: V4PagedCache, n: int) -> dict[str, object]:
+    return {"fp8": cache.fp8, "page_size": cache.page_size, "size": size_class(n)}
+
+
+def case_pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> dict[str, object]:
+    """Hashable features for kernel selection: fp8 flavour, page size, size class of N."""
+    return _features(cache, int(k.shape[0]))
+
+
+def case_dequant_gather(cache: V4PagedCache, loc: torch.Tensor) -> dict[str, object]:
+    """Hashable features for kernel selection: fp8 flavour, page size, size class of M."""
+    return _features(cache, int(loc.shape[0]))

@@ -1,0 +1,44 @@
+"""Pure-PyTorch C4 indexer logits over the paged FP8 indexer cache (spec 4.2 step 5, FP8 path).
+
+The DeepGEMM fp8_paged_mqa_logits contract: the fp8 values of q and k are widened exactly to fp32, the dot
+products accumulate in fp32, the per-token key scale multiplies the dot product before the ReLU, and the
+head weights (carrying the q scale and 128^-0.5 * 64^-0.5) combine the heads. Slots past a token's context
+read -inf. Vectorised over tokens, heads and context.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4hal.formats.fp8 import fp8_to_float
+from dsv4hal.formats.indexer_cache import PAGE_SIZE, IndexerPagedCache
+
+
+def gather_context(cache: IndexerPagedCache, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k fp32 [T, P*64, 128], ks fp32 [T, P*64]) for every slot a token's block table names.
+
+    Entries outside [0, pages) (unused tail of a block table) are clamped to a real page; the caller masks
+    them by context length, so their contents never reach the output."""
+    pages = block_table.long().clamp(0, max(cache.num_pages - 1, 0))
+    k = fp8_to_float(cache.values()[pages], cache.fp8).flatten(1, 2)  # [T, P, 64, 128] -> [T, P*64, 128]
+    ks = cache.scales()[pages].flatten(1, 2)
+    return k, ks
+
+
+def indexer_logits(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    cache: IndexerPagedCache,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+) -> torch.Tensor:
+    """fp32 [T, P*64]: logit[t, j] = sum_h weights[t, h] * relu(<q[t, h], k_j> * ks_j), -inf for j >= ctx[t]."""
+    t, p = block_table.shape
+    if p == 0 or cache.num_pages == 0:  # nothing addressable: every entry is past the context
+        return torch.full((t, p * PAGE_SIZE), float("-inf"), device=q.device)
+    k, ks = gather_context(cache, block_table)
+    dots = torch.einsum("thd,tjd->thj", q.float(), k)  # fp8 products are exact in fp32; sums accumulate in fp32
+    scores = torch.relu(dots * ks[:, None, :])
+    logits = torch.einsum("th,thj->tj", weights.float(), scores)
+    j = torch.arange(p * PAGE_SIZE, device=q.device)
+    return logits.masked_fill(j[None, :] >= context_lens.long()[:, None], float("-inf"))

@@ -1,0 +1,159 @@
+"""Pure-PyTorch reference of the DSV4 MoE ops (spec 5): routing and the routed experts.
+
+Routing (spec 5.2): s = sqrt(softplus(logits)); ids = topk(s + bias) over all experts (no groups) or, on hash
+layers, ids = hash_table[input_ids]; the weights use the unbiased s of the chosen experts, normalised to sum 1 and
+multiplied by routed_scaling_factor.
+
+Routed experts: y[t] = sum_k w[t,k] * E_{ids[t,k]}(x[t]) with the SwiGLU expert
+g = x w1^T, u = x w3^T, g = min(g, limit), u = clamp(u, -limit, limit), out = (silu(g) * u) w2^T.
+Weights are dequantized to fp32 exactly as stored; x is taken as fp32; accumulation is fp32; the result is bf16.
+An id < 0 contributes nothing (expert parallelism marks experts owned by other ranks that way).
+
+The shared expert is NOT part of moe_experts: the caller adds it (y = routed + shared(x), unscaled). It is a dense
+SwiGLU MLP with the same clamp; shared_expert() below is its fp32 reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from dsv4hal.formats.fp8_block import dequantize_fp8_block, quantize_fp8_block
+from dsv4hal.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+
+ExpertFormat = Literal["mxfp4", "fp8_block"]
+EXPERT_FORMATS: tuple[ExpertFormat, ...] = ("mxfp4", "fp8_block")
+
+
+@dataclass
+class ExpertWeights:
+    """Routed expert weights of one layer; w13 stacks the gate (w1) rows above the up (w3) rows.
+
+    mxfp4:     w13 uint8 [E, 2I, H/2], w13_scale uint8 [E, 2I, H/32], w2 uint8 [E, H, I/2], w2_scale uint8 [E, H, I/32]
+    fp8_block: w13 fp8 [E, 2I, H], w13_scale fp32 [E, ceil(2I/128), ceil(H/128)],
+               w2 fp8 [E, H, I], w2_scale fp32 [E, ceil(H/128), ceil(I/128)]
+    `fp8` names the FP8 flavour of fp8_block weights (ignored for mxfp4)."""
+
+    format: ExpertFormat
+    w13: torch.Tensor
+    w13_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    fp8: str = "e4m3fn"
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+    @property
+    def hidden(self) -> int:
+        return self.w2.shape[1]
+
+    @property
+    def intermediate(self) -> int:
+        return self.w13.shape[1] // 2
+
+
+def quantize_experts(
+    w13: torch.Tensor, w2: torch.Tensor, format: ExpertFormat, fp8: str = "e4m3fn", *, pow2_scales: bool = False
+) -> ExpertWeights:
+    """fp32 master weights w13 [E, 2I, H], w2 [E, H, I] -> ExpertWeights in `format`.
+
+    pow2_scales (fp8_block only) rounds block scales up to powers of two, the UE8M0 checkpoint variant."""
+    if format == "mxfp4":
+        w13_q, w13_s = quantize_mxfp4(w13)
+        w2_q, w2_s = quantize_mxfp4(w2)
+    elif format == "fp8_block":
+        w13_q, w13_s = quantize_fp8_block(w13, fp8=fp8, pow2_scales=pow2_scales)
+        w2_q, w2_s = quantize_fp8_block(w2, fp8=fp8, pow2_scales=pow2_scales)
+    else:
+        raise ValueError(f"unknown expert format {format!r}; expected one of {EXPERT_FORMATS}")
+    return ExpertWeights(format, w13_q, w13_s, w2_q, w2_s, fp8)
+
+
+def _dequantize(fmt: str, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    if fmt == "mxfp4":
+        return dequantize_mxfp4(q, scale)
+    if fmt == "fp8_block":
+        return dequantize_fp8_block(q, scale)
+    raise ValueError(f"unknown expert format {fmt!r}; expected one of {EXPERT_FORMATS}")
+
+
+def dequantize_experts(ew: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """All experts -> (w13 fp32 [E, 2I, H], w2 fp32 [E, H, I]). Full-size layers need tens of GB: prefer
+    dequantize_expert inside a loop there."""
+    return _dequantize(ew.format, ew.w13, ew.w13_scale), _dequantize(ew.format, ew.w2, ew.w2_scale)
+
+
+def dequantize_expert(ew: ExpertWeights, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One expert -> (w13 fp32 [2I, H], w2 fp32 [H, I])."""
+    return _dequantize(ew.format, ew.w13[e], ew.w13_scale[e]), _dequantize(ew.format, ew.w2[e], ew.w2_scale[e])
+
+
+def swiglu_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, swiglu_limit: float) -> torch.Tensor:
+    """Clamped SwiGLU MLP in the dtype of its (same-dtype) inputs: x [T, H], w13 [2I, H], w2 [H, I] -> [T, H]."""
+    gate, up = (x @ w13.T).chunk(2, dim=-1)
+    gate = gate.clamp(max=swiglu_limit)
+    up = up.clamp(-swiglu_limit, swiglu_limit)
+    return (F.silu(gate) * up) @ w2.T
+
+
+def shared_expert(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, swiglu_limit: float = 10.0
+) -> torch.Tensor:
+    """Shared expert reference in fp32: x [T, H], dequantized w13 [2I, H], w2 [H, I] -> fp32 [T, H].
+    The caller adds it to moe_experts' output, unscaled."""
+    return swiglu_mlp(x.float(), w13.float(), w2.float(), swiglu_limit)
+
+
+def moe_route(
+    router_logits: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    top_k: int = 6,
+    routed_scaling_factor: float = 1.5,
+    hash_table: torch.Tensor | None = None,
+    input_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits fp32 [T, E] -> (topk_ids int32 [T, k], topk_weights fp32 [T, k]).
+
+    With hash_table (int32 [vocab, k]) and input_ids [T] the ids come from the table (bias and top_k unused);
+    otherwise they are the top_k of s + bias, in descending order."""
+    scores = F.softplus(router_logits.float()).sqrt()
+    if hash_table is not None:
+        if input_ids is None:
+            raise ValueError("moe_route: hash routing needs input_ids alongside hash_table")
+        ids = hash_table[input_ids.long()].long()
+    else:
+        biased = scores if bias is None else scores + bias.float()
+        ids = biased.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    weights = weights / weights.sum(dim=-1, keepdim=True) * routed_scaling_factor
+    return ids.to(torch.int32), weights
+
+
+def moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    weights: ExpertWeights,
+    swiglu_limit: float = 10.0,
+) -> torch.Tensor:
+    """x bf16 [T, H], topk_ids int32 [T, k], topk_weights fp32 [T, k] -> bf16 [T, H] (routed experts only)."""
+    t, k = topk_ids.shape
+    xf = x.float()
+    out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
+    flat_ids = topk_ids.reshape(-1).long()
+    flat_w = topk_weights.reshape(-1).float()
+    # Group the (token, slot) pairs by expert: sort the valid slots by id, then split into runs.
+    slots = (flat_ids >= 0).nonzero().squeeze(1)
+    slots = slots[torch.argsort(flat_ids[slots], stable=True)]
+    experts, counts = torch.unique_consecutive(flat_ids[slots], return_counts=True)
+    for e, run in zip(experts.tolist(), torch.split(slots, counts.tolist())):
+        tokens = run // k
+        w13, w2 = dequantize_expert(weights, e)
+        y = swiglu_mlp(xf[tokens], w13, w2, swiglu_limit)
+        out.index_add_(0, tokens, y * flat_w[run].unsqueeze(1))
+    return out.to(torch.bfloat16)

@@ -18,10 +18,10 @@ what=${1:-all}
     python3 -m pytest -q -x tests/test_triton_kernels.py -p no:cacheprovider
   fi
   if [[ $what == all || $what == conformance ]]; then
-    dsv4hal conformance --platform cuda_sm90 --json "$OUT/conformance-cuda_sm90.json" \
-      --markdown "$OUT/conformance-cuda_sm90.md" --quiet
+    timeout ${CONF_TIMEOUT:-400} dsv4hal conformance --platform cuda_sm90 ${OPS:+--ops $OPS} \
+      --json "$OUT/conformance-cuda_sm90.json" --markdown "$OUT/conformance-cuda_sm90.md" > /dev/null
   fi
   if [[ $what == all || $what == bench ]]; then
-    dsv4hal bench ${BENCH:-all} --json "$OUT/bench-${BENCH:-all}.json" --plot "$OUT/bench-${BENCH:-all}.png"
+    timeout ${BENCH_TIMEOUT:-400} dsv4hal bench ${BENCH:-all} --json "$OUT/bench-${BENCH:-all}.json" --plot "$OUT/bench-${BENCH:-all}.png"
   fi
 } 2>&1 | tee "$OUT/log.txt"

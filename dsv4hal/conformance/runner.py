@@ -74,6 +74,10 @@ def load_catalog(ops: Iterable[str] | None = None) -> list[tuple[CaseSpec, Calla
     return out
 
 
+def _deselected(spec: CaseSpec, platform: str, impl: str) -> list[Cell]:
+    return _not_run_cells(spec, platform, impl, "not selected in this run (--ops)")
+
+
 def _to_device(x: Any, device: torch.device) -> Any:
     if isinstance(x, torch.Tensor):
         return x.to(device)
@@ -206,6 +210,7 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
     registry = load_registry()
     info = hardware.detect(registry.requirements())
     catalog = load_catalog(ops)
+    skipped = [c for c in load_catalog() if ops and c[0].op not in set(ops)]
     spec_platform = registry.platforms.get(platform_name or "")
     fits = spec_platform is not None and not spec_platform.claims(info)
     if platform_name and spec_platform is not None and not fits:
@@ -225,6 +230,8 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
         report.cells.append(cell)
         if progress:
             progress(i + 1, len(todo), cell)
+    for spec, _ in skipped:
+        report.cells += _deselected(spec, platform.name, _impl_name(platform, spec))
     if ops is None or "decode_step" in set(ops):
         from dsv4hal.conformance.decode_step import decode_step_cells
 

@@ -1,6 +1,6 @@
 """Radix-select top-k for the indexer (spec 4.3) in Triton.
 
-Scores map to order-preserving 32-bit keys. Three histogram levels (11, 11 and 10 bits) find the exact
+Scores map to order-preserving 32-bit keys. Four histogram levels of 8 bits find the exact
 k-th largest key T and how many keys equal to T must be taken; a collect pass then writes every index
 with key > T and the first `need` with key == T (ties broken by arrival order), applying the page
 transform on the way. Rows with n <= k get 0..n-1 in order, as the contract says. Every launch is a
@@ -12,9 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-LEVELS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) from the most significant digit
-NBINS = 2048
-NBINS_C: tl.constexpr = NBINS
+LEVELS = ((24, 8), (16, 8), (8, 8), (0, 8))  # (shift, bits) from the most significant digit
+NBINS = 256  # small histograms: tl.histogram's cost grows with the bin count
+CHUNK = 4096  # elements per program: enough programs to fill the GPU even for one row
+NBINS_C = tl.constexpr(NBINS)
 
 
 @triton.jit
@@ -34,7 +35,7 @@ def _hist_kernel(scores_ptr, stride_s, len_ptr, state_ptr, hist_ptr, K, CHUNK: t
     if n > K:
         prefix = tl.load(state_ptr + row * 4).to(tl.uint32, bitcast=True)
         offs = tl.arange(0, BLOCK)
-        acc = tl.zeros([2 * NBINS_C], dtype=tl.int32)
+        acc = tl.zeros([NBINS_C], dtype=tl.int32)
         for start in range(chunk * CHUNK, (chunk + 1) * CHUNK, BLOCK):
             j = start + offs
             m = j < n
@@ -42,9 +43,9 @@ def _hist_kernel(scores_ptr, stride_s, len_ptr, state_ptr, hist_ptr, K, CHUNK: t
             if not FIRST:
                 m = m & ((key >> PREFIX_SHIFT) == (prefix >> PREFIX_SHIFT))
             digit = ((key >> SHIFT) & ((1 << BITS) - 1)).to(tl.int32)
-            acc += tl.histogram(digit, 2 * NBINS_C, mask=m)
-        bins = tl.arange(0, 2 * NBINS_C)
-        tl.atomic_add(hist_ptr + row * 2 * NBINS_C + bins, acc, mask=(bins < (1 << BITS)) & (acc != 0), sem="relaxed")
+            acc += tl.histogram(digit, NBINS_C, mask=m)
+        bins = tl.arange(0, NBINS_C)
+        tl.atomic_add(hist_ptr + row * NBINS_C + bins, acc, mask=acc != 0, sem="relaxed")
 
 
 
@@ -54,8 +55,8 @@ def _resolve_kernel(len_ptr, state_ptr, hist_ptr, K, SHIFT: tl.constexpr, BITS: 
     row = tl.program_id(0)
     n = tl.load(len_ptr + row)
     bins = tl.arange(0, NBINS_C)
-    h = tl.load(hist_ptr + row * 2 * NBINS_C + bins)
-    tl.store(hist_ptr + row * 2 * NBINS_C + bins, tl.zeros([NBINS_C], dtype=tl.int32))  # ready for the next level
+    h = tl.load(hist_ptr + row * NBINS_C + bins)
+    tl.store(hist_ptr + row * NBINS_C + bins, tl.zeros([NBINS_C], dtype=tl.int32))  # ready for the next level
     if n > K:
         if FIRST:
             need = K
@@ -112,9 +113,7 @@ def _collect_kernel(scores_ptr, stride_s, len_ptr, state_ptr, raw_ptr, page_ptr,
 
 def _chunking(s: int, k: int) -> tuple[int, int, int]:
     block = 1024
-    span = max(s, k)
-    chunk = max(block, min(32768, triton.next_power_of_2(max(1, span // 8))))
-    return block, chunk, triton.cdiv(span, chunk)
+    return block, CHUNK, triton.cdiv(max(s, k), CHUNK)
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
@@ -126,7 +125,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     if b == 0:
         return raw, pages
     state = torch.zeros(b, 4, dtype=torch.int32, device=dev)  # prefix, need, count above, count equal
-    hist = torch.zeros(b, 2 * NBINS, dtype=torch.int32, device=dev)
+    hist = torch.zeros(b, NBINS, dtype=torch.int32, device=dev)
     block, chunk, nchunks = _chunking(s, k)
     done = 32
     for i, (shift, bits) in enumerate(LEVELS):

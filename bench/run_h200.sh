@@ -21,6 +21,13 @@ what=${1:-all}
     timeout ${CONF_TIMEOUT:-400} dsv4hal conformance --platform cuda_sm90 ${OPS:+--ops $OPS} \
       --json "$OUT/conformance-cuda_sm90.json" --markdown "$OUT/conformance-cuda_sm90.md" > /dev/null
   fi
+  if [[ $what == all || $what == conformance ]]; then
+    DSV4HAL_KERNELS=sparse_attention_decode=triton_sparse_decode,sparse_attention_prefill=triton_sparse_prefill \
+      timeout ${CONF_TIMEOUT:-400} dsv4hal conformance --platform cuda_sm90 \
+      --ops sparse_attention_decode,sparse_attention_prefill,decode_step \
+      --json "$OUT/conformance-cuda_sm90-triton-attention.json" \
+      --markdown "$OUT/conformance-cuda_sm90-triton-attention.md" > /dev/null
+  fi
   if [[ $what == all || $what == bench ]]; then
     timeout ${BENCH_TIMEOUT:-400} dsv4hal bench ${BENCH:-all} --json "$OUT/bench-${BENCH:-all}.json" --plot "$OUT/bench-${BENCH:-all}.png"
   fi

@@ -200,11 +200,12 @@ def test_validate_experts_rejects_bad_args():
         with pytest.raises(InvalidArgumentError) as info:
             validate_moe_experts(**a)
         assert info.value.argument == name
+    # H = 48 is not a multiple of the 32-element MXFP4 scale group, even with self-consistent shapes.
+    u8 = torch.uint8
+    w48 = ExpertWeights("mxfp4", torch.zeros(5, 64, 24, dtype=u8), torch.zeros(5, 64, 1, dtype=u8),
+                        torch.zeros(5, 48, 16, dtype=u8), torch.zeros(5, 48, 1, dtype=u8))
     with pytest.raises(InvalidArgumentError, match="multiple of 32"):
-        x48 = torch.zeros(4, 48, dtype=torch.bfloat16)
-        w48 = ExpertWeights("mxfp4", torch.zeros(5, 64, 24, dtype=torch.uint8), torch.zeros(5, 64, 1, dtype=torch.uint8),
-                            torch.zeros(5, 48, 16, dtype=torch.uint8), torch.zeros(5, 48, 1, dtype=torch.uint8))
-        validate_moe_experts(**_replace(args, x=x48, weights=w48))
+        validate_moe_experts(**_replace(args, x=torch.zeros(4, 48, dtype=torch.bfloat16), weights=w48))
 
 
 def test_validate_fp8_experts_rejects_flavour_and_scale_mismatch():

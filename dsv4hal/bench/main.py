@@ -40,7 +40,11 @@ def run_bench(args: argparse.Namespace) -> int:
         "ceilings": ceilings,
     }
     for n in names:
-        result[n] = importlib.import_module(BENCHES[n]).run(platform, ceilings, quick=args.quick)
+        try:
+            result[n] = importlib.import_module(BENCHES[n]).run(platform, ceilings, quick=args.quick)
+        except Exception as exc:  # keep the other benchmarks' results; the JSON records the failure
+            print(f"benchmark {n} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            result.setdefault("errors", {})[n] = f"{type(exc).__name__}: {exc}"
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

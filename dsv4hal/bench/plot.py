@@ -11,7 +11,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("attention", "pack_store", "topk") if k in result]
+    panels = [k for k in ("attention", "pack_store", "topk") if result.get(k)]
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
     for ax, name in zip(axes[0], panels):
         rows = result[name]

@@ -19,6 +19,7 @@ from dsv4hal.formats.v4_cache import (
     HEAD_DIM,
     PAGE_SIZE_BY_RATIO,
     V4PagedCache,
+    convert_cache,
     exact_dequant,
     quantize_tokens,
     write_records,
@@ -78,6 +79,13 @@ def _catalog() -> list[CaseSpec]:
     c += _spec("edge/all-indices-invalid", 4, ((64, 4),), edge="all_invalid")
     c += _spec("edge/lengths-shorter-than-widths", 4, ((300, 4),), edge="short")
     c += _spec("edge/h128-topk1024", 4, ((4200, 2),), h_q=128, topk=1024, decode_only=True)
+    # e4m3fnuz caches (gfx942): converted from an e4m3fn cache (lossless), and written natively
+    c += _spec("fnuz/converted-swa-extend", 0, ((64, 16),), fp8="e4m3fnuz", convert_from="e4m3fn")
+    c += _spec("fnuz/converted-c4-decode", 4, ((64, 1), (2300, 1)), fp8="e4m3fnuz", convert_from="e4m3fn",
+               decode_only=True)
+    c += _spec("fnuz/converted-c128-decode", 128, ((700, 2),), fp8="e4m3fnuz", convert_from="e4m3fn",
+               decode_only=True)
+    c += _spec("fnuz/native-c4-decode", 4, ((200, 2),), fp8="e4m3fnuz", decode_only=True)
     # V4-Flash and V4-Pro shapes, 64 decode rows at long context (GPU only)
     flash8k = tuple((8191 - 7 * i, 1) for i in range(64))
     c += _spec("v4-flash/c4-8k-T64", 4, flash8k, decode_only=True, gpu_only=True)
@@ -125,11 +133,13 @@ def _sink(kind: str, h: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def _write(keys: torch.Tensor, slots: torch.Tensor, page: int, fp8: str, device: torch.device,
-           capacity: int) -> V4PagedCache:
+           capacity: int, convert_from: str | None = None) -> V4PagedCache:
+    """A cache holding `keys` at `slots`; written in `convert_from` and converted to `fp8` when given (a
+    cache produced on one vendor and read on another)."""
     num_pages = max(1, -(-capacity // page))  # from the case's sizes only, so graph replays match shapes
-    cache = V4PagedCache.empty(num_pages, page, fp8, device)
-    write_records(cache, slots.to(device), quantize_tokens(keys.to(device), fp8))
-    return cache
+    cache = V4PagedCache.empty(num_pages, page, convert_from or fp8, device)
+    write_records(cache, slots.to(device), quantize_tokens(keys.to(device), convert_from or fp8))
+    return convert_cache(cache, fp8) if convert_from else cache
 
 
 def build_scenario(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> _Scenario:
@@ -176,10 +186,11 @@ def build_scenario(spec: CaseSpec, device: torch.device, gen: torch.Generator) -
             x_len.copy_((x_len // 3).clamp(min=1))
     q = torch.randn(t, h, HEAD_DIM, generator=gen).bfloat16()
     sink = _sink(str(prm.get("sink", "random" if h else "default")), h, gen)
-    swa_cache = _write(swa_keys_rows, perm, PAGE_SIZE_BY_RATIO[0], fp8, device, n_swa + 9)
+    conv = prm.get("convert_from")
+    swa_cache = _write(swa_keys_rows, perm, PAGE_SIZE_BY_RATIO[0], fp8, device, n_swa + 9, conv)
     x_cache = None
     if x_keys is not None:
-        x_cache = _write(x_keys[x_slots], x_slots, PAGE_SIZE_BY_RATIO[ratio], fp8, device, x_keys.shape[0])
+        x_cache = _write(x_keys[x_slots], x_slots, PAGE_SIZE_BY_RATIO[ratio], fp8, device, x_keys.shape[0], conv)
     dev = lambda x: None if x is None else x.to(device)  # noqa: E731
     return _Scenario(dev(q), dev(sink), swa_cache, dev(swa_idx), dev(swa_len), swa_keys, x_cache,
                      dev(x_idx), dev(x_len), x_keys)
@@ -246,7 +257,7 @@ def _key_sets(idx: torch.Tensor, lengths: torch.Tensor, table: torch.Tensor) -> 
 
 def build(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture:
     sc = build_scenario(spec, device, gen)
-    fp8 = sc.swa_cache.fp8
+    fp8 = str(spec.params.get("convert_from") or sc.swa_cache.fp8)  # conversion is lossless: same values
     # exact values the caches represent, computed from the unquantized keys (bf16-representable)
     swa_exact = exact_dequant(sc.swa_keys, fp8).bfloat16()
     x_exact = None if sc.extra_keys is None else exact_dequant(sc.extra_keys, fp8).bfloat16()

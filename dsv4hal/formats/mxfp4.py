@@ -46,12 +46,22 @@ def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
     return mag | (negative.to(torch.uint8) * SIGN_BIT)
 
 
+def _signed_table(device: torch.device) -> torch.Tensor:
+    """Value of each of the 16 codes: magnitudes, then their negatives (code 0x8 decodes to 0, never -0)."""
+    mag = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
+    return torch.cat((mag, -mag)) + 0.0  # + 0.0 turns -0 into +0
+
+
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
     """4-bit codes (uint8, high bits ignored) -> float32 values."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
-    codes = codes.to(torch.int64)
-    mag = table[codes & 0x7]
-    return torch.where((codes & SIGN_BIT) != 0, -mag, mag)
+    return _signed_table(codes.device)[(codes & 0xF).long()]
+
+
+def _byte_table(device: torch.device) -> torch.Tensor:
+    """[256, 2]: the (even, odd) element values of every packed byte, so decoding is a single gather."""
+    table = _signed_table(device)
+    byte = torch.arange(256, device=device)
+    return torch.stack((table[byte & 0xF], table[byte >> 4]), dim=-1)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -70,7 +80,7 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_k(k, "w")
     groups = w.to(torch.float32).reshape(*w.shape[:-1], k // GROUP, GROUP)
     amax = groups.abs().amax(dim=-1)
-    finite = torch.isfinite(groups).all(dim=-1)
+    finite = torch.isfinite(amax)  # amax propagates NaN and is inf iff the group holds one
     safe_amax = torch.where(finite, amax, torch.ones_like(amax)).clamp_min(AMAX_FLOOR)
     exponent = pow2_ceil_exponent(safe_amax / E2M1_MAX)
     # Dividing by a power of two is exact, so the thresholds act on the true scaled value.
@@ -90,7 +100,7 @@ def dequantize_mxfp4(packed: torch.Tensor, scale_exp: torch.Tensor) -> torch.Ten
     if tuple(scale_exp.shape) != (*packed.shape[:-1], k // GROUP):
         raise ValueError(f"MXFP4 scale shape {tuple(scale_exp.shape)} does not match packed shape "
                          f"{tuple(packed.shape)}; expected {(*packed.shape[:-1], k // GROUP)}")
-    values = e2m1_decode(unpack_nibbles(packed)).reshape(*packed.shape[:-1], k // GROUP, GROUP)
+    values = _byte_table(packed.device)[packed.long()].reshape(*packed.shape[:-1], k // GROUP, GROUP)
     scale = ue8m0_decode(scale_exp)
     scale = torch.where(scale_exp == NAN_SCALE_BYTE, torch.full_like(scale, float("nan")), scale)
     return (values * scale.unsqueeze(-1)).reshape(*packed.shape[:-1], k)

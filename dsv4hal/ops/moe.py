@@ -100,16 +100,13 @@ def validate_moe_route(
         raise InvalidArgumentError(ROUTE_OP, missing, f"a tensor since {given} is given", "None",
                                    remedy="hash layers need both the token->expert table and the token ids")
     if hash_table is not None:
-        _tensor(ROUTE_OP, "hash_table", hash_table, dtype=torch.int32, shape=(None, top_k),
-                     device=logits.device)
+        _tensor(ROUTE_OP, "hash_table", hash_table, dtype=torch.int32, shape=(None, top_k), device=logits.device)
         _tensor(ROUTE_OP, "input_ids", input_ids, dtype=INDEX_DTYPES, shape=(t,), device=logits.device)
     if checked:
         _check_route_values(logits, bias, hash_table, input_ids)
 
 
-def _check_route_values(
-    logits: torch.Tensor, bias: Any, hash_table: Any, input_ids: Any
-) -> None:
+def _check_route_values(logits: torch.Tensor, bias: Any, hash_table: Any, input_ids: Any) -> None:
     check_finite(ROUTE_OP, "router_logits", logits)
     if bias is not None:
         check_finite(ROUTE_OP, "bias", bias)
@@ -195,8 +192,7 @@ def validate_moe_experts(
     k = ids.shape[1]
     if k < 1:
         raise InvalidArgumentError(EXPERTS_OP, "topk_ids", "[T, k] with k >= 1", describe(ids))
-    tw = _tensor(EXPERTS_OP, "topk_weights", topk_weights, dtype=torch.float32, shape=(t, k),
-                      device=xt.device)
+    tw = _tensor(EXPERTS_OP, "topk_weights", topk_weights, dtype=torch.float32, shape=(t, k), device=xt.device)
     w = _check_expert_weights(weights, h, xt.device)
     _check_positive(EXPERTS_OP, "swiglu_limit", swiglu_limit, allow_inf=True)
     if checked:

@@ -31,3 +31,11 @@ def register(registry: Registry) -> None:
                                    description="cache rows to the bf16 prefill workspace", **common))
     registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_radix_topk", target=f"{_MOD}.topk:indexer_topk",
                                    description="3-level radix select (11/11/10 bits) and a collect pass", **common))
+    registry.add_kernel(KernelImpl(op="sparse_attention_decode", name="triton_sparse_decode",
+                                   target=f"{_MOD}.sparse_attention:sparse_attention_decode",
+                                   layout="v4-584 (e4m3fn or e4m3fnuz)",
+                                   description="gather + in-register FP8 dequant + online softmax, split-K",
+                                   **common))
+    registry.add_kernel(KernelImpl(op="sparse_attention_prefill", name="triton_sparse_prefill",
+                                   target=f"{_MOD}.sparse_attention:sparse_attention_prefill",
+                                   description="the decode kernel over a bf16 workspace", **common))

@@ -1,0 +1,206 @@
+"""Portable Triton sparse attention over the V4 cache (decode) and over a bf16 workspace (prefill).
+
+Each program takes one query row, a block of heads and one split of the row's key list, which is the
+SWA indices followed by the extra (C4/C128) indices. Keys are gathered by index and dequantized in
+registers (FP8 e4m3fn or e4m3fnuz times the tile's UE8M0 scale; rope as bf16), scores go through an
+online softmax in the log2 domain, and V is K. With several splits a combine kernel merges the partial
+results; the sink is folded in at the end (o *= 1 / (1 + exp(sink - lse))). -1 and entries past the
+row's length are skipped; a row with no key gives 0 and lse = +inf. Fixed grids and buffers, no host
+sync: CUDA-graph safe."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4hal.formats.v4_cache import V4PagedCache
+
+LOG2E = 1.4426950408889634
+# Triton's interpreter computes tl.dot on bf16 operands wrongly: upcast them to fp32 there.
+_DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _fp8_block(base_ptr, off, valid, d, P: tl.constexpr, FNUZ: tl.constexpr):
+    """[BK, 512] bf16 keys from the 584-byte records at (page base, offset) of each key."""
+    is_nope = d[None, :] < 448
+    raw = tl.load(base_ptr[:, None] + off[:, None] * 576 + d[None, :], mask=valid[:, None] & is_nope, other=0)
+    v = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    if FNUZ:  # same bits, half the value; 0x7F/0xFF are +-240 (NaN in e4m3fn)
+        v = v * 0.5
+        v = tl.where((raw & 0x7F) == 0x7F, tl.where(raw >= 0x80, -240.0, 240.0), v)
+    s = tl.load(base_ptr[:, None] + P * 576 + off[:, None] * 8 + d[None, :] // 64, mask=valid[:, None] & is_nope,
+                other=127).to(tl.int32)
+    nope = v * ((s << 23).to(tl.float32, bitcast=True))  # UE8M0: 2**(s - 127)
+    rope_ptr = (base_ptr[:, None] + off[:, None] * 576 + 448).to(tl.pointer_type(tl.bfloat16))
+    rope = tl.load(rope_ptr + (d[None, :] - 448), mask=valid[:, None] & (d[None, :] >= 448), other=0.0)
+    return tl.where(is_nope, nope, rope.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
+def _attend_block(q, k, valid, m_i, l_i, acc, qk_scale, DOT_F32: tl.constexpr):
+    if DOT_F32:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_safe)
+    p = tl.math.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if DOT_F32:
+        acc = acc * alpha[:, None] + tl.dot(p, k.to(tl.float32))
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), k)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _sparse_attn_kernel(
+    q_ptr, sink_ptr, out_ptr, lse_ptr, part_o_ptr, part_ml_ptr,
+    a_ptr, a_idx_ptr, a_len_ptr, a_page_bytes, a_stride_idx, W_A,
+    b_ptr, b_idx_ptr, b_len_ptr, b_page_bytes, b_stride_idx, W_B,
+    H, n_kv, qk_scale, keys_per_split,
+    P_A: tl.constexpr, P_B: tl.constexpr, FP8: tl.constexpr, FNUZ: tl.constexpr, HAS_B: tl.constexpr,
+    BLOCK_H: tl.constexpr, BK: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    split = tl.program_id(2)
+    nsplit = tl.num_programs(2)
+    h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, 512)
+    q = tl.load(q_ptr + (t * H + h[:, None]) * 512 + d[None, :])
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, 512], tl.float32)
+    a_len = tl.load(a_len_ptr + t)
+    total = W_A
+    b_len = 0
+    if HAS_B:
+        b_len = tl.load(b_len_ptr + t)
+        total = W_A + W_B
+    lo = split * keys_per_split
+    hi = tl.minimum(lo + keys_per_split, total)
+    j = tl.arange(0, BK)
+    for start in range(lo, hi, BK):
+        pos = start + j
+        if start < W_A:  # blocks never straddle the two lists: W_A is a multiple of BK
+            idx = tl.load(a_idx_ptr + t * a_stride_idx + pos, mask=pos < W_A, other=-1)
+            valid = (pos < a_len) & (idx >= 0)
+            if FP8:
+                safe = tl.where(valid, idx, 0).to(tl.int64)
+                k = _fp8_block(a_ptr + (safe // P_A) * a_page_bytes, safe % P_A, valid, d, P_A, FNUZ)
+            else:
+                valid = valid & (idx < n_kv)
+                safe = tl.where(valid, idx, 0).to(tl.int64)
+                k = tl.load(a_ptr + safe[:, None] * 512 + d[None, :], mask=valid[:, None], other=0.0)
+        else:
+            pb = pos - W_A
+            idx = tl.load(b_idx_ptr + t * b_stride_idx + pb, mask=pb < W_B, other=-1)
+            valid = (pb < b_len) & (idx >= 0)
+            safe = tl.where(valid, idx, 0).to(tl.int64)
+            k = _fp8_block(b_ptr + (safe // P_B) * b_page_bytes, safe % P_B, valid, d, P_B, FNUZ)
+        m_i, l_i, acc = _attend_block(q, k, valid, m_i, l_i, acc, qk_scale, DOT_F32)
+    if DIRECT:
+        lse2 = m_i + tl.math.log2(l_i)
+        sink = tl.load(sink_ptr + h) * 1.4426950408889634
+        empty = l_i == 0.0
+        factor = tl.where(empty, 0.0, 1.0 / (l_i * (1.0 + tl.math.exp2(sink - lse2))))
+        tl.store(out_ptr + (t * H + h[:, None]) * 512 + d[None, :], (acc * factor[:, None]).to(tl.bfloat16))
+        tl.store(lse_ptr + t * H + h, tl.where(empty, float("inf"), lse2 * 0.6931471805599453))
+    else:
+        row = (t * H + h) * nsplit + split
+        tl.store(part_o_ptr + row[:, None] * 512 + d[None, :], acc)
+        tl.store(part_ml_ptr + row * 2, m_i)
+        tl.store(part_ml_ptr + row * 2 + 1, l_i)
+
+
+@triton.jit
+def _combine_kernel(part_o_ptr, part_ml_ptr, sink_ptr, out_ptr, lse_ptr, H, NSPLIT: tl.constexpr,
+                    SPLIT_P2: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # t * H + h
+    h = row % H
+    s = tl.arange(0, SPLIT_P2)
+    ms = s < NSPLIT
+    m = tl.load(part_ml_ptr + (row * NSPLIT + s) * 2, mask=ms, other=float("-inf"))
+    l = tl.load(part_ml_ptr + (row * NSPLIT + s) * 2 + 1, mask=ms, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.math.exp2(m - m_safe)
+    l_tot = tl.sum(l * w, axis=0)
+    d = tl.arange(0, 512)
+    o = tl.load(part_o_ptr + (row * NSPLIT + s[:, None]) * 512 + d[None, :], mask=ms[:, None], other=0.0)
+    o = tl.sum(o * w[:, None], axis=0)
+    lse2 = m_safe + tl.math.log2(l_tot)
+    sink = tl.load(sink_ptr + h) * 1.4426950408889634
+    empty = l_tot == 0.0
+    factor = tl.where(empty, 0.0, 1.0 / (l_tot * (1.0 + tl.math.exp2(sink - lse2))))
+    tl.store(out_ptr + row * 512 + d, (o * factor).to(tl.bfloat16))
+    tl.store(lse_ptr + row, tl.where(empty, float("inf"), lse2 * 0.6931471805599453))
+
+
+BLOCK_H = 32
+BK = 32
+TARGET_PROGRAMS = 264  # two waves of the H200's 132 SMs
+
+
+def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=None, *, fp8_source: bool):  # noqa: ANN001, ANN202
+    t, h, _ = q.shape
+    dev = q.device
+    out = torch.empty(t, h, 512, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(t, h, dtype=torch.float32, device=dev)
+    if t == 0:
+        return out, lse
+    w_a = a_idx.shape[1]
+    w_b = 0 if b_idx is None else b_idx.shape[1]
+    total_blocks = triton.cdiv(w_a + w_b, BK)
+    heads = h // BLOCK_H
+    nsplit = max(1, min(total_blocks, TARGET_PROGRAMS // max(1, t * heads)))
+    keys_per_split = triton.cdiv(total_blocks, nsplit) * BK
+    nsplit = triton.cdiv(w_a + w_b, keys_per_split)
+    direct = nsplit == 1
+    part_o = part_ml = out  # unused when direct
+    if not direct:
+        part_o = torch.empty(t * h * nsplit, 512, dtype=torch.float32, device=dev)
+        part_ml = torch.empty(t * h * nsplit, 2, dtype=torch.float32, device=dev)
+    if fp8_source:
+        a_data, a_page, p_a, fnuz = a.data, a.data.stride(0), a.page_size, a.fp8 == "e4m3fnuz"
+        n_kv = a.num_slots
+    else:
+        a_data, a_page, p_a, fnuz, n_kv = a, 0, 1, False, a.shape[0]
+    has_b = b is not None
+    b_data = b.data if has_b else a_data
+    _sparse_attn_kernel[(t, heads, nsplit)](
+        q, sink, out, lse, part_o, part_ml,
+        a_data, a_idx, a_len, a_page, a_idx.stride(0), w_a,
+        b_data, b_idx if has_b else a_idx, b_len if has_b else a_len, b.data.stride(0) if has_b else 0,
+        b_idx.stride(0) if has_b else 0, w_b,
+        h, n_kv, softmax_scale * LOG2E, keys_per_split,
+        P_A=p_a, P_B=b.page_size if has_b else 1, FP8=fp8_source, FNUZ=fnuz, HAS_B=has_b,
+        BLOCK_H=BLOCK_H, BK=BK, DIRECT=direct, DOT_F32=_DOT_F32, num_warps=4, num_stages=2)
+    if not direct:
+        _combine_kernel[(t * h,)](part_o, part_ml, sink, out, lse, h, NSPLIT=nsplit,
+                                  SPLIT_P2=triton.next_power_of_2(nsplit), num_warps=4)
+    return out, lse
+
+
+def sparse_attention_decode(q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
+                            swa_lengths: torch.Tensor, sink: torch.Tensor, softmax_scale: float,
+                            extra_cache: V4PagedCache | None = None, extra_indices: torch.Tensor | None = None,
+                            extra_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch(q, sink, softmax_scale, swa_cache, swa_indices, swa_lengths, extra_cache, extra_indices,
+                   extra_lengths, fp8_source=True)
+
+
+def sparse_attention_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
+                             sink: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch(q, sink, softmax_scale, kv, indices, lengths, fp8_source=False)
+
+
+assert math.isclose(LOG2E, 1 / math.log(2))

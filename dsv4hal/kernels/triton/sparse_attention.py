@@ -25,7 +25,7 @@ _DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _fp8_block(base_ptr, off, valid, d, P: tl.constexpr, FNUZ: tl.constexpr):
+def _fp8_block(base_ptr, off, valid, d, P: tl.constexpr, FNUZ: tl.constexpr, BK: tl.constexpr):
     """[BK, 512] bf16 keys from the 584-byte records at (page base, offset) of each key."""
     is_nope = d[None, :] < 448
     raw = tl.load(base_ptr[:, None] + off[:, None] * 576 + d[None, :], mask=valid[:, None] & is_nope, other=0)
@@ -33,9 +33,12 @@ def _fp8_block(base_ptr, off, valid, d, P: tl.constexpr, FNUZ: tl.constexpr):
     if FNUZ:  # same bits, half the value; 0x7F/0xFF are +-240 (NaN in e4m3fn)
         v = v * 0.5
         v = tl.where((raw & 0x7F) == 0x7F, tl.where(raw >= 0x80, -240.0, 240.0), v)
-    s = tl.load(base_ptr[:, None] + P * 576 + off[:, None] * 8 + d[None, :] // 64, mask=valid[:, None] & is_nope,
-                other=127).to(tl.int32)
-    nope = v * ((s << 23).to(tl.float32, bitcast=True))  # UE8M0: 2**(s - 127)
+    tile = tl.arange(0, 8)
+    s = tl.load(base_ptr[:, None] + P * 576 + off[:, None] * 8 + tile[None, :],
+                mask=valid[:, None] & (tile[None, :] < 7), other=127).to(tl.int32)
+    scale8 = (s << 23).to(tl.float32, bitcast=True)  # UE8M0: 2**(s - 127), 8 loads a key rather than 448
+    scale = tl.reshape(tl.broadcast_to(scale8[:, :, None], (BK, 8, 64)), (BK, 512))
+    nope = v * scale
     rope_ptr = (base_ptr[:, None] + off[:, None] * 576 + 448).to(tl.pointer_type(tl.bfloat16))
     rope = tl.load(rope_ptr + (d[None, :] - 448), mask=valid[:, None] & (d[None, :] >= 448), other=0.0)
     return tl.where(is_nope, nope, rope.to(tl.float32)).to(tl.bfloat16)
@@ -95,7 +98,7 @@ def _sparse_attn_kernel(
             valid = (pos < a_len) & (idx >= 0)
             if FP8:
                 safe = tl.where(valid, idx, 0).to(tl.int64)
-                k = _fp8_block(a_ptr + (safe // P_A) * a_page_bytes, safe % P_A, valid, d, P_A, FNUZ)
+                k = _fp8_block(a_ptr + (safe // P_A) * a_page_bytes, safe % P_A, valid, d, P_A, FNUZ, BK)
             else:
                 valid = valid & (idx < n_kv)
                 safe = tl.where(valid, idx, 0).to(tl.int64)
@@ -105,7 +108,7 @@ def _sparse_attn_kernel(
             idx = tl.load(b_idx_ptr + t * b_stride_idx + pb, mask=pb < W_B, other=-1)
             valid = (pb < b_len) & (idx >= 0)
             safe = tl.where(valid, idx, 0).to(tl.int64)
-            k = _fp8_block(b_ptr + (safe // P_B) * b_page_bytes, safe % P_B, valid, d, P_B, FNUZ)
+            k = _fp8_block(b_ptr + (safe // P_B) * b_page_bytes, safe % P_B, valid, d, P_B, FNUZ, BK)
         m_i, l_i, acc = _attend_block(q, k, valid, m_i, l_i, acc, qk_scale, DOT_F32)
     if DIRECT:
         lse2 = m_i + tl.math.log2(l_i)
@@ -175,7 +178,8 @@ def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=N
     else:
         a_data, a_page, p_a, fnuz, n_kv = a, 0, 1, False, a.shape[0]
     has_b = b is not None
-    b_data = b.data if has_b else a_data
+    # without an extra cache the (never taken) extra branch still compiles: give it a byte pointer
+    b_data = b.data if has_b else torch.empty(1, dtype=torch.uint8, device=dev)
     _sparse_attn_kernel[(t, heads, nsplit)](
         q, sink, out, lse, part_o, part_ml,
         a_data, a_idx, a_len, a_page, a_idx.stride(0), w_a,

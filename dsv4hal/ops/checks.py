@@ -43,7 +43,9 @@ def check_tensor(
         if not ok:
             want = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
             raise InvalidArgumentError(op, name, f"shape {want}", describe(t))
-    if device is not None and t.device.type != device.type:
+    # a kernel cannot read across devices: the type must match, and the index too when one is given
+    if device is not None and (t.device.type != device.type
+                               or (device.index is not None and t.device.index != device.index)):
         raise InvalidArgumentError(
             op, name, f"a tensor on {device}", describe(t), remedy=f"move it with .to('{device}')"
         )
@@ -76,3 +78,11 @@ def check_index_range(op: str, name: str, idx: torch.Tensor, limit: int) -> None
             op, name, f"indices in [0, {limit}) or -1", f"index {first}",
             remedy="indices address slots of the cache; -1 marks an unused entry",
         )
+
+
+def check_same_device(op: str, tensors: dict[str, torch.Tensor], device: torch.device, anchor: str) -> None:
+    """Every tensor sits on `device` (the device of `anchor`, named in the message)."""
+    for name, t in tensors.items():
+        if t.device != device:
+            raise InvalidArgumentError(op, name, f"a tensor on {device} ({anchor}'s device)", describe(t),
+                                       remedy=f"move it with .to('{device}')")

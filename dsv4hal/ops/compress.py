@@ -29,7 +29,7 @@ import math
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import check_choice, check_finite, check_tensor, describe
+from dsv4hal.ops.checks import check_choice, check_finite, check_same_device, check_tensor, describe
 
 OP = "compress"
 RATIOS = (4, 128)
@@ -53,11 +53,6 @@ def _head_dim(kv_score: torch.Tensor, ratio: int) -> int:
             OP, "kv_score", f"width {want} (2*coff*hd for ratio {ratio}, hd in {HEAD_DIMS})", describe(kv_score)
         )
     return hd
-
-
-def _check_same_device(name: str, t: torch.Tensor, device: torch.device) -> None:
-    if t.device != device:
-        raise InvalidArgumentError(OP, name, f"a tensor on {device} (kv_score's device)", describe(t))
 
 
 def _check_scalars(eps: object, hadamard: object, hd: int) -> None:
@@ -119,8 +114,7 @@ def validate(
     }
     if tensors["sin"].shape != tensors["cos"].shape:
         raise InvalidArgumentError(OP, "sin", f"the shape of cos {tuple(tensors['cos'].shape)}", describe(sin))
-    for name, t in (("cu_seqlens", cu), *tensors.items()):
-        _check_same_device(name, t, dev)
+    check_same_device(OP, {"cu_seqlens": cu, **tensors}, dev, "kv_score")
     _check_scalars(eps, hadamard, hd)
     if checked or cu.device.type == "cpu":
         _check_cu_seqlens_values(cu, kv_score.shape[0], ratio, tensors["cos"].shape[0])

@@ -23,7 +23,7 @@ import torch
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.fp8 import fp8_dtype
 from dsv4hal.formats.indexer_cache import INDEX_DIM, PAGE_SIZE, IndexerPagedCache
-from dsv4hal.ops.checks import check_finite, check_tensor, describe
+from dsv4hal.ops.checks import check_finite, check_same_device, check_tensor, describe
 
 OP = "indexer_logits"
 INDEX_HEADS = 64
@@ -34,11 +34,6 @@ def _check_cache(cache: object) -> IndexerPagedCache:
         raise InvalidArgumentError(OP, "cache", "an IndexerPagedCache", describe(cache))
     cache.validate(OP, "cache")
     return cache
-
-
-def _check_same_device(name: str, t: torch.Tensor, device: torch.device) -> None:
-    if t.device != device:
-        raise InvalidArgumentError(OP, name, f"a tensor on {device} (the cache's device)", describe(t))
 
 
 def _check_context(context_lens: torch.Tensor, block_table: torch.Tensor, num_pages: int) -> None:
@@ -76,8 +71,8 @@ def validate(
     weights = check_tensor(OP, "weights", weights, dtype=torch.float32, shape=(t, INDEX_HEADS))
     context_lens = check_tensor(OP, "context_lens", context_lens, dtype=torch.int32, shape=(t,))
     block_table = check_tensor(OP, "block_table", block_table, dtype=torch.int32, shape=(t, None))
-    for name, x in (("q", q), ("weights", weights), ("context_lens", context_lens), ("block_table", block_table)):
-        _check_same_device(name, x, dev)
+    check_same_device(OP, {"q": q, "weights": weights, "context_lens": context_lens, "block_table": block_table},
+                      dev, "cache")
     if checked:
         _check_context(context_lens, block_table, cache.num_pages)
         check_finite(OP, "q", q)

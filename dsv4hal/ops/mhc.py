@@ -25,7 +25,7 @@ import math
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import check_finite, check_tensor, describe
+from dsv4hal.ops.checks import check_finite, check_same_device, check_tensor
 
 OP_PRE = "mhc_pre"
 OP_POST = "mhc_post"
@@ -36,12 +36,6 @@ MIX = (2 + HC_MULT) * HC_MULT
 
 def _check_stream(op: str, x: object) -> torch.Tensor:
     return check_tensor(op, "x", x, dtype=torch.bfloat16, shape=(None, HC_MULT, None))
-
-
-def _check_devices(op: str, tensors: dict[str, torch.Tensor], device: torch.device) -> None:
-    for name, t in tensors.items():
-        if t.device != device:
-            raise InvalidArgumentError(op, name, f"a tensor on {device} (x's device)", describe(t))
 
 
 def _check_eps(op: str, name: str, eps: object) -> None:
@@ -61,7 +55,7 @@ def _check_params(
 
 
 def _finish(op: str, tensors: dict[str, torch.Tensor], checked: bool) -> None:
-    _check_devices(op, tensors, tensors["x"].device)
+    check_same_device(op, tensors, tensors["x"].device, "x")
     if checked:
         for name, t in tensors.items():
             check_finite(op, name, t)

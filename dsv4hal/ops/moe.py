@@ -57,18 +57,8 @@ def _check_upper_bound(op: str, name: str, idx: torch.Tensor, limit: int, *, all
         raise InvalidArgumentError(op, name, f"indices {lower}, {limit})", f"index {first}")
 
 
-def _check_device(op: str, name: str, t: torch.Tensor, device: torch.device) -> None:
-    # check_tensor compares device types only; a kernel cannot read across two GPUs either.
-    if t.device != device:
-        raise InvalidArgumentError(op, name, f"a tensor on {device}", describe(t),
-                                   remedy=f"move it with .to('{device}')")
-
-
 def _tensor(op: str, name: str, t: object, *, device: torch.device, **kw: Any) -> torch.Tensor:
-    """check_tensor plus an exact device match."""
-    t = check_tensor(op, name, t, device=device, **kw)
-    _check_device(op, name, t, device)
-    return t
+    return check_tensor(op, name, t, device=device, **kw)
 
 
 # ---------------------------------------------------------------- moe_route

@@ -43,14 +43,6 @@ def _check_cache(op: str, cache: object) -> V4PagedCache:
     return cache
 
 
-def _check_same_device(op: str, name: str, t: torch.Tensor, device: torch.device) -> None:
-    # check_tensor compares device types only; a kernel cannot read across two GPUs either.
-    if t.device != device:
-        raise InvalidArgumentError(
-            op, name, f"a tensor on {device} (the cache's device)", describe(t), remedy=f"move it with .to('{device}')"
-        )
-
-
 def _check_loc_range(op: str, loc: torch.Tensor, num_slots: int) -> None:
     """Checked mode: negatives skip, non-negatives must address a slot of the cache."""
     bad = loc >= num_slots
@@ -68,8 +60,6 @@ def validate_pack_store(k: object, loc: object, cache: object, *, checked: bool 
     cache = _check_cache(op, cache)
     k = check_tensor(op, "k", k, dtype=torch.bfloat16, shape=(None, HEAD_DIM), device=cache.device, contiguous=True)
     loc = check_tensor(op, "loc", loc, dtype=LOC_DTYPES, shape=(k.shape[0],), device=cache.device)
-    _check_same_device(op, "k", k, cache.device)
-    _check_same_device(op, "loc", loc, cache.device)
     if checked:
         _check_loc_range(op, loc, cache.num_slots)
         check_finite(op, "k", k)
@@ -80,7 +70,6 @@ def validate_dequant_gather(cache: object, loc: object, *, checked: bool = False
     op = OP_DEQUANT_GATHER
     cache = _check_cache(op, cache)
     loc = check_tensor(op, "loc", loc, dtype=LOC_DTYPES, shape=(None,), device=cache.device)
-    _check_same_device(op, "loc", loc, cache.device)
     if checked:
         _check_loc_range(op, loc, cache.num_slots)
 

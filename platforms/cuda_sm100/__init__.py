@@ -1,7 +1,11 @@
 """dsv4hal plugin for NVIDIA datacenter Blackwell (the SM100 family: sm100 B200/GB200, sm103 B300).
 
 SM120/SM121 (RTX Blackwell, DGX Spark) are not claimed: they lack tcgen05 and TMEM, which the SM100
-kernels of FlashMLA, DeepGEMM and TRTLLM-Gen need."""
+kernels of FlashMLA, DeepGEMM and TRTLLM-Gen need.
+
+Binds FlashMLA's SM100 sparse decode and prefill for the V4 cache format through sgl-flash-mla's legacy
+library (use_legacy=True, as on Hopper; see dsv4hal_cuda_sm100.kernels for the facts), and dsv4hal's
+portable Triton kernels where no vendor kernel exists."""
 
 from __future__ import annotations
 
@@ -23,3 +27,6 @@ def dsv4hal_register(registry: Registry) -> None:
     registry.add_platform(PlatformSpec(
         name=PLATFORM, description="NVIDIA Blackwell SM100 family: FlashMLA SM100, FlashInfer TRTLLM-Gen, DeepGEMM",
         priority=100, claims=claims, device_type="cuda", archs=ARCHS))
+    from dsv4hal_cuda_sm100 import kernels
+
+    kernels.register(registry)

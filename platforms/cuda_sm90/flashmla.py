@@ -28,7 +28,8 @@ def _interface(flavour: str) -> tuple[ModuleType, dict[str, Any]]:
         import flash_mla.flash_mla_interface as iface
 
         if hasattr(flash_mla, "has_legacy") and not flash_mla.has_legacy():
-            raise RuntimeError("sgl-flash-mla was built without its legacy SM90 library (_C_legacy)")
+            raise RuntimeError("sgl-flash-mla was loaded without its legacy library (_C_legacy), which holds the "
+                               "V4-format kernels for SM90 and SM100")
         return iface, {"use_legacy": True}
     from vllm.third_party.flashmla import flash_mla_interface as iface  # type: ignore[import-not-found]
 

@@ -1,0 +1,106 @@
+"""Kernel registrations of the cuda_sm100 plugin (metadata and supports() only: no torch, no vendor import).
+
+FlashMLA's SM100 sparse kernels for the V4 (584-byte, "MODEL1") cache, reached through sgl-flash-mla
+(`flash_mla`). Facts the choices below rest on (docs/vendor-apis.md sections 1.1, 1.3, 1.4, 1.7 and
+deepseek-ai/FlashMLA @9241ae3 csrc/api/sparse_{decode,fwd}.h, csrc/sm100/...):
+
+- sgl-flash-mla 1.0.0 serves the V4 format only from its legacy library (`torch.ops.flash_mla_legacy`,
+  `use_legacy=True`), which carries sm_100/sm_103/sm_107 code; its current library (`use_legacy=False`)
+  takes the V4.1 formats (528/288 bytes) only. So V4 needs use_legacy=True on SM100 exactly as on SM90.
+- SM100 decode: head64 kernel for h_q=64, the small-topk head128 kernel for h_q=128; both assert
+  topk % 64 == 0 and extra_topk % 64 == 0 (dsv4hal's index contract pads every width to 64), the cache
+  base 16-byte aligned and k_cache.stride(0) % 576 == 0 (V4PagedCache pages are padded to a multiple of
+  576 bytes, so this always holds), and q.stride(0) % q.stride(1) == 0 (the binding makes it so).
+- SM100 prefill: h_q=64 runs a kernel with B_TOPK=64 (topk % 64); h_q=128 runs the small-topk kernel
+  (B_TOPK=64) when topk <= 1280, else the regular head128 kernel (B_TOPK=128, topk % 128). SM90 instead
+  needs topk % 128 for both head counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dsv4hal.hardware import PlatformInfo
+from dsv4hal.registry import KernelImpl, Registry
+
+PLATFORM = "cuda_sm100"
+LIBRARY = "flash_mla"  # import name of sgl-flash-mla
+PRIORITY = 300  # above the portable Triton kernels (100) and the reference (0)
+_MOD = "dsv4hal_cuda_sm100.flashmla"
+
+H_Q = (64, 128)
+MIN_VERSION = (1, 0, 0)  # first sgl-flash-mla with the use_legacy switch (pyproject pins >= 1.0.0)
+DECODE_TOPK_ALIGN = 64  # SM100 head64 and small-topk head128 kernels: B_TOPK = 64
+PREFILL_SMALL_TOPK_MAX = 1280  # h_q=128 takes the small-topk kernel up to this index width
+PREFILL_TOPK_ALIGN_SMALL = 64  # h_q=64 kernel and the h_q=128 small-topk kernel
+PREFILL_TOPK_ALIGN_LARGE = 128  # h_q=128 regular kernel (width > 1280)
+
+
+def prefill_topk_align(h_q: int, width: int) -> int:
+    """The index-width multiple FlashMLA's SM100 sparse prefill asserts for this head count and width."""
+    if h_q == 128 and width > PREFILL_SMALL_TOPK_MAX:
+        return PREFILL_TOPK_ALIGN_LARGE
+    return PREFILL_TOPK_ALIGN_SMALL
+
+
+def _version_reasons(info: PlatformInfo) -> list[str]:
+    version = info.libraries.get(LIBRARY, "")
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    if len(parts) == 3 and tuple(parts) < MIN_VERSION:
+        return [f"sgl-flash-mla {version} predates 1.0.0, the first release with use_legacy (the V4 "
+                "format lives in its legacy library); upgrade sgl-flash-mla"]
+    return []
+
+
+def _fp8_reasons(case: Mapping[str, object]) -> list[str]:
+    if case.get("fp8") != "e4m3fn":
+        return [f"FlashMLA reads e4m3fn caches only (this cache is {case.get('fp8')}); convert it with "
+                "dsv4hal.formats.v4_cache.convert_cache or use another implementation"]
+    return []
+
+
+def _h_q_reasons(case: Mapping[str, object], what: str) -> list[str]:
+    if case.get("h_q") not in H_Q:
+        return [f"FlashMLA SM100 {what} needs h_q 64 or 128, got {case.get('h_q')}"]
+    return []
+
+
+def decode_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    reasons = _fp8_reasons(case) + _h_q_reasons(case, "decode") + _version_reasons(info)
+    width = case.get("extra_width")
+    if isinstance(width, int) and width % DECODE_TOPK_ALIGN:
+        reasons.append(f"FlashMLA SM100 decode needs an extra index width that is a multiple of "
+                       f"{DECODE_TOPK_ALIGN}, got {width}: pad the indices with -1")
+    return reasons
+
+
+def prefill_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    reasons = _h_q_reasons(case, "sparse prefill") + _version_reasons(info)
+    h_q, width = case.get("h_q"), case.get("width")
+    if h_q in H_Q and isinstance(width, int):
+        align = prefill_topk_align(int(h_q), width)  # type: ignore[arg-type]
+        if width % align:
+            kernel = ("the regular head128 kernel (width > 1280)" if align == PREFILL_TOPK_ALIGN_LARGE
+                      else f"the h_q={h_q} kernel")
+            reasons.append(f"FlashMLA SM100 sparse prefill through {kernel} needs an index width that is a "
+                           f"multiple of {align}, got {width}: pad the indices with -1")
+    return reasons
+
+
+def register(registry: Registry) -> None:
+    common = dict(platforms=(PLATFORM,), priority=PRIORITY, tier="vendor", requires=(LIBRARY,))
+    registry.add_kernel(KernelImpl(
+        op="sparse_attention_decode", name="flashmla_sm100_sgl", target=f"{_MOD}:sparse_attention_decode",
+        supports=decode_supports, layout="v4-584-e4m3fn",
+        description="FlashMLA SM100 sparse decode, V4 format (sgl-flash-mla legacy library, use_legacy=True)",
+        **common))
+    registry.add_kernel(KernelImpl(
+        op="sparse_attention_prefill", name="flashmla_sm100_sgl", target=f"{_MOD}:sparse_attention_prefill",
+        supports=prefill_supports,
+        description="FlashMLA SM100 sparse prefill over the bf16 workspace (sgl-flash-mla, use_legacy=True)",
+        **common))

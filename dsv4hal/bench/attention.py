@@ -82,13 +82,20 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
             row: dict[str, Any] = {"config": cfg.name, "h_q": cfg.h_q, "compress_ratio": cfg.ratio, "T": t,
                                    "attended_per_query": attended, "us": {}, "host_us": {}}
             timed = {"direct_flashmla": _direct_flashmla(args)} if platform.info.has("flash_mla") else {}
+            raw = {}
             for impl in impls:
                 op = bound_op(platform, "sparse_attention_decode", impl)
                 timed[f"dsv4hal[{impl}]"] = lambda op=op, args=args: op(**args)
+                fast = bound_op(platform, "sparse_attention_decode", impl, validate=False)
+                raw[f"dsv4hal[{impl}] no validation"] = lambda op=fast, args=args: op(**args)
+                kernel = fast.kernel(fast.case_of(**args))
+                raw[f"{impl} kernel (hoisted dispatch)"] = lambda k=kernel, args=args: k(**args)
             for name, fn in timed.items():
                 row["us"][name] = graph_us(fn)
                 if t == 1:
                     row["host_us"][name] = host_us(fn)
+            if t == 1:
+                row["host_us"].update({name: host_us(fn) for name, fn in raw.items()})
             best = min(row["us"].values())
             tok_s = t * attended / (best * 1e-6)
             flop_per_tok = 2 * cfg.h_q * 1024

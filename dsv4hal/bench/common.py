@@ -7,12 +7,13 @@ from typing import Any
 from dsv4hal.override import overrides
 
 
-def bound_op(platform: Any, op: str, impl: str) -> Any:
-    """The bound op of a platform whose choice for `op` is forced to `impl` (validation included)."""
+def bound_op(platform: Any, op: str, impl: str, *, validate: bool = True) -> Any:
+    """The bound op of a platform whose choice for `op` is forced to `impl`."""
     import dsv4hal
 
     with overrides(kernels={op: impl}):
-        p = dsv4hal.select_platform(platform.name, info=platform.info, registry=platform.registry)
+        p = dsv4hal.select_platform(platform.name, info=platform.info, registry=platform.registry,
+                                    validate=validate)
     return p.ops[op]
 
 

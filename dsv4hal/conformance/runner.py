@@ -22,7 +22,8 @@ from dsv4hal.errors import Dsv4HalError
 from dsv4hal.platform import Platform, load_registry, select_platform
 from dsv4hal.selection import select_kernel
 
-CATALOG_MODULES = ("pack_store", "sparse_attention", "indexer_topk", "compress", "indexer_logits", "moe", "mhc")
+CATALOG_MODULES = ("pack_store", "sparse_attention", "indexer_topk", "compress", "indexer_logits", "moe", "mhc",
+                   "attention_metadata")
 STATUSES = ("pass", "fail", "production-unreachable", "blocked", "deferred", "not-run")
 
 
@@ -95,7 +96,8 @@ def copy_into(static: Any, new: Any) -> None:
         static.copy_(new)
     elif dataclasses.is_dataclass(static):
         for f in dataclasses.fields(static):
-            copy_into(getattr(static, f.name), getattr(new, f.name))
+            if f.init:  # derived fields (cached views) follow their source
+                copy_into(getattr(static, f.name), getattr(new, f.name))
     elif isinstance(static, dict):
         for k in static:
             copy_into(static[k], new[k])

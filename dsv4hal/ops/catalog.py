@@ -53,9 +53,12 @@ OPS: tuple[OpSpec, ...] = (
           "moe", "validate_moe_experts", "case_moe_experts", "dsv4hal.reference.moe:moe_experts",
           format="mxfp4", tokens="decode"),
     _spec("mhc_pre", "hyper-connection pre-mix with 20 Sinkhorn iterations", "mhc", "validate_mhc_pre",
-          "case_mhc_pre", "dsv4hal.reference.mhc:mhc_pre"),
+          "case_mhc_pre", "dsv4hal.reference.mhc:mhc_pre", hidden=4096, sinkhorn_iters=20),
     _spec("mhc_post", "hyper-connection post-mix", "mhc", "validate_mhc_post", "case_mhc_post",
-          "dsv4hal.reference.mhc:mhc_post"),
+          "dsv4hal.reference.mhc:mhc_post", hidden=4096),
+    _spec("build_attention_metadata", "per-query SWA/C4/C128 indices, lengths and output locations from page tables",
+          "attention_metadata", "validate", "case", "dsv4hal.reference.attention_metadata:build_attention_metadata",
+          index_topk=512, in_place=True),
 )
 
 OP_NAMES: tuple[str, ...] = tuple(o.name for o in OPS)

@@ -39,3 +39,6 @@ def register(registry: Registry) -> None:
     registry.add_kernel(KernelImpl(op="sparse_attention_prefill", name="triton_sparse_prefill",
                                    target=f"{_MOD}.sparse_attention:sparse_attention_prefill",
                                    description="the decode kernel over a bf16 workspace", **common))
+    registry.add_kernel(KernelImpl(op="build_attention_metadata", name="triton_attention_metadata",
+                                   target=f"{_MOD}.attention_metadata:build_attention_metadata",
+                                   description="one program per query row, in place", **common))

@@ -1,0 +1,83 @@
+"""Contract of build_attention_metadata (spec 3.1): per-query-row attention metadata from page tables.
+
+build_attention_metadata(positions, page_table, full_to_swa, index_topk=512, out=None)
+    positions    int32 [T]: position of each query row (every query token is its own row; L = pos + 1)
+    page_table   int32 [T, P]: full-pool page ids (256-token pages) of the row's request
+    full_to_swa  int32 or int64 [S]: full-pool slot -> SWA slot (-1 = none)
+    index_topk   512 or 1024 (C4 top-k width)
+    out          an AttentionMetadata of the same shapes to write into (CUDA-graph replays), or None
+    returns      AttentionMetadata:
+      swa_indices int32 [T, 128]: k-th newest key's SWA slot, full_to_swa[loc(pos - k)], -1 before the start
+      swa_lengths int32 [T] = min(L, 128)
+      c4_lengths_raw int32 [T] = L // 4; c4_lengths int32 [T] = min(max(L // 4, 1), index_topk) (clamp to 1:
+        FlashMLA wants a length >= 1; the single entry is -1)
+      c128_indices int32 [T, pad64(2P)]: j < L // 128 -> page_table[j // 2] * 2 + j % 2, else -1
+      c128_lengths int32 [T] = max(L // 128, 1)
+      c4_out_loc, c128_out_loc int64 [T]: loc(pos) // r when L % r == 0 (the row closes a group), else 0
+        (the dummy slot), with loc(p) = page_table[p // 256] * 256 + p % 256
+One call fills the fields of every layer type (SWA-only, C4, C128) for the step, as SGLang builds them
+once per forward. C4 page indices come from indexer_topk, not from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.ops.checks import check_choice, check_same_device, check_tensor, describe
+
+OP = "build_attention_metadata"
+PAGE = 256
+WINDOW = 128
+
+
+@dataclass
+class AttentionMetadata:
+    swa_indices: torch.Tensor
+    swa_lengths: torch.Tensor
+    c4_lengths_raw: torch.Tensor
+    c4_lengths: torch.Tensor
+    c128_indices: torch.Tensor
+    c128_lengths: torch.Tensor
+    c4_out_loc: torch.Tensor
+    c128_out_loc: torch.Tensor
+
+    @classmethod
+    def empty(cls, t: int, pages: int, device: torch.device | str = "cpu") -> AttentionMetadata:
+        i32 = dict(dtype=torch.int32, device=device)
+        return cls(torch.empty(t, WINDOW, **i32), torch.empty(t, **i32), torch.empty(t, **i32), torch.empty(t, **i32),
+                   torch.empty(t, c128_width(pages), **i32), torch.empty(t, **i32),
+                   torch.empty(t, dtype=torch.int64, device=device), torch.empty(t, dtype=torch.int64, device=device))
+
+
+def c128_width(pages: int) -> int:
+    return max(64, -(-2 * pages // 64) * 64)
+
+
+def validate(positions, page_table, full_to_swa, index_topk=512, out=None,  # noqa: ANN001
+             *, checked: bool = False) -> None:
+    pos = check_tensor(OP, "positions", positions, dtype=torch.int32, shape=(None,))
+    t = pos.shape[0]
+    pt = check_tensor(OP, "page_table", page_table, dtype=torch.int32, shape=(t, None))
+    f2s = check_tensor(OP, "full_to_swa", full_to_swa, dtype=(torch.int32, torch.int64), shape=(None,))
+    check_same_device(OP, {"page_table": pt, "full_to_swa": f2s}, pos.device, "positions")
+    check_choice(OP, "index_topk", index_topk, (512, 1024))
+    if out is not None:
+        if not isinstance(out, AttentionMetadata):
+            raise InvalidArgumentError(OP, "out", "an AttentionMetadata or None", describe(out))
+        want = AttentionMetadata.empty(0, pt.shape[1], "meta")
+        for name in want.__dataclass_fields__:
+            got, ref = getattr(out, name), getattr(want, name)
+            check_tensor(OP, f"out.{name}", got, dtype=ref.dtype, shape=(t, *ref.shape[1:]), device=pos.device)
+    if checked and t:
+        if bool((pos < 0).any()):
+            raise InvalidArgumentError(OP, "positions", "non-negative positions", f"min {int(pos.min())}")
+        need = int(pos.max()) // PAGE + 1
+        if need > pt.shape[1]:
+            raise InvalidArgumentError(OP, "page_table", f"at least {need} pages per row", describe(pt))
+
+
+def case(positions, page_table, full_to_swa, index_topk=512, out=None) -> dict[str, object]:  # noqa: ANN001
+    return {"index_topk": int(index_topk), "in_place": out is not None}

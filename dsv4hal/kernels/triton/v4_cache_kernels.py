@@ -53,20 +53,26 @@ def _decode_fp8(b, FNUZ: tl.constexpr):
 
 
 @triton.jit
-def _pack_store_kernel(k_ptr, loc_ptr, cache_ptr, stride_k, page_bytes, P: tl.constexpr, FP8_MAX_C: tl.constexpr,
-                       AMAX_FLOOR_C: tl.constexpr, FNUZ: tl.constexpr):
-    row = tl.program_id(0)
+def _slot(loc_ptr, row, cache_ptr, page_bytes, P: tl.constexpr):
+    """Page base pointer and in-page offset of row's slot, with masks: [8, 64] over the 7 nope tiles, [64]
+    over rope values, [8] over scale bytes. A negative location masks everything (the row is skipped)."""
     loc = tl.load(loc_ptr + row).to(tl.int64)
-    # validity as a tensor: the interpreter rejects scalar-and-tensor masks
+    # validity as tensors: the interpreter rejects scalar-and-tensor masks
     valid = (tl.zeros([8, 64], dtype=tl.int64) + loc) >= 0
     valid_c = (tl.zeros([64], dtype=tl.int64) + loc) >= 0
     valid_t = (tl.zeros([8], dtype=tl.int64) + loc) >= 0
     loc = tl.maximum(loc, 0)
-    base = cache_ptr + (loc // P) * page_bytes
-    off = loc % P
+    t = tl.arange(0, 8)
+    return cache_ptr + (loc // P) * page_bytes, loc % P, (t[:, None] < 7) & valid, valid_c, (t < 7) & valid_t
+
+
+@triton.jit
+def _pack_store_kernel(k_ptr, loc_ptr, cache_ptr, stride_k, page_bytes, P: tl.constexpr, FP8_MAX_C: tl.constexpr,
+                       AMAX_FLOOR_C: tl.constexpr, FNUZ: tl.constexpr):
+    row = tl.program_id(0)
+    base, off, m2, valid_c, valid_t = _slot(loc_ptr, row, cache_ptr, page_bytes, P)
     t = tl.arange(0, 8)
     c = tl.arange(0, 64)
-    m2 = (t[:, None] < 7) & valid
     x = tl.load(k_ptr + row * stride_k + t[:, None] * 64 + c[None, :], mask=m2, other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR_C)
     q = tl.math.div_rn(amax, FP8_MAX_C)  # IEEE division, as the reference's fp32 amax / FP8_MAX
@@ -78,25 +84,17 @@ def _pack_store_kernel(k_ptr, loc_ptr, cache_ptr, stride_k, page_bytes, P: tl.co
     r = tl.load(k_ptr + row * stride_k + 448 + c, mask=valid_c)
     rope_ptr = (base + off * 576 + 448).to(tl.pointer_type(tl.bfloat16))
     tl.store(rope_ptr + c, r, mask=valid_c)
-    tl.store(base + P * 576 + off * 8 + t, (e + 127).to(tl.uint8), mask=(t < 7) & valid_t)
+    tl.store(base + P * 576 + off * 8 + t, (e + 127).to(tl.uint8), mask=valid_t)
 
 
 @triton.jit
 def _dequant_gather_kernel(cache_ptr, loc_ptr, out_ptr, page_bytes, P: tl.constexpr, FNUZ: tl.constexpr):
     row = tl.program_id(0)
-    loc = tl.load(loc_ptr + row).to(tl.int64)
-    # validity as a tensor: the interpreter rejects scalar-and-tensor masks
-    valid = (tl.zeros([8, 64], dtype=tl.int64) + loc) >= 0
-    valid_c = (tl.zeros([64], dtype=tl.int64) + loc) >= 0
-    valid_t = (tl.zeros([8], dtype=tl.int64) + loc) >= 0
-    loc = tl.maximum(loc, 0)
-    base = cache_ptr + (loc // P) * page_bytes
-    off = loc % P
+    base, off, m2, valid_c, valid_t = _slot(loc_ptr, row, cache_ptr, page_bytes, P)
     t = tl.arange(0, 8)
     c = tl.arange(0, 64)
-    m2 = (t[:, None] < 7) & valid
     b = tl.load(base + off * 576 + t[:, None] * 64 + c[None, :], mask=m2, other=0)
-    s = tl.load(base + P * 576 + off * 8 + t, mask=(t < 7) & valid_t, other=127).to(tl.int32)
+    s = tl.load(base + P * 576 + off * 8 + t, mask=valid_t, other=127).to(tl.int32)
     scale = _pow2(s - 127)
     v = _decode_fp8(b, FNUZ) * scale[:, None]
     out_row = out_ptr + row.to(tl.int64) * 512

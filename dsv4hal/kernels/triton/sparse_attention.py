@@ -148,12 +148,15 @@ def _combine_kernel(part_o_ptr, part_ml_ptr, sink_ptr, out_ptr, lse_ptr, H, NSPL
     tl.store(lse_ptr + row, tl.where(empty, float("inf"), lse2 * 0.6931471805599453))
 
 
-BLOCK_H = 32
-BK = 32
+# Launch configuration (heads per program, keys per block, warps, pipeline stages); see bench/tune_triton.py
+CONFIG = {"block_h": 32, "bk": 32, "num_warps": 4, "num_stages": 2}
 TARGET_PROGRAMS = 264  # two waves of the H200's 132 SMs
 
 
-def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=None, *, fp8_source: bool):  # noqa: ANN001, ANN202
+def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=None, *, fp8_source: bool,  # noqa: ANN001, ANN202
+            config: dict | None = None):
+    cfg = {**CONFIG, **(config or {})}
+    BLOCK_H, BK = cfg["block_h"], cfg["bk"]  # noqa: N806
     t, h, _ = q.shape
     dev = q.device
     out = torch.empty(t, h, 512, dtype=torch.bfloat16, device=dev)
@@ -163,7 +166,7 @@ def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=N
     w_a = a_idx.shape[1]
     w_b = 0 if b_idx is None else b_idx.shape[1]
     total_blocks = triton.cdiv(w_a + w_b, BK)
-    heads = h // BLOCK_H
+    heads = triton.cdiv(h, BLOCK_H)
     nsplit = max(1, min(total_blocks, TARGET_PROGRAMS // max(1, t * heads)))
     keys_per_split = triton.cdiv(total_blocks, nsplit) * BK
     nsplit = triton.cdiv(w_a + w_b, keys_per_split)
@@ -187,7 +190,8 @@ def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=N
         b_idx.stride(0) if has_b else 0, w_b,
         h, n_kv, softmax_scale * LOG2E, keys_per_split,
         P_A=p_a, P_B=b.page_size if has_b else 1, FP8=fp8_source, FNUZ=fnuz, HAS_B=has_b,
-        BLOCK_H=BLOCK_H, BK=BK, DIRECT=direct, DOT_F32=_DOT_F32, num_warps=4, num_stages=2)
+        BLOCK_H=BLOCK_H, BK=BK, DIRECT=direct, DOT_F32=_DOT_F32, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     if not direct:
         _combine_kernel[(t * h,)](part_o, part_ml, sink, out, lse, h, NSPLIT=nsplit,
                                   SPLIT_P2=triton.next_power_of_2(nsplit), num_warps=4)

@@ -111,13 +111,12 @@ def _collect_kernel(scores_ptr, stride_s, len_ptr, state_ptr, raw_ptr, page_ptr,
                 tl.store(page_ptr + out_row + pos, (pg << PAGE_SHIFT) | (j & ((1 << PAGE_SHIFT) - 1)), mask=ok)
 
 
-def _chunking(s: int, k: int) -> tuple[int, int, int]:
-    block = 1024
-    return block, CHUNK, triton.cdiv(max(s, k), CHUNK)
+# Launch configuration; see bench/tune_triton.py
+CONFIG = {"chunk": CHUNK, "block": 1024, "num_warps": 4}
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
-                 page_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 page_size: int = 64, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     b, s = scores.shape
     dev = scores.device
     raw = torch.empty(b, k, dtype=torch.int32, device=dev)
@@ -126,16 +125,19 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
         return raw, pages
     state = torch.zeros(b, 4, dtype=torch.int32, device=dev)  # prefix, need, count above, count equal
     hist = torch.zeros(b, NBINS, dtype=torch.int32, device=dev)
-    block, chunk, nchunks = _chunking(s, k)
+    cfg = {**CONFIG, **(config or {})}
+    block, chunk, warps = cfg["block"], cfg["chunk"], cfg["num_warps"]
+    nchunks = triton.cdiv(max(s, k), chunk)
     done = 32
     for i, (shift, bits) in enumerate(LEVELS):
         _hist_kernel[(b, triton.cdiv(s, chunk))](scores, scores.stride(0), lengths, state, hist, k, CHUNK=chunk,
                                                  BLOCK=block, SHIFT=shift, BITS=bits, PREFIX_SHIFT=done,
-                                                 FIRST=i == 0, num_warps=4)
+                                                 FIRST=i == 0, num_warps=warps)
         _resolve_kernel[(b,)](lengths, state, hist, k, SHIFT=shift, BITS=bits, FIRST=i == 0, num_warps=4)
         done = shift
     pt = page_table if page_table is not None else raw
     _collect_kernel[(b, nchunks)](scores, scores.stride(0), lengths, state, raw, pages if pages is not None else raw,
                                   pt, pt.stride(0), k, CHUNK=chunk, BLOCK=block,
-                                  PAGE_SHIFT=page_size.bit_length() - 1, HAS_PT=page_table is not None, num_warps=4)
+                                  PAGE_SHIFT=page_size.bit_length() - 1, HAS_PT=page_table is not None,
+                                  num_warps=warps)
     return raw, pages

@@ -4,17 +4,27 @@ per case class decided once and cached, and every decision explainable."""
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
 from dsv4hal import hardware
 from dsv4hal import override as ov
+from dsv4hal.errors import Dsv4HalError, PreparedWeightsMismatchError, UnsupportedCaseError, format_reasons
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.ops.catalog import OP_NAMES, OPS_BY_NAME, OpSpec
 from dsv4hal.plugins import build_registry, import_target
+from dsv4hal.prepared import PreparedWeights
 from dsv4hal.registry import PlatformSpec, Registry
-from dsv4hal.selection import Decision, PlatformDecision, select_kernel, select_platform_spec
+from dsv4hal.selection import (
+    Decision,
+    PlatformDecision,
+    case_summary,
+    kernel_reasons,
+    select_kernel,
+    select_platform_spec,
+)
 
 
 @cache
@@ -37,6 +47,13 @@ class BoundOp:
         self._validate: Callable[..., Any] = getattr(contract, spec.validate)
         self._case: Callable[..., Mapping[str, object]] = getattr(contract, spec.case)
         self._by_case: dict[tuple, tuple[Decision, Callable[..., Any]]] = {}
+        self._weights_pos = -1
+        if spec.weights_arg:
+            params = list(inspect.signature(self._case).parameters)
+            self._weights_pos = params.index(spec.weights_arg)
+            self._validate_weights = getattr(contract, spec.weights_validate)
+            self._weights_case = getattr(contract, spec.weights_case)
+            self._by_impl: dict[tuple, Callable[..., Any]] = {}
 
     @property
     def name(self) -> str:
@@ -65,7 +82,52 @@ class BoundOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.platform.validate:
             self._validate(*args, **kwargs, checked=self.platform.checked)
+        if self._weights_pos >= 0:
+            return self._call_prepared(args, kwargs)
         return self._resolve(self._case(*args, **kwargs))[1](*args, **kwargs)
+
+    def prepare_weights(self, weights: Any) -> PreparedWeights:
+        """Choose this op's kernel for these weights and lay them out for it, once, before serving."""
+        if self._weights_pos < 0:
+            raise Dsv4HalError(f"op {self.name} has no weights to prepare")
+        self._validate_weights(weights, checked=self.platform.checked)
+        case = dict(self._weights_case(weights))
+        p = self.platform
+        impl = select_kernel(p.registry, self.name, case, p.info, p.name, p.overrides).chosen
+        payload = import_target(impl.prepare)(weights) if impl.prepare else weights
+        return PreparedWeights(self.name, impl.name, impl.layout, p.name, case, payload)
+
+    def _call_prepared(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Run the implementation the weights were prepared for; never another one."""
+        name, pos = self.spec.weights_arg, self._weights_pos
+        prepared = kwargs[name] if name in kwargs else args[pos]
+        p = self.platform
+        if not isinstance(prepared, PreparedWeights) or prepared.op != self.name:
+            self._validate(*args, **kwargs, checked=False)  # raises the typed error for unprepared weights
+        forced = p.overrides.kernels.get(self.name)
+        if prepared.platform != p.name or (forced is not None and forced != prepared.implementation):
+            why = f"platform {p.name}" if prepared.platform != p.name else f"the forced implementation {forced}"
+            raise PreparedWeightsMismatchError(
+                f"{self.name}: {prepared.describe()}, but this call would run {why}",
+                remedy="prepare the weights again with this platform's prepare_weights (kernel choice fixes the "
+                       "layout), or drop the override")
+        case = self._case(*args, **kwargs)
+        key = (prepared.implementation, tuple(sorted(case.items())))
+        fn = self._by_impl.get(key)
+        if fn is None:
+            impl = p.registry.kernels[self.name][prepared.implementation]
+            reasons = kernel_reasons(impl, case, p.info, p.name, p.overrides)
+            if reasons:
+                raise UnsupportedCaseError(
+                    f"{self.name}: {prepared.describe()}; that implementation cannot run case "
+                    f"[{case_summary(case)}]:\n" + format_reasons({impl.name: reasons}),
+                    remedy="prepare the weights for a kernel that takes this case (force one with overrides)")
+            fn = self._by_impl[key] = import_target(impl.target)
+        if name in kwargs:
+            kwargs = {**kwargs, name: prepared.payload}
+        else:
+            args = (*args[:pos], prepared.payload, *args[pos + 1:])
+        return fn(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<dsv4hal op {self.spec.name} on {self.platform.name}>"

@@ -36,7 +36,8 @@ class KernelImpl:
     `target` is "module:function", imported only when the op is bound. `requires` names libraries
     (import names or torch-op namespaces as PlatformInfo.libraries lists them). `supports(case, info)`
     returns the reasons it cannot run a case (empty: it can). `priority` is explicit data, optionally
-    per platform; higher wins. `layout` names the weight or cache layout this kernel fixes."""
+    per platform; higher wins. `layout` names the weight or cache layout this kernel fixes, and `prepare`
+    the function that produces it."""
 
     op: str
     name: str
@@ -49,6 +50,9 @@ class KernelImpl:
     layout: str = ""
     description: str = ""
     plugin: str = ""
+    # "module:function" turning logical weights into this kernel's layout (ops with weights only);
+    # None keeps the logical layout
+    prepare: str | None = None
 
     def priority_on(self, platform: str) -> int:
         if isinstance(self.priority, Mapping):

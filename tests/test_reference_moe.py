@@ -8,9 +8,16 @@ import math
 import pytest
 import torch
 
+import dsv4hal
 from dsv4hal.conformance import cases_moe
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.moe import case_moe_experts, case_moe_route, validate_moe_experts, validate_moe_route
+from dsv4hal.ops.moe import (
+    case_moe_experts,
+    case_moe_route,
+    validate_expert_weights,
+    validate_moe_experts,
+    validate_moe_route,
+)
 from dsv4hal.reference.moe import (
     ExpertWeights,
     dequantize_experts,
@@ -171,9 +178,14 @@ def _replace(args: dict, **changes) -> dict:
     return {**args, **changes}
 
 
+def _prep(args: dict) -> dict:
+    """moe_experts takes weights prepared for a kernel; on the CPU platform that is the reference layout."""
+    return {**args, "weights": dsv4hal.select_platform("cpu").ops.moe_experts.prepare_weights(args["weights"])}
+
+
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8_block"])
 def test_validate_experts_accepts_good_args(fmt: str):
-    args = _expert_args(fmt)
+    args = _prep(_expert_args(fmt))
     validate_moe_experts(**args, checked=True)
     args["topk_ids"][0, 0] = -1  # expert-parallel masking is legal
     validate_moe_experts(**args, checked=True)
@@ -185,41 +197,49 @@ def test_validate_experts_accepts_good_args(fmt: str):
 
 
 def test_validate_experts_rejects_bad_args():
-    args = _expert_args("mxfp4")
-    w = args["weights"]
+    raw = _expert_args("mxfp4")
+    args = _prep(raw)
+    w = raw["weights"]
     bad = {
         "x": _replace(args, x=args["x"].float()),
         "topk_weights": _replace(args, topk_weights=args["topk_weights"][:, :1]),
         "topk_ids": _replace(args, topk_ids=args["topk_ids"].long()),
-        "weights.w13_scale": _replace(args, weights=dataclasses.replace(w, w13_scale=w.w13_scale[..., :1])),
-        "weights.format": _replace(args, weights=dataclasses.replace(w, format="nvfp4")),
-        "weights": _replace(args, weights=(w.w13, w.w13_scale, w.w2, w.w2_scale)),
+        "weights": raw,  # not prepared
         "swiglu_limit": _replace(args, swiglu_limit=float("nan")),
     }
     for name, a in bad.items():
         with pytest.raises(InvalidArgumentError) as info:
             validate_moe_experts(**a)
         assert info.value.argument == name
+    bad_weights = {
+        "weights.w13_scale": dataclasses.replace(w, w13_scale=w.w13_scale[..., :1]),
+        "weights.format": dataclasses.replace(w, format="nvfp4"),
+        "weights": (w.w13, w.w13_scale, w.w2, w.w2_scale),
+    }
+    for name, bw in bad_weights.items():
+        with pytest.raises(InvalidArgumentError) as info:
+            validate_expert_weights(bw)
+        assert info.value.argument == name
     # H = 48 is not a multiple of the 32-element MXFP4 scale group, even with self-consistent shapes.
     u8 = torch.uint8
     w48 = ExpertWeights("mxfp4", torch.zeros(5, 64, 24, dtype=u8), torch.zeros(5, 64, 1, dtype=u8),
                         torch.zeros(5, 48, 16, dtype=u8), torch.zeros(5, 48, 1, dtype=u8))
     with pytest.raises(InvalidArgumentError, match="multiple of 32"):
-        validate_moe_experts(**_replace(args, x=torch.zeros(4, 48, dtype=torch.bfloat16), weights=w48))
+        validate_expert_weights(w48)
 
 
 def test_validate_fp8_experts_rejects_flavour_and_scale_mismatch():
-    args = _expert_args("fp8_block")
-    w = args["weights"]
+    w = _expert_args("fp8_block")["weights"]
     with pytest.raises(InvalidArgumentError, match="float8_e4m3fnuz"):
-        validate_moe_experts(**_replace(args, weights=dataclasses.replace(w, fp8="e4m3fnuz")))
+        validate_expert_weights(dataclasses.replace(w, fp8="e4m3fnuz"))
     with pytest.raises(InvalidArgumentError) as info:
-        validate_moe_experts(**_replace(args, weights=dataclasses.replace(w, w2_scale=w.w2_scale.double())))
+        validate_expert_weights(dataclasses.replace(w, w2_scale=w.w2_scale.double()))
     assert info.value.argument == "weights.w2_scale"
 
 
 def test_checked_mode_reads_values():
-    args = _expert_args("fp8_block")
+    raw = _expert_args("fp8_block")
+    args = _prep(raw)
     out_of_range = _replace(args, topk_ids=args["topk_ids"].clone().fill_(5))
     validate_moe_experts(**out_of_range)  # unchecked: shapes only
     with pytest.raises(InvalidArgumentError, match="index 5"):
@@ -234,16 +254,16 @@ def test_checked_mode_reads_values():
     with pytest.raises(InvalidArgumentError) as info:
         validate_moe_experts(**_replace(args, topk_weights=nan_w), checked=True)
     assert info.value.argument == "topk_weights"
-    w = args["weights"]
+    w = raw["weights"]
     w2 = w.w2.clone()
     w2.view(torch.uint8)[3, 0, 0] = 0x7F  # e4m3fn NaN
     with pytest.raises(InvalidArgumentError, match="expert 3"):
-        validate_moe_experts(**_replace(args, weights=dataclasses.replace(w, w2=w2)), checked=True)
+        validate_expert_weights(dataclasses.replace(w, w2=w2), checked=True)
     mx = _expert_args("mxfp4")
     scale = mx["weights"].w13_scale.clone()
     scale[2, 0, 0] = 0xFF  # E8M0 NaN
     with pytest.raises(InvalidArgumentError, match="expert 2"):
-        validate_moe_experts(**_replace(mx, weights=dataclasses.replace(mx["weights"], w13_scale=scale)), checked=True)
+        validate_expert_weights(dataclasses.replace(mx["weights"], w13_scale=scale), checked=True)
 
 
 def test_validate_route():
@@ -299,8 +319,10 @@ def test_catalog_shape():
 def test_catalog_fixture_passes_on_reference(spec):
     fixture = cases_moe.build(spec, torch.device("cpu"), torch.Generator().manual_seed(7))
     ref = moe_route if spec.op == "moe_route" else moe_experts
-    validate = validate_moe_route if spec.op == "moe_route" else validate_moe_experts
-    validate(**fixture.args, checked=True)
+    if spec.op == "moe_route":
+        validate_moe_route(**fixture.args, checked=True)
+    else:
+        validate_moe_experts(**_prep(fixture.args), checked=True)
     got = ref(**fixture.args)
     err, ok, detail = fixture.compare(got, fixture.expected)
     assert ok, detail

@@ -20,6 +20,7 @@ from dsv4hal import hardware
 from dsv4hal.conformance.types import CaseSpec, Fixture, Tolerance, compare_close
 from dsv4hal.errors import Dsv4HalError
 from dsv4hal.platform import Platform, load_registry, select_platform
+from dsv4hal.prepared import PreparedWeights
 from dsv4hal.selection import select_kernel
 
 CATALOG_MODULES = ("pack_store", "sparse_attention", "indexer_topk", "compress", "indexer_logits", "moe", "mhc",
@@ -140,13 +141,16 @@ def run_cell(platform: Platform, spec: CaseSpec, build: Callable[..., Fixture], 
     spec_m = dataclasses.replace(spec, params={**spec.params, "mode": mode})
     t0 = time.perf_counter()
     try:
-        fx = build(spec_m, device, torch.Generator().manual_seed(seed))
-        decision = bound.decide(bound.case_of(**fx.args))
-        cell.implementation = decision.chosen.name
+        fx = _prepared(bound, build(spec_m, device, torch.Generator().manual_seed(seed)))
+        weights = fx.args.get(bound.spec.weights_arg or "")
+        if isinstance(weights, PreparedWeights):
+            cell.implementation = weights.implementation
+        else:
+            cell.implementation = bound.decide(bound.case_of(**fx.args)).chosen.name
         tol = fx.tolerance or Tolerance(0, 0, "exact")
         if mode == "graph":
             tol = _graph_tolerance(spec.op, tol)
-            fx_new = build(spec_m, device, torch.Generator().manual_seed(seed + 1))
+            fx_new = _prepared(bound, build(spec_m, device, torch.Generator().manual_seed(seed + 1)))
             got, args = _run_graph(bound, fx, fx_new)
             expected, fx_used = fx_new.expected, fx_new
         else:
@@ -169,6 +173,14 @@ def run_cell(platform: Platform, spec: CaseSpec, build: Callable[..., Fixture], 
             traceback.print_exc()
     cell.seconds = time.perf_counter() - t0
     return cell
+
+
+def _prepared(bound: Any, fx: Fixture) -> Fixture:
+    """Ops with weights get them prepared for this platform's kernel first, as an engine does at load."""
+    name = bound.spec.weights_arg
+    if name and not isinstance(fx.args.get(name), PreparedWeights):
+        fx.args[name] = bound.prepare_weights(fx.args[name])
+    return fx
 
 
 def _run_graph(bound: Any, fx: Fixture, fx_new: Fixture) -> tuple[Any, dict[str, Any]]:

@@ -18,12 +18,18 @@ class OpSpec:
     case: str  # name of the case-feature function in `contract`
     reference: str  # "module:function" of the pure-PyTorch reference
     default_case: Mapping[str, object] = field(default_factory=dict)
+    # ops with weights: the argument holding them and the contract function giving their case features;
+    # such an op is decided when its weights are prepared (dsv4hal.prepared)
+    weights_arg: str | None = None
+    weights_validate: str | None = None
+    weights_case: str | None = None
 
 
 def _spec(name: str, summary: str, contract: str, validate: str, case: str, reference: str,
-          **default_case: object) -> OpSpec:
+          weights: tuple[str, str, str] | None = None, **default_case: object) -> OpSpec:
+    w = weights or (None, None, None)
     return OpSpec(name, summary, f"dsv4hal.ops.{contract}", validate, case, reference,
-                  MappingProxyType(default_case))
+                  MappingProxyType(default_case), *w)
 
 
 OPS: tuple[OpSpec, ...] = (
@@ -51,7 +57,7 @@ OPS: tuple[OpSpec, ...] = (
           "moe", "validate_moe_route", "case_moe_route", "dsv4hal.reference.moe:moe_route", hash=False, top_k=6),
     _spec("moe_experts", "SwiGLU experts (clamp 10) with MXFP4 or FP8 128x128 block weights",
           "moe", "validate_moe_experts", "case_moe_experts", "dsv4hal.reference.moe:moe_experts",
-          format="mxfp4", tokens="decode"),
+          weights=("weights", "validate_expert_weights", "case_expert_weights"), format="mxfp4", tokens="decode"),
     _spec("mhc_pre", "hyper-connection pre-mix with 20 Sinkhorn iterations", "mhc", "validate_mhc_pre",
           "case_mhc_pre", "dsv4hal.reference.mhc:mhc_pre", hidden=4096, sinkhorn_iters=20),
     _spec("mhc_post", "hyper-connection post-mix", "mhc", "validate_mhc_post", "case_mhc_post",

@@ -2,8 +2,10 @@
 
 moe_route(router_logits, bias=None, top_k=6, routed_scaling_factor=1.5, hash_table=None, input_ids=None)
     -> (topk_ids int32 [T, k], topk_weights fp32 [T, k])
-moe_experts(x, topk_ids, topk_weights, weights: ExpertWeights, swiglu_limit=10.0) -> bf16 [T, H]
-    routed experts only; the caller adds the shared expert.
+moe_experts(x, topk_ids, topk_weights, weights: PreparedWeights, swiglu_limit=10.0) -> bf16 [T, H]
+    routed experts only; the caller adds the shared expert. `weights` come from
+    platform.ops.moe_experts.prepare_weights(ExpertWeights): the kernel is chosen then, the weights are laid
+    out for it, and calls run that kernel (weights prepared for another one are refused).
 
 Validation never reads tensor contents unless checked=True (value checks synchronise with the device).
 """
@@ -21,6 +23,7 @@ from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
 from dsv4hal.formats.mxfp4 import GROUP as MXFP4_GROUP
 from dsv4hal.formats.mxfp4 import NAN_SCALE_BYTE
 from dsv4hal.ops.checks import check_choice, check_finite, check_tensor, describe
+from dsv4hal.prepared import PreparedWeights
 from dsv4hal.reference.moe import EXPERT_FORMATS, ExpertWeights
 
 ROUTE_OP = "moe_route"
@@ -161,6 +164,34 @@ def _check_expert_weights(w: object, h: int, device: torch.device) -> ExpertWeig
     return w
 
 
+def validate_expert_weights(weights: object, *, checked: bool = False) -> ExpertWeights:
+    """Validate logical expert weights before they are prepared for a kernel."""
+    w13 = getattr(weights, "w13", None)
+    h = int(w13.shape[2]) * (2 if getattr(weights, "format", None) == "mxfp4" else 1) if w13 is not None else 0
+    w = _check_expert_weights(weights, h, w13.device if w13 is not None else torch.device("cpu"))
+    if checked:
+        _check_weight_values(w)
+    return w
+
+
+def case_expert_weights(weights: ExpertWeights) -> dict[str, Any]:
+    """Features of the logical weights that fix the kernel (and so the layout)."""
+    return {"format": weights.format, "fp8": weights.fp8 if weights.format == "fp8_block" else None,
+            "E": weights.num_experts, "H": weights.hidden, "I": weights.intermediate}
+
+
+def _check_prepared(weights: object, h: int) -> PreparedWeights:
+    if not isinstance(weights, PreparedWeights) or weights.op != EXPERTS_OP:
+        raise InvalidArgumentError(
+            EXPERTS_OP, "weights", "PreparedWeights made by platform.ops.moe_experts.prepare_weights",
+            describe(weights),
+            remedy="prepare the ExpertWeights once, before serving: prepared = platform.ops.moe_experts."
+                   "prepare_weights(expert_weights)")
+    if weights.case["H"] != h:
+        raise InvalidArgumentError(EXPERTS_OP, "x", f"hidden size {weights.case['H']} (the weights')", f"{h}")
+    return weights
+
+
 def validate_moe_experts(
     x: object,
     topk_ids: object,
@@ -183,13 +214,12 @@ def validate_moe_experts(
     if k < 1:
         raise InvalidArgumentError(EXPERTS_OP, "topk_ids", "[T, k] with k >= 1", describe(ids))
     tw = _tensor(EXPERTS_OP, "topk_weights", topk_weights, dtype=torch.float32, shape=(t, k), device=xt.device)
-    w = _check_expert_weights(weights, h, xt.device)
+    w = _check_prepared(weights, h)
     _check_positive(EXPERTS_OP, "swiglu_limit", swiglu_limit, allow_inf=True)
     if checked:
-        _check_upper_bound(EXPERTS_OP, "topk_ids", ids, w.num_experts, allow_negative=True)
+        _check_upper_bound(EXPERTS_OP, "topk_ids", ids, int(w.case["E"]), allow_negative=True)
         check_finite(EXPERTS_OP, "x", xt)
         check_finite(EXPERTS_OP, "topk_weights", tw)
-        _check_weight_values(w)
 
 
 def _fp8_nan_mask(q: torch.Tensor, flavor: str) -> torch.Tensor:
@@ -218,16 +248,8 @@ def case_moe_experts(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
-    weights: ExpertWeights,
+    weights: PreparedWeights,
     swiglu_limit: float = 10.0,
 ) -> dict[str, Any]:
     """Hashable features of a moe_experts call (what kernels declare support for)."""
-    return {
-        "format": weights.format,
-        "fp8": weights.fp8 if weights.format == "fp8_block" else None,
-        "E": weights.num_experts,
-        "H": weights.hidden,
-        "I": weights.intermediate,
-        "top_k": topk_ids.shape[1],
-        "tokens": token_class(x.shape[0]),
-    }
+    return {**weights.case, "top_k": topk_ids.shape[1], "tokens": token_class(x.shape[0])}

@@ -1,0 +1,23 @@
+"""Weights prepared for one kernel. Kernel choice fixes the weight layout (Marlin repacks, TRTLLM-Gen
+shuffles, DeepGEMM wants its scale layout), so an op with weights is decided when the weights are
+prepared, and that choice is kept: later calls run the implementation that prepared them, or fail."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PreparedWeights:
+    op: str
+    implementation: str
+    layout: str
+    platform: str
+    case: Mapping[str, object]  # features of the logical weights (format, sizes) the choice was made on
+    payload: Any  # the implementation's own layout
+
+    def describe(self) -> str:
+        return (f"weights prepared for {self.op} by {self.implementation} (layout {self.layout or 'reference'}) "
+                f"on platform {self.platform}")

@@ -1,0 +1,101 @@
+"""Kernel choice fixes the weight layout: moe_experts is decided when its weights are prepared, later calls
+run that kernel, and weights prepared for one kernel are refused by any other (typed errors)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import fake, plugin_module, registry_with
+
+import dsv4hal
+from dsv4hal.errors import InvalidArgumentError, PreparedWeightsMismatchError, UnsupportedCaseError
+from dsv4hal.reference.moe import ExpertWeights, moe_experts, quantize_experts
+from dsv4hal.registry import KernelImpl
+
+
+def transpose_layout(w: ExpertWeights) -> ExpertWeights:
+    """A stand-in vendor layout: expert-major tensors stored transposed (so using them unprepared is wrong)."""
+    return dataclasses.replace(w, w13=w.w13.transpose(1, 2).contiguous(), w2=w.w2.transpose(1, 2).contiguous())
+
+
+def forward_transposed(x, topk_ids, topk_weights, weights, swiglu_limit=10.0):  # noqa: ANN001, ANN201
+    logical = dataclasses.replace(weights, w13=weights.w13.transpose(1, 2), w2=weights.w2.transpose(1, 2))
+    return moe_experts(x, topk_ids, topk_weights, logical, swiglu_limit)
+
+
+def _decode_only(case, info):  # noqa: ANN001, ANN202
+    return ["decode shapes only (T <= 64)"] if case.get("tokens") == "prefill" else []
+
+
+def _register(registry) -> None:  # noqa: ANN001
+    registry.add_kernel(KernelImpl(
+        op="moe_experts", name="transposed_moe", target="test_prepared_weights:forward_transposed",
+        prepare="test_prepared_weights:transpose_layout", layout="transposed", platforms=("cpu", "cuda_sm90"),
+        priority=10, supports=_decode_only))
+
+
+@pytest.fixture(scope="module")
+def reg():  # noqa: ANN201
+    return registry_with(("transposed", plugin_module("transposed", _register)))
+
+
+def _inputs(t: int = 4):  # noqa: ANN202
+    gen = torch.Generator().manual_seed(0)
+    w13 = torch.randn(4, 64, 64, generator=gen) * 0.1
+    w2 = torch.randn(4, 64, 32, generator=gen) * 0.1
+    weights = quantize_experts(w13, w2, "mxfp4")
+    x = torch.randn(t, 64, generator=gen).bfloat16()
+    ids = torch.randint(0, 4, (t, 2), generator=gen, dtype=torch.int32)
+    return x, ids, torch.rand(t, 2, generator=gen), weights
+
+
+def test_prepare_chooses_and_forward_runs_that_kernel(reg) -> None:  # noqa: ANN001
+    p = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
+    x, ids, tw, w = _inputs()
+    prepared = p.ops.moe_experts.prepare_weights(w)
+    assert (prepared.implementation, prepared.layout, prepared.platform) == ("transposed_moe", "transposed", "cpu")
+    assert prepared.payload.w13.shape == (4, 32, 64) != w.w13.shape  # packed [E, 2I, H/2], stored transposed
+    got = p.ops.moe_experts(x, ids, tw, prepared)
+    assert torch.equal(got, moe_experts(x, ids, tw, w))
+
+
+def test_forcing_another_kernel_refuses_prepared_weights(reg) -> None:  # noqa: ANN001
+    p = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
+    x, ids, tw, w = _inputs()
+    prepared = p.ops.moe_experts.prepare_weights(w)
+    with dsv4hal.overrides(kernels={"moe_experts": "torch_reference"}):
+        forced = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
+    with pytest.raises(PreparedWeightsMismatchError, match="transposed_moe") as e:
+        forced.ops.moe_experts(x, ids, tw, prepared)
+    assert "prepare the weights again" in str(e.value)
+    again = forced.ops.moe_experts.prepare_weights(w)
+    assert again.implementation == "torch_reference"
+    assert torch.equal(forced.ops.moe_experts(x, ids, tw, again), moe_experts(x, ids, tw, w))
+
+
+def test_weights_from_another_platform_are_refused(reg) -> None:  # noqa: ANN001
+    cpu = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
+    hopper = dsv4hal.select_platform(info=fake("sm90"), registry=reg)
+    x, ids, tw, w = _inputs()
+    prepared = hopper.ops.moe_experts.prepare_weights(w)
+    assert prepared.platform == "cuda_sm90"
+    with pytest.raises(PreparedWeightsMismatchError, match="platform cpu"):
+        cpu.ops.moe_experts(x, ids, tw, prepared)
+
+
+def test_unprepared_weights_are_a_typed_error(reg) -> None:  # noqa: ANN001
+    p = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
+    x, ids, tw, w = _inputs()
+    with pytest.raises(InvalidArgumentError, match="prepare_weights") as e:
+        p.ops.moe_experts(x, ids, tw, w)
+    assert e.value.argument == "weights"
+
+
+def test_no_silent_switch_when_the_prepared_kernel_refuses_the_case(reg) -> None:  # noqa: ANN001
+    p = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
+    x, ids, tw, w = _inputs(t=100)
+    prepared = p.ops.moe_experts.prepare_weights(w)
+    with pytest.raises(UnsupportedCaseError, match="decode shapes only"):
+        p.ops.moe_experts(x, ids, tw, prepared)

@@ -87,7 +87,7 @@ def _catalog() -> list[CaseSpec]:
                decode_only=True)
     c += _spec("fnuz/native-c4-decode", 4, ((200, 2),), fp8="e4m3fnuz", decode_only=True)
     # SGLang's HIP "unified_kv_triton" mode keeps an unquantized BF16 unified cache (spec 2.5): not built
-    why = "the unquantized BF16 unified cache of SGLang's HIP backend (spec 2.5) is not built; the FP8 cache serves ROCm"
+    why = "the unquantized BF16 unified cache of SGLang's HIP backend (spec 2.5) is not built; FP8 cache serves ROCm"
     c.append(CaseSpec(DECODE, "rocm/unified-bf16-cache", {"requests": ((64, 1),)}, 4, ("eager", "graph"),
                       deferred={"eager": why, "graph": why}))
     # V4-Flash and V4-Pro shapes, 64 decode rows at long context (GPU only)

@@ -102,13 +102,14 @@ def select_kernel(registry: Registry, op: str, case: Mapping[str, object], info:
         if not eligible:
             raise NoKernelError(
                 f"{op}: no implementation can run case [{case_summary(case)}] on platform {platform} "
-                f"({info.summary()}); candidates:\n" + format_reasons({k.name: r for k, r in verdicts}),
+                f"({info.summary()}); candidates:\n"
+                + format_reasons({k.name: r for k, r in verdicts if k.applies_to(platform)}),
                 remedy="install the library a candidate is missing, or use a platform whose kernels take this case")
         chosen, source = eligible[0], "auto"
-    cands = tuple(
+    cands = tuple(  # kernels of other platforms are left out: they are not candidates here
         Candidate(k.name, k.priority_on(platform), k.tier, k.plugin,
                   "chosen" if k is chosen else ("rejected" if r else "eligible"), tuple(r))
-        for k, r in verdicts)
+        for k, r in verdicts if k.applies_to(platform))
     return Decision(op=op, platform=platform, case=dict(case), chosen=chosen, source=source, candidates=cands)
 
 

@@ -1,0 +1,353 @@
+"""Portable Triton fused MoE (routed experts) for MXFP4 and FP8 128x128 block-scaled weights.
+
+Layout "triton-moe-v1" (prepare_weights): the logical ExpertWeights tensors, unchanged and uncopied
+(made contiguous), in a TritonMoeWeights: w13 [E, 2I, H(/2)] and w2 [E, H, I(/2)] are K-contiguous
+rows, which is what a weight tile [BLOCK_K, BLOCK_N] loaded along K wants (each row's K run is
+coalesced). FP8 values are kept as raw uint8 bytes (decoded in registers with integer arithmetic, so
+e4m3fn and e4m3fnuz decode identically on NVIDIA, ROCm and the interpreter); MXFP4 keeps its packed
+nibbles and UE8M0 bytes; FP8 block scales stay fp32 [E, ceil(N/128), ceil(K/128)].
+
+Algorithm (no host sync, fixed-size buffers: CUDA-graph safe):
+  1. align (torch ops on the device): the T*k (token, slot) pairs are sorted by expert (stable), each
+     expert's run is padded up to a multiple of BLOCK_M, and every BLOCK_M block gets its expert (-1 for
+     unused blocks). The buffers are sized for the worst case, T*k + min(E, T*k) * (BLOCK_M - 1) rows,
+     so nothing depends on the routing's values. Ids < 0 (and >= E) go to no block: they contribute 0.
+  2. kernel 1, grid (blocks, I / BLOCK_N): gathered x rows [BLOCK_M, H] times the expert's gate (w1) and
+     up (w3) tiles, dequantized in registers, two fp32 accumulators; then g = min(g, limit),
+     u = clamp(u, -limit, limit), h = silu(g) * u, stored bf16 at the pair's sorted row.
+  3. kernel 2, grid (blocks, H / BLOCK_N): h rows [BLOCK_M, I] times the expert's w2 tiles, scaled by the
+     pair's routing weight and atomically added (fp32) into y [T, H]; y is cast to bf16 at the end.
+
+Dequantization: MXFP4 bytes are split into low (even k) and high (odd k) nibbles and dotted against the
+even and odd columns of the activations (two dots of BLOCK_K/2), e2m1 decoded arithmetically and
+multiplied by 2**(s - 127) built from the exponent bits (exact in bf16). FP8 codes are exact in bf16;
+the 128x128 block scale is constant along K inside a tile (BLOCK_K divides 128) and is applied per output
+column after the dot, as DeepGEMM does. Activations stay bf16 (W4A16 / W8A16); accumulation is fp32.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4hal.ops.moe import DECODE_MAX_TOKENS
+from dsv4hal.reference.moe import ExpertWeights
+
+LAYOUT = "triton-moe-v1"
+# Triton's interpreter computes tl.dot on bf16 operands wrongly: upcast them to fp32 there.
+_DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
+
+# Tile sizes for a Hopper-class GPU (untuned: no GPU was available when this was written). BLOCK_M is
+# the rows of one expert block: 16 for decode (a few pairs per expert), 64 for prefill.
+CONFIG_DECODE = {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3}
+CONFIG_PREFILL = {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
+FP8_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class TritonMoeWeights:
+    """Payload of weights prepared for triton_fused_moe (layout triton-moe-v1, see the module doc)."""
+
+    format: str  # "mxfp4" or "fp8_block"
+    fnuz: bool  # fp8_block only: e4m3fnuz codes (bias 8) rather than e4m3fn
+    w13: torch.Tensor  # uint8 [E, 2I, H/2] (mxfp4) or [E, 2I, H] fp8 bytes
+    w13_scale: torch.Tensor  # uint8 [E, 2I, H/32] or fp32 [E, ceil(2I/128), ceil(H/128)]
+    w2: torch.Tensor  # uint8 [E, H, I/2] or [E, H, I] fp8 bytes
+    w2_scale: torch.Tensor  # uint8 [E, H, I/32] or fp32 [E, ceil(H/128), ceil(I/128)]
+    num_experts: int
+    hidden: int
+    intermediate: int
+
+
+def prepare_weights(w: ExpertWeights) -> TritonMoeWeights:
+    """Logical ExpertWeights -> TritonMoeWeights (no copy when the tensors are already contiguous)."""
+    def raw(t: torch.Tensor) -> torch.Tensor:
+        t = t.contiguous()
+        return t if t.dtype == torch.uint8 or t.dtype == torch.float32 else t.view(torch.uint8)
+
+    mx = w.format == "mxfp4"
+    return TritonMoeWeights(
+        format=w.format, fnuz=(not mx) and w.fp8 == "e4m3fnuz",
+        w13=raw(w.w13), w13_scale=raw(w.w13_scale) if mx else w.w13_scale.float().contiguous(),
+        w2=raw(w.w2), w2_scale=raw(w.w2_scale) if mx else w.w2_scale.float().contiguous(),
+        num_experts=w.num_experts, hidden=w.hidden, intermediate=w.intermediate)
+
+
+# ----------------------------------------------------------------------------- in-register dequant
+
+@triton.jit
+def _e2m1(c):
+    """4-bit e2m1 codes (int32) -> fp32: magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign."""
+    m = c & 7
+    ex = m >> 1
+    mant = m & 1
+    normal = (((ex + 126) << 23) | (mant << 22)).to(tl.float32, bitcast=True)
+    v = tl.where(ex == 0, mant.to(tl.float32) * 0.5, normal)
+    return tl.where((c & 8) != 0, -v, v)
+
+
+@triton.jit
+def _ue8m0(s):
+    """UE8M0 bytes (int32) -> 2**(s - 127) from the exponent bits; 0xFF is NaN (OCP MX)."""
+    v = (s << 23).to(tl.float32, bitcast=True)
+    return tl.where(s == 255, float("nan"), v)
+
+
+@triton.jit
+def _pow2(e):
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _decode_fp8(b, FNUZ: tl.constexpr):
+    """e4m3 bytes -> fp32 in integer arithmetic (e4m3fn bias 7, e4m3fnuz bias 8). NaN codes are not
+    special-cased: finite weights never hold them (checked mode rejects them)."""
+    BIAS: tl.constexpr = 8 if FNUZ else 7
+    x = b.to(tl.int32)
+    ex = (x >> 3) & 0xF
+    man = x & 7
+    mag = tl.where(ex == 0, man.to(tl.float32) * _pow2(ex * 0 - BIAS - 2),
+                   (man + 8).to(tl.float32) * _pow2(ex - BIAS - 3))
+    return tl.where((x & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _mx_tiles(w_base, s_base, n, kb, mask, stride_wn, stride_sn, DTYPE: tl.constexpr):
+    """Weight rows n, packed byte columns kb -> (even-k, odd-k) dequantized tiles [BLOCK_K/2, BLOCK_N]."""
+    b = tl.load(w_base + n[None, :] * stride_wn + kb[:, None], mask=mask, other=0).to(tl.int32)
+    s = tl.load(s_base + n[None, :] * stride_sn + kb[:, None] // 16, mask=mask, other=127).to(tl.int32)
+    scale = _ue8m0(s)
+    lo = (_e2m1(b & 0xF) * scale).to(DTYPE)
+    hi = (_e2m1(b >> 4) * scale).to(DTYPE)
+    return lo, hi
+
+
+@triton.jit
+def _fp8_tile(w_base, n, k, mask, stride_wn, FNUZ: tl.constexpr, DTYPE: tl.constexpr):
+    """Weight rows n, columns k -> unscaled FP8 values [BLOCK_K, BLOCK_N] (exact in bf16)."""
+    b = tl.load(w_base + n[None, :] * stride_wn + k[:, None], mask=mask, other=0)
+    return _decode_fp8(b, FNUZ).to(DTYPE)
+
+
+@triton.jit
+def _fp8_col_scale(s_base, n, nmask, k0, stride_sn, stride_sk):
+    """Per output column n, the 128x128 block scale of the K tile starting at k0 (BLOCK_K divides 128)."""
+    return tl.load(s_base + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=nmask, other=0.0)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr,
+    num_pairs, top_k, H, I, stride_xt,
+    stride_we, stride_wn, stride_se, stride_sn, stride_sk,
+    limit,
+    MXFP4: tl.constexpr, FNUZ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e < 0:
+        return
+    DTYPE: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + rows)
+    valid = pair < num_pairs
+    tok = tl.where(valid, pair // top_k, 0).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < I
+    w_base = w_ptr + e.to(tl.int64) * stride_we
+    s_base = s_ptr + e.to(tl.int64) * stride_se
+    x_rows = x_ptr + tok[:, None] * stride_xt
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if MXFP4:
+        HALF: tl.constexpr = BLOCK_K // 2
+        kb_total = H // 2
+        for kb0 in range(0, kb_total, HALF):
+            kb = kb0 + tl.arange(0, HALF)
+            kmask = kb < kb_total
+            xm = valid[:, None] & kmask[None, :]
+            xe = tl.load(x_rows + 2 * kb[None, :], mask=xm, other=0.0).to(DTYPE)
+            xo = tl.load(x_rows + 2 * kb[None, :] + 1, mask=xm, other=0.0).to(DTYPE)
+            wm = kmask[:, None] & nmask[None, :]
+            g_lo, g_hi = _mx_tiles(w_base, s_base, n, kb, wm, stride_wn, stride_sn, DTYPE)
+            acc_g += tl.dot(xe, g_lo)
+            acc_g += tl.dot(xo, g_hi)
+            u_lo, u_hi = _mx_tiles(w_base, s_base, n + I, kb, wm, stride_wn, stride_sn, DTYPE)
+            acc_u += tl.dot(xe, u_lo)
+            acc_u += tl.dot(xo, u_hi)
+    else:
+        for k0 in range(0, H, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < H
+            xk = tl.load(x_rows + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0).to(DTYPE)
+            wm = kmask[:, None] & nmask[None, :]
+            qg = _fp8_tile(w_base, n, k, wm, stride_wn, FNUZ, DTYPE)
+            sg = _fp8_col_scale(s_base, n, nmask, k0, stride_sn, stride_sk)
+            acc_g += tl.dot(xk, qg) * sg[None, :]
+            qu = _fp8_tile(w_base, n + I, k, wm, stride_wn, FNUZ, DTYPE)
+            su = _fp8_col_scale(s_base, n + I, nmask, k0, stride_sn, stride_sk)
+            acc_u += tl.dot(xk, qu) * su[None, :]
+    g = tl.minimum(acc_g, limit)
+    u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+    h = g * tl.sigmoid(g) * u
+    h_ptrs = h_ptr + rows.to(tl.int64)[:, None] * I + n[None, :]
+    tl.store(h_ptrs, h.to(tl.bfloat16), mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_ptr,
+    num_pairs, top_k, H, I,
+    stride_we, stride_wn, stride_se, stride_sn, stride_sk,
+    MXFP4: tl.constexpr, FNUZ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e < 0:
+        return
+    DTYPE: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + rows)
+    valid = pair < num_pairs
+    safe_pair = tl.where(valid, pair, 0)
+    tok = (safe_pair // top_k).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < H
+    w_base = w_ptr + e.to(tl.int64) * stride_we
+    s_base = s_ptr + e.to(tl.int64) * stride_se
+    h_rows = h_ptr + rows.to(tl.int64)[:, None] * I
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if MXFP4:
+        HALF: tl.constexpr = BLOCK_K // 2
+        kb_total = I // 2
+        for kb0 in range(0, kb_total, HALF):
+            kb = kb0 + tl.arange(0, HALF)
+            kmask = kb < kb_total
+            hm = valid[:, None] & kmask[None, :]
+            he = tl.load(h_rows + 2 * kb[None, :], mask=hm, other=0.0).to(DTYPE)
+            ho = tl.load(h_rows + 2 * kb[None, :] + 1, mask=hm, other=0.0).to(DTYPE)
+            lo, hi = _mx_tiles(w_base, s_base, n, kb, kmask[:, None] & nmask[None, :], stride_wn, stride_sn, DTYPE)
+            acc += tl.dot(he, lo)
+            acc += tl.dot(ho, hi)
+    else:
+        for k0 in range(0, I, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < I
+            hk = tl.load(h_rows + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0).to(DTYPE)
+            q = _fp8_tile(w_base, n, k, kmask[:, None] & nmask[None, :], stride_wn, FNUZ, DTYPE)
+            s = _fp8_col_scale(s_base, n, nmask, k0, stride_sn, stride_sk)
+            acc += tl.dot(hk, q) * s[None, :]
+    wgt = tl.load(tw_ptr + safe_pair, mask=valid, other=0.0)
+    acc = acc * wgt[:, None]
+    tl.atomic_add(y_ptr + tok[:, None] * H + n[None, :], acc, mask=valid[:, None] & nmask[None, :], sem="relaxed")
+
+
+# ----------------------------------------------------------------------------- host side
+
+def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Worst-case number of BLOCK_M blocks: every pair, plus up to BLOCK_M - 1 padding rows for each
+    expert that can be non-empty. A function of shapes only."""
+    if num_pairs == 0:
+        return 0
+    return triton.cdiv(num_pairs + min(num_experts, num_pairs) * (block_m - 1), block_m)
+
+
+def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted_pairs int32 [blocks * BLOCK_M], block_expert int32 [blocks]) with blocks = max_blocks(...).
+
+    sorted_pairs lists the flat pair indices (t * k + slot) grouped by expert, stable within an expert, each
+    expert's run padded to a multiple of BLOCK_M with the value T*k (no pair); block_expert gives each
+    block's expert or -1 past the last used block. Torch ops only, shapes fixed by (T, k, E, BLOCK_M)."""
+    dev = topk_ids.device
+    p = topk_ids.numel()
+    nb = max_blocks(p, num_experts, block_m)
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    key = torch.where((ids >= 0) & (ids < num_experts), ids, torch.full_like(ids, num_experts))
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
+    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    padded_start = padded_end - padded
+    count_start = torch.cumsum(counts, 0) - counts
+    sorted_key, order = torch.sort(key, stable=True)
+    rank = torch.arange(p, device=dev) - count_start[sorted_key]
+    dummy = nb * block_m  # masked pairs land in one scratch slot past the end
+    start = torch.cat((padded_start, torch.full((1,), dummy, dtype=torch.int64, device=dev)))
+    dest = torch.where(sorted_key < num_experts, start[sorted_key] + rank, torch.full_like(rank, dummy))
+    sorted_pairs = torch.full((dummy + 1,), p, dtype=torch.int32, device=dev)
+    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
+    block_start = torch.arange(nb, device=dev, dtype=torch.int64) * block_m
+    block_expert = torch.searchsorted(padded_end, block_start, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, torch.full_like(block_expert, -1))
+    return sorted_pairs[:dummy], block_expert.to(torch.int32)
+
+
+def _config(num_tokens: int, config: dict | None) -> dict:
+    base = CONFIG_DECODE if num_tokens <= DECODE_MAX_TOKENS else CONFIG_PREFILL
+    cfg = {**base, **(config or {})}
+    bk, bn, bm = cfg["block_k"], cfg["block_n"], cfg["block_m"]
+    if bk & (bk - 1) or not 32 <= bk <= FP8_BLOCK:
+        raise ValueError(f"block_k must be a power of two in [32, {FP8_BLOCK}] (it divides the 128 FP8 block and "
+                         f"holds whole MXFP4 32-groups); got {bk}")
+    if bn & (bn - 1) or bn < 16 or bm & (bm - 1) or bm < 16:
+        raise ValueError(f"block_m and block_n must be powers of two >= 16; got {bm}, {bn}")
+    return cfg
+
+
+def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: TritonMoeWeights,
+              swiglu_limit: float = 10.0, *, config: dict | None = None) -> torch.Tensor:
+    """moe_experts on prepared weights with an optional tile config (block_m/n/k, num_warps, num_stages)."""
+    t, hid = x.shape
+    k = topk_ids.shape[1]
+    e, inter = weights.num_experts, weights.intermediate
+    dev = x.device
+    y = torch.zeros(t, hid, dtype=torch.float32, device=dev)
+    p = t * k
+    cfg = _config(t, config)
+    bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
+    nb = max_blocks(p, e, bm)
+    if nb == 0:
+        return y.to(torch.bfloat16)
+    sorted_pairs, block_expert = align_block_size(topk_ids, e, bm)
+    x = x.contiguous()
+    tw = topk_weights.reshape(-1).float().contiguous()
+    h = torch.empty(nb * bm, inter, dtype=torch.bfloat16, device=dev)
+    mx = weights.format == "mxfp4"
+    limit = float(swiglu_limit)
+    if math.isinf(limit):
+        limit = 3.0e38  # the clamp is then a no-op on finite values; avoids an inf kernel constant
+    launch = dict(MXFP4=mx, FNUZ=weights.fnuz, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_F32=_DOT_F32,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
+    sk13 = 0 if mx else s13.stride(2)
+    sk2 = 0 if mx else s2.stride(2)
+    _gate_up_kernel[(nb, triton.cdiv(inter, bn))](
+        x, w13, s13, h, sorted_pairs, block_expert,
+        p, k, hid, inter, x.stride(0),
+        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), sk13,
+        limit, **launch)
+    _down_kernel[(nb, triton.cdiv(hid, bn))](
+        h, w2, s2, y, tw, sorted_pairs, block_expert,
+        p, k, hid, inter,
+        w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), sk2, **launch)
+    return y.to(torch.bfloat16)
+
+
+def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: TritonMoeWeights,
+                swiglu_limit: float = 10.0) -> torch.Tensor:
+    """x bf16 [T, H], topk_ids int32 [T, k], topk_weights fp32 [T, k], weights from prepare_weights ->
+    bf16 [T, H]: sum over slots of weight * clamped-SwiGLU expert (ids < 0 contribute nothing)."""
+    if not isinstance(weights, TritonMoeWeights):
+        raise TypeError(f"triton_fused_moe needs weights from its prepare_weights (layout {LAYOUT}); "
+                        f"got {type(weights).__name__}")
+    return fused_moe(x, topk_ids, topk_weights, weights, swiglu_limit)

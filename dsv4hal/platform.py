@@ -64,6 +64,9 @@ class BoundOp:
 
     def kernel(self, case: Mapping[str, object]) -> Callable[..., Any]:
         """The kernel callable for a case class, for callers that hoist dispatch out of a hot loop."""
+        if self._weights_pos >= 0:
+            raise Dsv4HalError(f"{self.name} runs the kernel its weights were prepared for; call the bound op",
+                               remedy=f"platform.ops.{self.name}(..., prepared_weights)")
         return self._resolve(case)[1]
 
     def case_of(self, *args: Any, **kwargs: Any) -> Mapping[str, object]:

@@ -42,3 +42,8 @@ def register(registry: Registry) -> None:
     registry.add_kernel(KernelImpl(op="build_attention_metadata", name="triton_attention_metadata",
                                    target=f"{_MOD}.attention_metadata:build_attention_metadata",
                                    description="one program per query row, in place", **common))
+    registry.add_kernel(KernelImpl(op="moe_experts", name="triton_fused_moe", target=f"{_MOD}.fused_moe:moe_experts",
+                                   prepare=f"{_MOD}.fused_moe:prepare_weights", layout="triton-moe-v1",
+                                   description="expert-sorted blocks; MXFP4/FP8 dequant in registers, fused "
+                                               "clamp+SwiGLU, down proj with routing weight (fp32 atomics)",
+                                   **common))

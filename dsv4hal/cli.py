@@ -126,14 +126,19 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     ops = args.ops.split(",") if args.ops else None
     report = run_conformance(args.platform, ops=ops, progress=progress)
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1, default=str) + "\n")
+        _write(args.json, json.dumps(report.to_json(), indent=1, default=str) + "\n")
     md = markdown(report)
     if args.markdown:
-        Path(args.markdown).write_text(md)
+        _write(args.markdown, md)
     print(md if not args.quiet else "")
     counts = report.counts()
     print("conformance " + report.platform + ": " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
     return 0 if report.ok else 1
+
+
+def _write(path: str, text: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -185,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Dsv4HalError as exc:
         print(f"dsv4hal {args.cmd}: error: {exc}", file=sys.stderr)
         return 2
-    except ValueError as exc:  # e.g. an unknown --simulate arch
+    except (ValueError, OSError) as exc:  # e.g. an unknown --simulate arch, an unwritable output path
         print(f"dsv4hal {args.cmd}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -143,3 +143,16 @@ def test_broken_third_party_plugin_warns_or_fails_strict(tmp_path: Path) -> None
     assert "PluginWarning" in r.stderr
     r = run_cli("info", env={"PYTHONPATH": str(tmp_path), "DSV4HAL_STRICT": "1"})
     assert r.returncode == 2 and "libacme.so" in r.stderr and "DSV4HAL_DISABLE_PLUGINS=acme" in r.stderr
+
+
+def test_cli_conformance_writes_json_cells(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "dir" / "report.json"
+    r = run_cli("conformance", "--platform", "cpu", "--ops", "indexer_topk,build_attention_metadata", "--json",
+                str(out), "--markdown", str(tmp_path / "report.md"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    keys = {"op", "implementation", "case", "mode", "compress_ratio", "platform", "status", "max_error", "tolerance"}
+    assert data["cells"] and all(keys <= set(c) for c in data["cells"])
+    ran = [c for c in data["cells"] if c["op"] == "indexer_topk" and c["status"] == "pass"]
+    assert ran and all(c["tolerance"]["reason"] for c in ran)
+    assert {c["status"] for c in data["cells"] if c["op"] == "moe_experts"} == {"not-run"}

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv4hal.kernels.triton.fp8_codec import _decode_fp8
 from dsv4hal.ops.moe import DECODE_MAX_TOKENS
 from dsv4hal.reference.moe import ExpertWeights
 
@@ -96,24 +97,6 @@ def _ue8m0(s):
     """UE8M0 bytes (int32) -> 2**(s - 127) from the exponent bits; 0xFF is NaN (OCP MX)."""
     v = (s << 23).to(tl.float32, bitcast=True)
     return tl.where(s == 255, float("nan"), v)
-
-
-@triton.jit
-def _pow2(e):
-    return ((e + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _decode_fp8(b, FNUZ: tl.constexpr):
-    """e4m3 bytes -> fp32 in integer arithmetic (e4m3fn bias 7, e4m3fnuz bias 8). NaN codes are not
-    special-cased: finite weights never hold them (checked mode rejects them)."""
-    BIAS: tl.constexpr = 8 if FNUZ else 7
-    x = b.to(tl.int32)
-    ex = (x >> 3) & 0xF
-    man = x & 7
-    mag = tl.where(ex == 0, man.to(tl.float32) * _pow2(ex * 0 - BIAS - 2),
-                   (man + 8).to(tl.float32) * _pow2(ex - BIAS - 3))
-    return tl.where((x & 0x80) != 0, -mag, mag)
 
 
 @triton.jit

@@ -57,9 +57,12 @@ def build_registry(*, disabled: Iterable[str] = (), strict: bool = False,
             continue
         pm.register(module, name=name)
         registry._current_plugin = name
+        saved = (dict(registry.platforms), {op: dict(k) for op, k in registry.kernels.items()})
         try:
             hook(registry=registry)
         except Exception as exc:
+            # a plugin that fails half-way leaves nothing behind
+            registry.platforms, registry.kernels = saved[0], saved[1]
             _fail(registry, name, f"dsv4hal_register raised {type(exc).__name__}: {exc}", strict)
             continue
         registry.plugin_versions[name] = version

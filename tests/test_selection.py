@@ -189,3 +189,14 @@ def test_forced_platform_that_does_not_fit(reg) -> None:  # noqa: ANN001
         select_platform_spec(reg, fake("cpu"), ov.Overrides(platform="cuda_sm90"))
     with pytest.raises(PlatformNotFoundError, match="cuda_sm100, cuda_sm90"):
         select_platform_spec(reg, fake("cpu"), ov.Overrides(platform="tpu"))
+
+
+def test_plugin_failing_half_way_leaves_nothing() -> None:
+    def half(registry):  # noqa: ANN001, ANN202
+        registry.add_kernel(KernelImpl(op="mhc_post", name="half_done", target="m:f", platforms=("cpu",),
+                                       priority=3))
+        raise RuntimeError("probe of libfoo failed")
+
+    with pytest.warns(PluginWarning, match="libfoo"):
+        reg = registry_with(("half", plugin_module("half", half)))
+    assert "half_done" not in reg.kernels["mhc_post"] and "half" in reg.plugin_errors

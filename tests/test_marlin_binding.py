@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import registry_with
-from dsv4hal_cuda_sm90 import marlin_moe
+from dsv4hal_cuda_sm90 import marlin_moe, vllm_moe_lib
 from dsv4hal_cuda_sm90.marlin_layout import unpermute_scales_for_marlin, unrepack_marlin_mxfp4
 from vendor_fakes import Recorder, simulated_info
 
@@ -186,17 +186,17 @@ def test_empty_batch_makes_no_call(fake_moe_c: Recorder) -> None:
 def test_library_loading(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
     monkeypatch.delenv(marlin_moe.ENV_LIB, raising=False)
     with pytest.raises(RuntimeError, match="VLLM_MOE_LIB is not set"):
-        marlin_moe._load_library(None)
+        vllm_moe_lib.load_library(None, marlin_moe.NAME)
     with pytest.raises(RuntimeError, match="VLLM_MOE_LIB='/nonexistent.so' is not a file"):
-        marlin_moe._load_library("/nonexistent.so")
+        vllm_moe_lib.load_library("/nonexistent.so", marlin_moe.NAME)
     loaded = []
     monkeypatch.setattr(torch.ops, "load_library", loaded.append)
     so = tmp_path / "_moe_C_stable_libtorch.abi3.so"
     so.write_bytes(b"")
-    marlin_moe._load_library(str(so))
+    vllm_moe_lib.load_library(str(so), marlin_moe.NAME)
     assert loaded == [str(so)]
     # not registered and no variable: the first call says which variable to set
-    monkeypatch.setattr(marlin_moe, "_op_registered", lambda: False)
+    monkeypatch.setattr(vllm_moe_lib, "op_registered", lambda name: False)
     with pytest.raises(RuntimeError, match="VLLM_MOE_LIB"):
         marlin_moe._gemm()
 
@@ -254,7 +254,7 @@ def test_selection_refuses_bad_shapes_and_missing_library(reg) -> None:  # noqa:
 def test_detected_machine_reads_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
     info = dataclasses.replace(simulated_info("sm90"), detected_by="nvidia-smi")
     assert isinstance(info, PlatformInfo)
-    monkeypatch.setattr(marlin_moe, "_op_registered", lambda: False)
+    monkeypatch.setattr(vllm_moe_lib, "op_registered", lambda name: False)
     monkeypatch.delenv(marlin_moe.ENV_LIB, raising=False)
     assert marlin_moe.availability_reasons(info) == [
         "VLLM_MOE_LIB is not set or does not exist (set it to vLLM 0.24's _moe_C_stable_libtorch.abi3.so)"]

@@ -20,11 +20,11 @@ This module imports torch only inside functions, so registering the plugin stays
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from dsv4hal_cuda_sm90 import vllm_moe_lib as lib
 
 if TYPE_CHECKING:
     import torch
@@ -33,9 +33,8 @@ if TYPE_CHECKING:
     from dsv4hal.reference.moe import ExpertWeights
     from dsv4hal.registry import Registry
 
-ENV_LIB = "VLLM_MOE_LIB"
-LIBRARY_KEY = "vllm_moe"  # PlatformInfo.libraries key that marks the library present on a simulated machine
-OP_NAMESPACE, OP_NAME = "_moe_C", "moe_wna16_marlin_gemm"
+ENV_LIB, LIBRARY_KEY, OP_NAMESPACE = lib.ENV_LIB, lib.LIBRARY_KEY, lib.NAMESPACE
+OP_NAME = "moe_wna16_marlin_gemm"
 NAME = "marlin_mxfp4_sm90"
 LAYOUT = "marlin-mxfp4-w4a16"
 
@@ -80,19 +79,8 @@ def shape_reasons(hidden: int, intermediate: int) -> list[str]:
             + gemm_shape_reasons("GEMM2 w2 [H, I]", hidden, intermediate))
 
 
-def _op_registered() -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and hasattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME)
-
-
 def availability_reasons(info: PlatformInfo) -> list[str]:
-    if info.detected_by == "simulated":
-        return [] if info.has(LIBRARY_KEY) else [f"missing {LIBRARY_KEY} (the simulated machine lists no "
-                                                 f"'{LIBRARY_KEY}' library)"]
-    path = os.environ.get(ENV_LIB, "")
-    if (path and os.path.isfile(path)) or _op_registered():
-        return []
-    return [f"{ENV_LIB} is not set or does not exist (set it to vLLM 0.24's _moe_C_stable_libtorch.abi3.so)"]
+    return lib.availability_reasons(info, OP_NAME)
 
 
 def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
@@ -144,27 +132,9 @@ def prepare_weights(weights: ExpertWeights) -> MarlinWeights:
 # ---------------------------------------------------------------- the kernel
 
 
-def _load_library(path: str | None) -> None:
-    import torch
-
-    if not path:
-        raise RuntimeError(f"{NAME}: environment variable {ENV_LIB} is not set; set it to the path of vLLM 0.24's "
-                           "_moe_C_stable_libtorch.abi3.so (it registers torch.ops._moe_C)")
-    if not os.path.isfile(path):
-        raise RuntimeError(f"{NAME}: {ENV_LIB}={path!r} is not a file")
-    torch.ops.load_library(path)
-
-
 def _gemm() -> Any:
     """torch.ops._moe_C.moe_wna16_marlin_gemm, loading the library from VLLM_MOE_LIB unless already registered."""
-    import torch
-
-    if not _op_registered():
-        _load_library(os.environ.get(ENV_LIB))
-        if not _op_registered():
-            raise RuntimeError(f"{NAME}: {os.environ.get(ENV_LIB)!r} (from {ENV_LIB}) did not register "
-                               f"torch.ops.{OP_NAMESPACE}.{OP_NAME}")
-    return getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME)
+    return lib.moe_op(OP_NAME, NAME)
 
 
 _WORKSPACES: dict[Any, torch.Tensor] = {}

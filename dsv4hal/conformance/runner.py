@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-import sys
+import os
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -169,7 +169,7 @@ def run_cell(platform: Platform, spec: CaseSpec, build: Callable[..., Fixture], 
     except Exception as exc:  # a crash in a kernel is a failure of that cell, not of the run
         cell.status = "fail"
         cell.detail = f"{type(exc).__name__}: {exc}"[:500]
-        if "--debug" in sys.argv:
+        if os.environ.get("DSV4HAL_DEBUG") == "1":
             traceback.print_exc()
     cell.seconds = time.perf_counter() - t0
     return cell

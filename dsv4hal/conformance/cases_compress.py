@@ -15,7 +15,10 @@ from dsv4hal.reference.rope import DSV4_YARN, make_rope_table
 OP = "compress"
 COMPRESS_ROPE_BASE = 160000.0  # compress_rope_theta of the HF config (spec 1.1)
 
+DECODE_OP = "compress_decode"
+
 TOLERANCES: dict[str, Tolerance] = {
+    DECODE_OP: Tolerance(5e-3, 5e-3, "as the prefill form: the same window math on the state ring"),
     OP: Tolerance(
         atol=5e-3, rtol=5e-3,
         reason="as SGLang test_c4_v2/test_c128_v2 (fp64 ground truth, atol=rtol=5e-3); an fp32 softmax, RMSNorm "
@@ -48,6 +51,21 @@ CASES: list[CaseSpec] = [
     _case("c4_main_long", 4, 512, (4096, 1027, 8191), gpu_only=True),
     _case("c4_indexer_long", 4, 128, (8192, 333), hadamard=True, gpu_only=True),
     _case("c128_main_long", 128, 512, (8192, 4000, 129), gpu_only=True),
+]
+
+
+def _decode_case(name: str, ratio: int, hd: int, positions: tuple[int, ...], hadamard: bool = False,
+                 ring: int | None = None) -> CaseSpec:
+    return CaseSpec(op=DECODE_OP, name=name, compress_ratio=ratio,
+                    params={"positions": positions, "hd": hd, "hadamard": hadamard, "ring": ring})
+
+
+# Rows whose token closes a group (pos + 1 divisible by the ratio) return the group's row; others return 0.
+CASES_DECODE: list[CaseSpec] = [
+    _decode_case("c4_main_decode", 4, 512, (3, 7, 8, 11, 100, 103)),
+    _decode_case("c4_indexer_decode", 4, 128, (3, 50, 51, 1023), hadamard=True),
+    _decode_case("c4_main_decode_ring16", 4, 512, (15, 20, 23), ring=16),
+    _decode_case("c128_main_decode", 128, 512, (127, 255, 300, 383)),
 ]
 
 
@@ -131,7 +149,43 @@ def oracle(kv_score: torch.Tensor, lengths: tuple[int, ...], ape: torch.Tensor, 
 
 # ---------------------------------------------------------------- fixture
 
+def _build_decode(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture:
+    """Each row is a request at its position: the state ring holds its earlier tokens' rows; the expected
+    row comes from the float64 prefill-form oracle over the request's whole history."""
+    from dsv4hal.reference.compress import new_state
+
+    ratio, hd, hadamard = spec.compress_ratio, spec.params["hd"], bool(spec.params["hadamard"])
+    positions = tuple(spec.params["positions"])
+    coff = 2 if ratio == 4 else 1
+    width = 2 * coff * hd
+    ape = 0.5 * torch.randn(ratio, coff * hd, generator=gen)
+    weight = 1.0 + 0.1 * torch.randn(hd, generator=gen)
+    cos, sin = make_rope_table(max(positions) + ratio + 1, COMPRESS_ROPE_BASE, DSV4_YARN)
+    state = new_state(len(positions) + 1, ratio, width, ring=spec.params.get("ring"))
+    ring = state.shape[1]
+    new_rows, expected = [], []
+    for b, pos in enumerate(positions):
+        hist = torch.randn(pos + 1, width, generator=gen)
+        hist[:, coff * hd:] *= 2.0
+        for p in range(max(0, pos - ring + 1), pos):
+            state[b + 1, p % ring] = hist[p]
+        new_rows.append(hist[pos])
+        closes = (pos + 1) % ratio == 0
+        rows = oracle(hist, (pos + 1,), ape, weight, cos, sin, ratio, 1e-6, hadamard)
+        expected.append(rows[-1] if closes else torch.zeros(hd, dtype=torch.float64))
+    args = {
+        "kv_score": torch.stack(new_rows).to(device), "state": state.to(device),
+        "slots": torch.arange(1, len(positions) + 1, dtype=torch.int32).to(device),
+        "positions": torch.tensor(positions, dtype=torch.int32).to(device), "ape": ape.to(device),
+        "norm_weight": weight.to(device), "cos": cos.to(device), "sin": sin.to(device), "ratio": ratio,
+        "eps": 1e-6, "hadamard": hadamard,
+    }
+    return Fixture(args=args, expected=torch.stack(expected), tolerance=TOLERANCES[DECODE_OP])
+
+
 def build(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture:
+    if spec.op == DECODE_OP:
+        return _build_decode(spec, device, gen)
     ratio, hd = spec.compress_ratio, spec.params["hd"]
     lengths, hadamard = tuple(spec.params["lengths"]), bool(spec.params["hadamard"])
     coff = 2 if ratio == 4 else 1

@@ -20,6 +20,14 @@ Every used position i*ratio must be < max_pos.
 
 Value checks read cu_seqlens. Checked mode reads it (a device sync) and all floating inputs (finite).
 Unchecked mode reads it only when it lives on the CPU, where reading costs no device sync.
+
+compress_decode(kv_score, state, slots, positions, ape, norm_weight, cos, sin, ratio, eps=1e-6, hadamard=False)
+    -> fp32 [B, hd]: the decode form, one new token per row. state fp32 [S, ring, 2*coff*hd] holds each
+    request's last `ring` kv_score rows (ring >= 8 for C4, >= 128 for C128; new_state() makes one: kv 0,
+    score -inf); row b writes its kv_score into state[slots[b], positions[b] % ring] (in place), and when
+    its token closes a group ((positions[b] + 1) % ratio == 0) returns that group's compressed row, the
+    same value the prefill form gives; other rows are 0 (the engine writes them to the dummy slot).
+    slots, positions int32 [B]. Fixed shapes, no host sync: CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -136,3 +144,62 @@ def case(
 ) -> dict[str, object]:
     """Hashable features for kernel selection: ratio, hd (512 main / 128 indexer), hadamard."""
     return {"ratio": int(ratio), "hd": int(norm_weight.shape[0]), "hadamard": bool(hadamard)}
+
+
+DECODE_OP = "compress_decode"
+
+
+def validate_decode(
+    kv_score: object,
+    state: object,
+    slots: object,
+    positions: object,
+    ape: object,
+    norm_weight: object,
+    cos: object,
+    sin: object,
+    ratio: object,
+    eps: object = 1e-6,
+    hadamard: object = False,
+    *,
+    checked: bool = False,
+) -> None:
+    """Raise InvalidArgumentError unless the arguments meet the compress_decode contract (module docstring)."""
+    op = DECODE_OP
+    if isinstance(ratio, bool) or not isinstance(ratio, int):
+        raise InvalidArgumentError(op, "ratio", "an int in (4, 128)", repr(ratio))
+    check_choice(op, "ratio", ratio, RATIOS)
+    kv_score = check_tensor(op, "kv_score", kv_score, dtype=torch.float32, shape=(None, None))
+    hd = _head_dim(kv_score, ratio)
+    b, width = kv_score.shape
+    dev = kv_score.device
+    st = check_tensor(op, "state", state, dtype=torch.float32, shape=(None, None, width), contiguous=True)
+    window = 8 if ratio == 4 else 128
+    if st.shape[1] < window:
+        raise InvalidArgumentError(op, "state", f"a ring of at least {window} rows for ratio {ratio}", describe(st),
+                                   remedy="make it with dsv4hal.reference.compress.new_state")
+    tensors = {
+        "slots": check_tensor(op, "slots", slots, dtype=torch.int32, shape=(b,)),
+        "positions": check_tensor(op, "positions", positions, dtype=torch.int32, shape=(b,)),
+        "ape": check_tensor(op, "ape", ape, dtype=torch.float32, shape=(ratio, coff(ratio) * hd)),
+        "norm_weight": check_tensor(op, "norm_weight", norm_weight, dtype=torch.float32, shape=(hd,)),
+        "cos": check_tensor(op, "cos", cos, dtype=torch.float32, shape=(None, ROPE_PAIRS)),
+        "sin": check_tensor(op, "sin", sin, dtype=torch.float32, shape=(None, ROPE_PAIRS)),
+    }
+    check_same_device(op, {"state": st, **tensors}, dev, "kv_score")
+    _check_scalars(eps, hadamard, hd)
+    if checked and b:
+        slot, pos = tensors["slots"], tensors["positions"]
+        if bool(((slot < 0) | (slot >= st.shape[0])).any()):
+            raise InvalidArgumentError(op, "slots", f"values in [0, {st.shape[0]})", f"{int(slot.min())}..."
+                                       f"{int(slot.max())}")
+        if bool(((pos < 0) | (pos >= tensors["cos"].shape[0])).any()):
+            raise InvalidArgumentError(op, "positions", f"values in [0, {tensors['cos'].shape[0]}) (the RoPE table)",
+                                       f"{int(pos.min())}...{int(pos.max())}")
+        check_finite(op, "kv_score", kv_score)
+
+
+def case_decode(kv_score, state, slots, positions, ape, norm_weight, cos, sin, ratio, eps=1e-6,  # noqa: ANN001
+                hadamard=False) -> dict[str, object]:
+    return {"ratio": int(ratio), "hd": int(norm_weight.shape[0]), "hadamard": bool(hadamard),
+            "ring": int(state.shape[1])}

@@ -94,7 +94,55 @@ def compress(
         kv, score = _window_c4(kv_score, rows, positions, ape, hd)
     else:
         kv, score = _window_c128(kv_score, rows, ape, hd)
-    pooled = (torch.softmax(score, dim=1) * kv).sum(dim=1)  # per-channel softmax over the window rows
+    return _pool_norm_rope(kv, score, positions, norm_weight, cos, sin, eps, hadamard)
+
+
+def _pool_norm_rope(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor, norm_weight: torch.Tensor,
+                    cos: torch.Tensor, sin: torch.Tensor, eps: float, hadamard: bool) -> torch.Tensor:
+    """Per-channel softmax over the window rows, RMSNorm, RoPE at the group's first position, Hadamard."""
+    pooled = (torch.softmax(score, dim=1) * kv).sum(dim=1)
     out = rms_norm(pooled, norm_weight.float(), eps)
     out = apply_rope(out, cos[positions], sin[positions])
     return hadamard_transform(out) if hadamard else out
+
+
+def new_state(num_slots: int, ratio: int, width: int, device: torch.device | str = "cpu",
+              ring: int | None = None) -> torch.Tensor:
+    """Compressor state rings fp32 [num_slots, ring, width]: kv halves 0, score halves -inf (spec 2.4).
+    Ring 8 for C4 and 128 for C128 (16 and 256 with speculative decoding)."""
+    ring = ring or (2 * OVERLAP_RATIO if ratio == OVERLAP_RATIO else ratio)
+    state = torch.zeros(num_slots, ring, width, dtype=torch.float32, device=device)
+    state[..., width // 2:] = float("-inf")
+    return state
+
+
+def compress_decode(
+    kv_score: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    ape: torch.Tensor,
+    norm_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    ratio: int,
+    eps: float = 1e-6,
+    hadamard: bool = False,
+) -> torch.Tensor:
+    """Decode form: write each row's kv_score into its request's ring at position % ring, then compress the
+    window ending at that position. fp32 [B, hd]; rows whose token does not close a group are 0."""
+    hd = norm_weight.shape[0]
+    ring = state.shape[1]
+    pos, slot = positions.long(), slots.long()
+    state[slot, pos % ring] = kv_score.float()
+    window = OVERLAP_RATIO * 2 if ratio == OVERLAP_RATIO else ratio
+    back = pos[:, None] - window + 1 + torch.arange(window, device=pos.device)  # oldest .. newest position
+    ordered = state[slot[:, None], back % ring].reshape(-1, state.shape[2])  # [B * window, width]
+    base = torch.arange(pos.shape[0], device=pos.device) * window
+    first = pos + 1 - ratio  # the group's first position
+    if ratio == OVERLAP_RATIO:
+        kv, score = _window_c4(ordered, base + OVERLAP_RATIO, first, ape.float(), hd)
+    else:
+        kv, score = _window_c128(ordered, base, ape.float(), hd)
+    out = _pool_norm_rope(kv, score, first.clamp(min=0), norm_weight, cos, sin, eps, hadamard)
+    return torch.where(((pos + 1) % ratio == 0)[:, None], out, 0.0)

@@ -3,9 +3,9 @@ indexer, C128), each followed by MoE and wrapped in mHC, over paged caches; a ba
 prefilled, then decoded token by token. It prints decode tokens per second and the time of each op.
 
 Small shapes run on the CPU (CI runs it there against the same program with dsv4hal's Triton kernels
-forced under the interpreter). Not done yet: CUDA-graph capture of the decode step and full-size layers.
-The compressor runs in its prefill form over each request's history (the op has no decode-state form
-yet), so compressed rows are recomputed, not streamed."""
+forced under the interpreter). Prefill compresses each prompt with the prefill-form compressor and seeds
+the compressors' state rings; decode steps run the decode form (compress_decode) on those rings. Not done
+yet: CUDA-graph capture of the decode step and full-size layers."""
 
 from __future__ import annotations
 
@@ -168,15 +168,22 @@ class DemoModel:
                          idx_ape=rnd(4, 2 * 128, scale=0.1, dtype=torch.float32),
                          idx_norm=torch.ones(128, device=dev),
                          idx_cache=IndexerPagedCache.empty(pages + 1, platform.info.fp8, dev))
-            w["history"] = [[] for _ in range(batch)]  # per request: kv_score rows (the compressor's input)
-            w["idx_history"] = [[] for _ in range(batch)]
+            if ratio:  # compressor state rings, one per request (slot = request index)
+                from dsv4hal.reference.compress import new_state
+
+                w["state"] = new_state(batch, ratio, w["wkv_gate"].shape[0], dev)
+                if ratio == 4:
+                    w["idx_state"] = new_state(batch, 4, w["idx_gate"].shape[0], dev)
             self.layers.append(w)
 
     def loc(self, req: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self.page_table[req, pos // PAGE].long() * PAGE + pos % PAGE
 
-    def forward(self, x: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: _Timer) -> torch.Tensor:
-        """x bf16 [T, d] (token embeddings); rows are (request, position) pairs, positions ascending."""
+    def forward(self, x: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: _Timer,
+                decode: bool = False) -> torch.Tensor:
+        """x bf16 [T, d] (token embeddings); rows are (request, position) pairs, positions ascending; a decode
+        step has one row per request."""
+        self._decode = decode
         ops = self.ops
         stream = x[:, None, :].expand(-1, 4, -1).contiguous()
         rows_pt = self.page_table[req]
@@ -227,37 +234,44 @@ class DemoModel:
         return (o.flatten(1).bfloat16() @ w["wo"].T).bfloat16()
 
     def _compress(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: _Timer) -> None:
-        """Append this step's compressor inputs; write every compressed row a request's history now closes."""
+        """Compressed rows closed by these tokens go to the C4/C128 cache (and the indexer cache for C4)."""
         r = w["ratio"]
-        score = a.float() @ w["wkv_gate"].float().T
-        idx_score = a.float() @ w["idx_gate"].float().T if r == 4 else None
-        for i, b in enumerate(req.tolist()):  # host bookkeeping of the demo (eager only)
-            w["history"][b].append(score[i])
-            if idx_score is not None:
-                w["idx_history"][b].append(idx_score[i])
-        for b in sorted(set(req.tolist())):
-            new = [p_ for rq, p_ in zip(req.tolist(), pos.tolist()) if rq == b]
-            length = max(new) + 1
-            first, last = min(new) // r, length // r  # groups closed by this call's tokens
-            if last <= first:
+        parts = [("state", a.float() @ w["wkv_gate"].float().T, w["ape"], w["c_norm"], False)]
+        if r == 4:
+            parts.append(("idx_state", a.float() @ w["idx_gate"].float().T, w["idx_ape"], w["idx_norm"], True))
+        per_page = PAGE // r
+        for key, score, ape, norm, hadamard in parts:
+            if self._decode:  # one token a request: the decode form on the state ring
+                with timer("compress_decode"):
+                    rows = self.ops.compress_decode(score, w[key], req.int(), pos.int(), ape, norm, self.cos,
+                                                    self.sin, r, hadamard=hadamard)
+                group = ((pos + 1) // r - 1).clamp(min=0)
+                slots = self.page_table[req, group // per_page].long() * per_page + group % per_page
+                slots = torch.where((pos + 1) % r == 0, slots, -1)  # -1: nothing closed, nothing written
+                self._store_compressed(w, key, rows, slots, timer)
                 continue
-            hist = torch.stack(w["history"][b])
-            cu = torch.tensor([0, length], dtype=torch.int32, device=self.dev)
-            with timer("compress"):
-                rows = self.ops.compress(hist, cu, w["ape"], w["c_norm"], self.cos, self.sin, r)
-            groups = torch.arange(first, last, device=self.dev)
-            slots = self.page_table[b, groups * r // PAGE].long() * (PAGE // r) + groups % (PAGE // r)
-            with timer("pack_store"):
-                self.ops.pack_store(rows[first:last].bfloat16().contiguous(), slots, w["extra"])
-            if r == 4:
-                from dsv4hal.formats.indexer_cache import quantize_rows, write_rows
-
-                ih = torch.stack(w["idx_history"][b])
+            for b in sorted(set(req.tolist())):  # prefill: the prefill form over each prompt, then seed the ring
+                sel = req == b
+                rows_b, pos_b = score[sel], pos[sel]
+                cu = torch.tensor([0, rows_b.shape[0]], dtype=torch.int32, device=self.dev)
                 with timer("compress"):
-                    irows = self.ops.compress(ih, cu, w["idx_ape"], w["idx_norm"], self.cos, self.sin, 4,
-                                                hadamard=True)
-                raw, scale = quantize_rows(irows[first:last], self.p.info.fp8)
-                write_rows(w["idx_cache"], slots, raw, scale)
+                    rows = self.ops.compress(rows_b.contiguous(), cu, ape, norm, self.cos, self.sin, r,
+                                             hadamard=hadamard)
+                group = torch.arange(rows.shape[0], device=self.dev)
+                slots = self.page_table[b, group // per_page].long() * per_page + group % per_page
+                self._store_compressed(w, key, rows, slots, timer)
+                ring = w[key].shape[1]
+                w[key][b, pos_b[-ring:] % ring] = rows_b[-ring:]
+
+    def _store_compressed(self, w: dict, key: str, rows: torch.Tensor, slots: torch.Tensor, timer: _Timer) -> None:
+        if key == "state":
+            with timer("pack_store"):
+                self.ops.pack_store(rows.bfloat16().contiguous(), slots, w["extra"])
+        else:
+            from dsv4hal.formats.indexer_cache import quantize_rows, write_rows
+
+            raw, scale = quantize_rows(rows, self.p.info.fp8)
+            write_rows(w["idx_cache"], slots, raw, scale)
 
     def _indexer(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, meta: Any,
                  timer: _Timer) -> torch.Tensor:
@@ -304,7 +318,8 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     t0 = time.perf_counter()
     for s in range(steps):
         r = torch.arange(batch, device=dev)
-        outputs.append(model.forward(embed(batch), r, torch.full((batch,), context + s, device=dev), decode))
+        outputs.append(model.forward(embed(batch), r, torch.full((batch,), context + s, device=dev), decode,
+                                     decode=True))
     decode_s = time.perf_counter() - t0
     return {"platform": platform.name, "batch": batch, "context": context, "steps": steps,
             "prefill_s": prefill_s, "decode_tokens_per_s": batch * steps / decode_s if steps else 0.0,

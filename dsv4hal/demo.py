@@ -183,7 +183,6 @@ class DemoModel:
                 decode: bool = False) -> torch.Tensor:
         """x bf16 [T, d] (token embeddings); rows are (request, position) pairs, positions ascending; a decode
         step has one row per request."""
-        self._decode = decode
         ops = self.ops
         stream = x[:, None, :].expand(-1, 4, -1).contiguous()
         rows_pt = self.page_table[req]
@@ -193,7 +192,7 @@ class DemoModel:
             with timer("mhc_pre"):
                 y, post, comb = ops.mhc_pre(stream, *w["hc_attn"])
             a = _rms(y).bfloat16()
-            attn = self._attention(w, a, req, pos, meta, timer)
+            attn = self._attention(w, a, req, pos, meta, timer, decode)
             with timer("mhc_post"):
                 stream = ops.mhc_post(attn, stream, post, comb)
             with timer("mhc_pre"):
@@ -208,7 +207,7 @@ class DemoModel:
         return stream.float().mean(1)
 
     def _attention(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, meta: Any,
-                   timer: _Timer) -> torch.Tensor:
+                   timer: _Timer, decode: bool) -> torch.Tensor:
         from dsv4hal.reference.rope import apply_rope
 
         ops, t, h = self.ops, a.shape[0], self.cfg.heads
@@ -220,7 +219,7 @@ class DemoModel:
             ops.pack_store(kv, self.loc(req, pos), w["swa"])
         extra: dict[str, Any] = {}
         if w["ratio"]:
-            self._compress(w, a, req, pos, timer)
+            self._compress(w, a, req, pos, timer, decode)
             if w["ratio"] == 4:
                 pages = self._indexer(w, a, req, pos, meta, timer)
                 extra = dict(extra_cache=w["extra"], extra_indices=pages, extra_lengths=meta.c4_lengths)
@@ -233,7 +232,8 @@ class DemoModel:
         o = apply_rope(o.float(), cos[:, None], sin[:, None], inverse=True)
         return (o.flatten(1).bfloat16() @ w["wo"].T).bfloat16()
 
-    def _compress(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: _Timer) -> None:
+    def _compress(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: _Timer,
+                  decode: bool) -> None:
         """Compressed rows closed by these tokens go to the C4/C128 cache (and the indexer cache for C4)."""
         r = w["ratio"]
         parts = [("state", a.float() @ w["wkv_gate"].float().T, w["ape"], w["c_norm"], False)]
@@ -241,7 +241,7 @@ class DemoModel:
             parts.append(("idx_state", a.float() @ w["idx_gate"].float().T, w["idx_ape"], w["idx_norm"], True))
         per_page = PAGE // r
         for key, score, ape, norm, hadamard in parts:
-            if self._decode:  # one token a request: the decode form on the state ring
+            if decode:  # one token a request: the decode form on the state ring
                 with timer("compress_decode"):
                     rows = self.ops.compress_decode(score, w[key], req.int(), pos.int(), ape, norm, self.cos,
                                                     self.sin, r, hadamard=hadamard)

@@ -80,9 +80,6 @@ class PlatformInfo:
     def has(self, library: str) -> bool:
         return library in self.libraries
 
-    def with_libraries(self, libraries: Mapping[str, str]) -> PlatformInfo:
-        return dataclasses.replace(self, libraries=dict(libraries))
-
     def summary(self) -> str:
         dev = f" {self.device_name}" if self.device_name else ""
         return f"{self.vendor.value}/{self.arch}{dev} (fp8 {self.fp8}, detected by {self.detected_by})"

@@ -51,6 +51,7 @@ def _args() -> dict:
     ({"ratio": 8}, "ratio"),
     ({"slots": torch.tensor([0, 4]).int()}, "slots"),
     ({"positions": torch.tensor([3, 64]).int()}, "positions"),
+    ({"sin": torch.zeros(32, 32)}, "sin"),
 ])
 def test_validator(change: dict, argument: str) -> None:
     validate_decode(**_args(), checked=True)

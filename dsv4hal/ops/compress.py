@@ -51,27 +51,47 @@ def coff(ratio: int) -> int:
     return 2 if ratio == 4 else 1
 
 
-def _head_dim(kv_score: torch.Tensor, ratio: int) -> int:
+def _head_dim(op: str, kv_score: torch.Tensor, ratio: int) -> int:
     """hd implied by kv_score's width; raises unless it is 512 or 128."""
     width, parts = kv_score.shape[1], 2 * coff(ratio)
     hd = width // parts
     if width % parts or hd not in HEAD_DIMS:
         want = " or ".join(str(parts * h) for h in HEAD_DIMS)
         raise InvalidArgumentError(
-            OP, "kv_score", f"width {want} (2*coff*hd for ratio {ratio}, hd in {HEAD_DIMS})", describe(kv_score)
+            op, "kv_score", f"width {want} (2*coff*hd for ratio {ratio}, hd in {HEAD_DIMS})", describe(kv_score)
         )
     return hd
 
 
-def _check_scalars(eps: object, hadamard: object, hd: int) -> None:
+def _check_scalars(op: str, eps: object, hadamard: object, hd: int) -> None:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-        raise InvalidArgumentError(OP, "eps", "a positive finite float", repr(eps))
+        raise InvalidArgumentError(op, "eps", "a positive finite float", repr(eps))
     if not isinstance(hadamard, bool):
-        raise InvalidArgumentError(OP, "hadamard", "a bool", repr(hadamard))
+        raise InvalidArgumentError(op, "hadamard", "a bool", repr(hadamard))
     if hadamard and hd != HADAMARD_DIM:
         raise InvalidArgumentError(
-            OP, "hadamard", f"False for hd {hd}", "True", remedy="only the indexer compressor (hd 128) rotates"
+            op, "hadamard", f"False for hd {hd}", "True", remedy="only the indexer compressor (hd 128) rotates"
         )
+
+
+def _check_layer(op: str, kv_score: object, ratio: object, ape: object, norm_weight: object, cos: object,
+                 sin: object) -> tuple[torch.Tensor, int, dict[str, torch.Tensor]]:
+    """Checks both forms share: ratio, kv_score [*, 2*coff*hd] fp32, the layer's ape, norm weight and RoPE
+    table. Returns kv_score, hd and the parameter tensors by name."""
+    if isinstance(ratio, bool) or not isinstance(ratio, int):
+        raise InvalidArgumentError(op, "ratio", "an int in (4, 128)", repr(ratio))
+    check_choice(op, "ratio", ratio, RATIOS)
+    kv_score = check_tensor(op, "kv_score", kv_score, dtype=torch.float32, shape=(None, None))
+    hd = _head_dim(op, kv_score, ratio)
+    tensors = {
+        "ape": check_tensor(op, "ape", ape, dtype=torch.float32, shape=(ratio, coff(ratio) * hd)),
+        "norm_weight": check_tensor(op, "norm_weight", norm_weight, dtype=torch.float32, shape=(hd,)),
+        "cos": check_tensor(op, "cos", cos, dtype=torch.float32, shape=(None, ROPE_PAIRS)),
+        "sin": check_tensor(op, "sin", sin, dtype=torch.float32, shape=(None, ROPE_PAIRS)),
+    }
+    if tensors["sin"].shape != tensors["cos"].shape:
+        raise InvalidArgumentError(op, "sin", f"the shape of cos {tuple(tensors['cos'].shape)}", describe(sin))
+    return kv_score, hd, tensors
 
 
 def _check_cu_seqlens_values(cu: torch.Tensor, n: int, ratio: int, max_pos: int) -> None:
@@ -105,25 +125,12 @@ def validate(
     checked: bool = False,
 ) -> None:
     """Raise InvalidArgumentError unless the arguments meet the compress contract (module docstring)."""
-    if isinstance(ratio, bool) or not isinstance(ratio, int):
-        raise InvalidArgumentError(OP, "ratio", "an int in (4, 128)", repr(ratio))
-    check_choice(OP, "ratio", ratio, RATIOS)
-    kv_score = check_tensor(OP, "kv_score", kv_score, dtype=torch.float32, shape=(None, None))
-    hd = _head_dim(kv_score, ratio)
-    dev = kv_score.device
+    kv_score, hd, tensors = _check_layer(OP, kv_score, ratio, ape, norm_weight, cos, sin)
     cu = check_tensor(OP, "cu_seqlens", cu_seqlens, dtype=torch.int32, shape=(None,))
     if cu.shape[0] < 2:
         raise InvalidArgumentError(OP, "cu_seqlens", "shape [B+1] with B >= 1", describe(cu))
-    tensors = {
-        "ape": check_tensor(OP, "ape", ape, dtype=torch.float32, shape=(ratio, coff(ratio) * hd)),
-        "norm_weight": check_tensor(OP, "norm_weight", norm_weight, dtype=torch.float32, shape=(hd,)),
-        "cos": check_tensor(OP, "cos", cos, dtype=torch.float32, shape=(None, ROPE_PAIRS)),
-        "sin": check_tensor(OP, "sin", sin, dtype=torch.float32, shape=(None, ROPE_PAIRS)),
-    }
-    if tensors["sin"].shape != tensors["cos"].shape:
-        raise InvalidArgumentError(OP, "sin", f"the shape of cos {tuple(tensors['cos'].shape)}", describe(sin))
-    check_same_device(OP, {"cu_seqlens": cu, **tensors}, dev, "kv_score")
-    _check_scalars(eps, hadamard, hd)
+    check_same_device(OP, {"cu_seqlens": cu, **tensors}, kv_score.device, "kv_score")
+    _check_scalars(OP, eps, hadamard, hd)
     if checked or cu.device.type == "cpu":
         _check_cu_seqlens_values(cu, kv_score.shape[0], ratio, tensors["cos"].shape[0])
     if checked:
@@ -166,28 +173,17 @@ def validate_decode(
 ) -> None:
     """Raise InvalidArgumentError unless the arguments meet the compress_decode contract (module docstring)."""
     op = DECODE_OP
-    if isinstance(ratio, bool) or not isinstance(ratio, int):
-        raise InvalidArgumentError(op, "ratio", "an int in (4, 128)", repr(ratio))
-    check_choice(op, "ratio", ratio, RATIOS)
-    kv_score = check_tensor(op, "kv_score", kv_score, dtype=torch.float32, shape=(None, None))
-    hd = _head_dim(kv_score, ratio)
+    kv_score, hd, tensors = _check_layer(op, kv_score, ratio, ape, norm_weight, cos, sin)
     b, width = kv_score.shape
-    dev = kv_score.device
     st = check_tensor(op, "state", state, dtype=torch.float32, shape=(None, None, width), contiguous=True)
     window = 8 if ratio == 4 else 128
     if st.shape[1] < window:
         raise InvalidArgumentError(op, "state", f"a ring of at least {window} rows for ratio {ratio}", describe(st),
                                    remedy="make it with dsv4hal.reference.compress.new_state")
-    tensors = {
-        "slots": check_tensor(op, "slots", slots, dtype=torch.int32, shape=(b,)),
-        "positions": check_tensor(op, "positions", positions, dtype=torch.int32, shape=(b,)),
-        "ape": check_tensor(op, "ape", ape, dtype=torch.float32, shape=(ratio, coff(ratio) * hd)),
-        "norm_weight": check_tensor(op, "norm_weight", norm_weight, dtype=torch.float32, shape=(hd,)),
-        "cos": check_tensor(op, "cos", cos, dtype=torch.float32, shape=(None, ROPE_PAIRS)),
-        "sin": check_tensor(op, "sin", sin, dtype=torch.float32, shape=(None, ROPE_PAIRS)),
-    }
-    check_same_device(op, {"state": st, **tensors}, dev, "kv_score")
-    _check_scalars(eps, hadamard, hd)
+    tensors["slots"] = check_tensor(op, "slots", slots, dtype=torch.int32, shape=(b,))
+    tensors["positions"] = check_tensor(op, "positions", positions, dtype=torch.int32, shape=(b,))
+    check_same_device(op, {"state": st, **tensors}, kv_score.device, "kv_score")
+    _check_scalars(op, eps, hadamard, hd)
     if checked and b:
         slot, pos = tensors["slots"], tensors["positions"]
         if bool(((slot < 0) | (slot >= st.shape[0])).any()):

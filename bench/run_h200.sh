@@ -28,6 +28,20 @@ what=${1:-all}
       --json "$OUT/conformance-cuda_sm90-triton-attention.json" \
       --markdown "$OUT/conformance-cuda_sm90-triton-attention.md" > /dev/null
   fi
+  if [[ $what == all || $what == moe ]]; then
+    timeout ${CONF_TIMEOUT:-400} dsv4hal conformance --platform cuda_sm90 --ops moe_route,moe_experts \
+      ${CASES:+--cases "$CASES"} \
+      --json "$OUT/conformance-cuda_sm90-moe.json" --markdown "$OUT/conformance-cuda_sm90-moe.md" > /dev/null
+    DSV4HAL_KERNELS=moe_experts=triton_fused_moe,moe_route=triton_moe_route \
+      timeout ${CONF_TIMEOUT:-400} dsv4hal conformance --platform cuda_sm90 --ops moe_route,moe_experts \
+      ${CASES:+--cases "$CASES"} \
+      --json "$OUT/conformance-cuda_sm90-moe-triton.json" --markdown "$OUT/conformance-cuda_sm90-moe-triton.md" \
+      > /dev/null
+  fi
+  if [[ $what == all || $what == demo ]]; then
+    timeout ${DEMO_TIMEOUT:-300} dsv4hal demo --size flash --batch ${DEMO_BATCH:-64} --context ${DEMO_CONTEXT:-32768} \
+      --steps 8 --fill random --compare-cpu --json "$OUT/demo-flash.json" --plot "$OUT/demo-flash.png"
+  fi
   if [[ $what == all || $what == bench ]]; then
     timeout ${BENCH_TIMEOUT:-400} dsv4hal bench ${BENCH:-all} --json "$OUT/bench-${BENCH:-all}.json" --plot "$OUT/bench-${BENCH:-all}.png"
   fi

@@ -124,7 +124,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
     ops = args.ops.split(",") if args.ops else None
-    report = run_conformance(args.platform, ops=ops, progress=progress)
+    report = run_conformance(args.platform, ops=ops, progress=progress, cases=args.cases)
     if args.json:
         _write(args.json, json.dumps(report.to_json(), indent=1, default=str) + "\n")
     md = markdown(report)
@@ -170,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("conformance", help="run the conformance matrix against the reference")
     sp.add_argument("--platform")
     sp.add_argument("--ops", help="comma-separated subset of ops")
+    sp.add_argument("--cases", metavar="REGEX", help="only cases whose name matches (re.search)")
     sp.add_argument("--json", metavar="PATH")
     sp.add_argument("--markdown", metavar="PATH")
     sp.add_argument("--quiet", action="store_true")
@@ -179,7 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch", type=int, default=2)
     sp.add_argument("--context", type=int, default=300)
     sp.add_argument("--steps", type=int, default=4)
+    sp.add_argument("--size", choices=("small", "flash"), default="small",
+                    help="layer dimensions: small (CPU) or V4-Flash (full size, on a GPU)")
+    sp.add_argument("--fill", choices=("prefill", "random"), default="prefill",
+                    help="prefill the prompts, or fill the caches with random rows (a synthetic long context)")
+    sp.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                    help="capture the decode step in a CUDA graph (default: on a CUDA platform)")
+    sp.add_argument("--compare-cpu", action="store_true",
+                    help="also run the small config on the CPU reference and compare every layer's output")
     sp.add_argument("--json", metavar="PATH")
+    sp.add_argument("--plot", metavar="PNG", help="per-op breakdown plot (graph mode)")
     sp.set_defaults(func=lambda a: __import__("dsv4hal.demo", fromlist=["main"]).main(a))
     sp = sub.add_parser("bench", help="benchmarks (GPU)")
     sp.add_argument("op", help="attention, pack_store, topk, or all")

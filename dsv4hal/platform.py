@@ -62,6 +62,19 @@ class BoundOp:
     def decide(self, case: Mapping[str, object] | None = None) -> Decision:
         return self._resolve(dict(self.spec.default_case if case is None else case))[0]
 
+    def bind_check(self) -> Decision:
+        """The default case's decision, or the first alternate case's when a forced kernel cannot run the
+        default one (raises the default case's error when none resolves)."""
+        try:
+            return self.decide()
+        except UnsupportedCaseError as first:
+            for alt in self.spec.alternate_cases:
+                try:
+                    return self.decide(alt)
+                except UnsupportedCaseError:
+                    continue
+            raise first
+
     def kernel(self, case: Mapping[str, object]) -> Callable[..., Any]:
         """The kernel callable for a case class, for callers that hoist dispatch out of a hot loop."""
         if self._weights_pos >= 0:
@@ -160,7 +173,7 @@ class Platform:
         self.ops = Ops(self)
         # Bind now: each op's default case is decided at selection time, so a missing kernel or a bad
         # override surfaces here rather than at the first call in the middle of a forward pass.
-        self.default_decisions = {op.name: op.decide() for op in self.ops}
+        self.default_decisions = {op.name: op.bind_check() for op in self.ops}
 
     @property
     def name(self) -> str:

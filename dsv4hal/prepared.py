@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -21,3 +24,17 @@ class PreparedWeights:
     def describe(self) -> str:
         return (f"weights prepared for {self.op} by {self.implementation} (layout {self.layout or 'reference'}) "
                 f"on platform {self.platform}")
+
+
+@dataclass(frozen=True)
+class ExpertTensors:
+    """MoE expert weights as one kernel lays them out (a moe_experts payload); kernels subclass it with what
+    else they keep. The tensors' dtypes and shapes are each kernel's own (documented on the subclass)."""
+
+    w13: torch.Tensor
+    w13_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    num_experts: int
+    hidden: int
+    intermediate: int

@@ -39,3 +39,10 @@ def test_report_covers_every_op_and_ratio() -> None:
     assert {s.compress_ratio for s in specs if s.op.startswith("sparse_attention")} == {0, 4, 128}
     unreachable = [s for s in specs if s.unreachable]
     assert unreachable and all(all(v for v in s.unreachable.values()) for s in unreachable)
+
+
+def test_catalog_lists_each_case_once() -> None:
+    from dsv4hal.conformance.runner import load_catalog
+
+    keys = [(s.op, s.name) for s, _ in load_catalog()]
+    assert len(keys) == len(set(keys)) and any(op == "moe_experts" for op, _ in keys)

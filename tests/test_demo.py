@@ -49,3 +49,18 @@ def test_demo_cli_json(tmp_path) -> None:  # noqa: ANN001
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert data["decode_tokens_per_s"] > 0 and "sparse_attention_decode" in data["decode_breakdown_s"]
+
+
+def test_demo_random_fill_decodes_and_reports_every_layer() -> None:
+    res = run_demo(dsv4hal.select_platform("cpu"), batch=2, context=600, steps=1, fill="random")
+    assert res["fill"] == "random" and res["prefill_s"] >= 0 and len(res["outputs"]) == 1
+    (layers,) = res["layer_outputs"]
+    assert len(layers) == 3 and all(bool(torch.isfinite(t).all()) and float(t.abs().max()) > 0 for t in layers)
+    assert res["config"]["max_pages"] == 3  # 601 positions in 256-token pages
+
+
+def test_demo_graph_needs_a_gpu() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = run_cli("demo", "--platform", "cpu", "--graph", "--steps", "1", "--context", "8")
+    assert r.returncode != 0 and "--graph needs a CUDA platform" in r.stderr

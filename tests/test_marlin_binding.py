@@ -172,8 +172,8 @@ def test_swiglu_clamp_between_the_gemms(fake_moe_c: Recorder, monkeypatch: pytes
     want_act = (torch.nn.functional.silu(g.clamp(max=10.0)) * u.clamp(-10.0, 10.0)).bfloat16()
     assert torch.equal(act, want_act)
     keep = (ids >= 0).flatten().unsqueeze(1).float()
-    want = (y2.float() * keep).view(T, K, H).sum(1).bfloat16()
-    assert torch.equal(y, want)
+    want = (y2.float() * keep).view(T, K, H).sum(1)
+    assert torch.allclose(y.float(), want, rtol=2 ** -7, atol=0)  # fp32 sums in another order: one bf16 ulp
 
 
 def test_empty_batch_makes_no_call(fake_moe_c: Recorder) -> None:
@@ -211,8 +211,7 @@ def _candidate(decision, name: str):  # noqa: ANN001, ANN202
 def test_selection_picks_marlin_for_mxfp4(reg, fake_moe_c: Recorder) -> None:  # noqa: ANN001
     info = simulated_info("sm90", **SIM_LIBS)
     auto = dsv4hal.select_platform(info=info, registry=reg)
-    # never run on a GPU yet: eligible, but ranked below the reference until the H200 conformance passes
-    assert _candidate(auto.explain("moe_experts"), marlin_moe.NAME).status == "eligible"
+    assert _candidate(auto.explain("moe_experts"), marlin_moe.NAME).status == "chosen"  # auto, MXFP4 case
     with ov.overrides(kernels={"moe_experts": marlin_moe.NAME}):
         p = dsv4hal.select_platform(info=info, registry=reg)
     assert p.name == "cuda_sm90"

@@ -1,5 +1,5 @@
 """Marlin MXFP4 layouts (dsv4hal_cuda_sm90.marlin_layout): repack and scale permutation against the documented
-formulas (docs/vendor-apis.md 3.6, 3.7) and their inverses, and align_tokens_to_experts against a Python oracle."""
+formulas (docs/vendor-apis.md 3.6, 3.7) and their inverses."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import pytest
 import torch
 from dsv4hal_cuda_sm90.marlin_layout import (
     SCALE_PERM,
-    align_tokens_to_experts,
-    padded_route_capacity,
     permute_scales_for_marlin,
     repack_mxfp4_for_marlin,
     unpermute_scales_for_marlin,
@@ -123,51 +121,3 @@ def test_scale_permute_hand_checked() -> None:
     s = permute_scales_for_marlin(scale)
     assert s.view(torch.uint8)[0, 0].tolist() == list(SCALE_PERM)
     assert float(s[0, 0, 1].float()) == 2.0 ** (16 - 127)
-
-
-def _oracle(ids: list[list[int]], e: int, bs: int):  # noqa: ANN202
-    numel = sum(len(r) for r in ids)
-    k = len(ids[0]) if ids else 0
-    per = {x: [t * k + j for t, row in enumerate(ids) for j, v in enumerate(row) if v == x] for x in range(e)}
-    sorted_ids, experts = [], []
-    for x in range(e):
-        seg = per[x] + [numel] * ((-len(per[x])) % bs)
-        sorted_ids += seg
-        experts += [x] * (len(seg) // bs)
-    return sorted_ids, experts, len(sorted_ids)
-
-
-@pytest.mark.parametrize("t,k,e,bs", [(1, 6, 16, 8), (5, 6, 16, 16), (40, 6, 8, 16), (3, 2, 4, 64), (64, 6, 256, 8),
-                                      (2, 1, 1, 16)])
-def test_align_tokens_to_experts(t: int, k: int, e: int, bs: int) -> None:
-    gen = torch.Generator().manual_seed(t * 131 + e)
-    ids = torch.randint(0, e, (t, k), generator=gen, dtype=torch.int32)
-    sorted_ids, expert_ids, total = align_tokens_to_experts(ids, e, bs)
-    cap = padded_route_capacity(t * k, e, bs)
-    assert sorted_ids.dtype == expert_ids.dtype == total.dtype == torch.int32
-    assert sorted_ids.shape == (cap,) and expert_ids.shape == (-(-cap // bs),) and total.shape == (1,)
-    want_sorted, want_experts, want_total = _oracle(ids.tolist(), e, bs)
-    n = int(total)
-    assert n == want_total and n % bs == 0 and n <= cap
-    assert sorted_ids[:n].tolist() == want_sorted  # ascending inside each expert
-    assert (sorted_ids[n:] == t * k).all()
-    assert expert_ids[: n // bs].tolist() == want_experts and (expert_ids[n // bs:] == -1).all()
-    real = sorted_ids[sorted_ids < t * k]
-    assert sorted(real.tolist()) == list(range(t * k))  # every (token, slot) exactly once
-    for b in range(n // bs):  # every block holds routes of its expert only
-        blk = sorted_ids[b * bs:(b + 1) * bs]
-        blk = blk[blk < t * k].long()
-        assert (ids.flatten()[blk] == expert_ids[b]).all()
-
-
-def test_align_drops_invalid_ids() -> None:
-    ids = torch.tensor([[0, -1], [3, 1], [-1, 0]], dtype=torch.int32)
-    sorted_ids, expert_ids, total = align_tokens_to_experts(ids, 2, 4)  # id 3 >= E is dropped too
-    assert int(total) == 8
-    assert sorted_ids[:8].tolist() == [0, 5, 6, 6, 3, 6, 6, 6] and (sorted_ids[8:] == 6).all()
-    assert expert_ids.tolist()[:2] == [0, 1] and (expert_ids[2:] == -1).all()
-
-
-def test_capacity_matches_vllm_allocation() -> None:
-    assert padded_route_capacity(6, 256, 8) == 48  # numel < E: min(numel * bs, numel + E*(bs-1))
-    assert padded_route_capacity(384, 256, 16) == 384 + 256 * 15

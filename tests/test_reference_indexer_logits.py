@@ -200,3 +200,12 @@ def test_catalog_tolerance_catches_a_wrong_page() -> None:
     args["context_lens"] = fx.args["context_lens"].flip(0)
     wrong = indexer_logits(**args).flip(0)
     assert not compare_close(wrong, fx.expected, fx.tolerance)[1]
+
+
+def test_write_rows_scratch_slot_takes_skipped_rows() -> None:
+    cache = IndexerPagedCache.empty(2)
+    raw, scale = quantize_rows(torch.randn(2, 128, generator=_gen()))
+    write_rows(cache, torch.tensor([-1, 70]), raw, scale, scratch=0)
+    values, s = read_rows(cache, torch.tensor([0, 70]))
+    assert torch.equal(s, scale) and int(cache.data[1, :128].count_nonzero()) == 0  # row 0 went to slot 0 only
+    assert torch.equal(cache.values()[0, 0], raw[0]) and torch.equal(cache.values()[1, 6], raw[1])

@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 FORCED = {"pack_store": "triton_pack_store", "dequant_gather": "triton_dequant_gather",
           "indexer_topk": "triton_radix_topk", "sparse_attention_decode": "triton_sparse_decode",
           "sparse_attention_prefill": "triton_sparse_prefill",
-          "build_attention_metadata": "triton_attention_metadata"}
+          "build_attention_metadata": "triton_attention_metadata", "moe_route": "triton_moe_route"}
 # attention under the interpreter is slow: a subset covering each ratio, both FP8 flavours and the edges
 ATTENTION_SUBSET = {"swa/extend-prefix-within-window", "swa/decode-multi-request", "c4/decode-beyond-topk",
                     "c128/extend-prefix128", "edge/sink+inf", "edge/empty-rows", "edge/all-indices-invalid",

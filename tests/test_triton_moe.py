@@ -109,32 +109,6 @@ def test_weights_prepared_for_triton_are_refused_by_the_reference(platform) -> N
     assert torch.equal(default.ops.moe_experts(x, ids, tw, prepared), platform.ops.moe_experts(x, ids, tw, prepared))
 
 
-def test_align_block_size_groups_pairs_by_expert() -> None:
-    from dsv4hal.kernels.triton.fused_moe import align_block_size, max_blocks
-
-    gen = torch.Generator().manual_seed(5)
-    t, k, e, bm = 9, 3, 5, 4
-    ids = torch.randint(-1, e, (t, k), generator=gen, dtype=torch.int32)
-    ids[0] = torch.tensor([3, 3, -1], dtype=torch.int32)
-    sorted_pairs, block_expert = align_block_size(ids, e, bm)
-    nb = max_blocks(t * k, e, bm)
-    assert sorted_pairs.shape == (nb * bm,) and block_expert.shape == (nb,)
-    flat = ids.reshape(-1)
-    seen = []
-    for b in range(nb):
-        rows = sorted_pairs[b * bm:(b + 1) * bm]
-        real = rows[rows < t * k]
-        if int(block_expert[b]) < 0:
-            assert real.numel() == 0
-            continue
-        assert real.numel() > 0 and bool((flat[real.long()] == block_expert[b]).all())
-        assert torch.equal(real, real.sort().values)  # stable: pair order kept within an expert
-        seen += real.tolist()
-    assert sorted(seen) == (flat >= 0).nonzero().squeeze(1).tolist()  # each valid pair exactly once
-    used = block_expert[block_expert >= 0]
-    assert torch.equal(used, used.sort().values)
-
-
 TILES = [{"block_m": 16, "block_n": 16, "block_k": 32}, {"block_m": 32, "block_n": 32, "block_k": 64}]
 
 

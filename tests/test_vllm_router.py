@@ -60,8 +60,11 @@ def test_selection() -> None:
     p = dsv4hal.select_platform(info=info)
     d = p.explain("moe_route", {"hash": False, "bias": True, "E": 256, "top_k": 6, "tokens": "decode"})
     cand = {c.name: c for c in d.candidates}
-    assert cand[vllm_router.NAME].status == "eligible"  # ranked below the reference until run on a GPU
+    assert cand[vllm_router.NAME].status == "chosen"
     d = p.explain("moe_route", {"hash": False, "bias": True, "E": 100, "top_k": 6, "tokens": "decode"})
-    assert any("not 100" in r for r in {c.name: c for c in d.candidates}[vllm_router.NAME].reasons)
+    cand = {c.name: c for c in d.candidates}
+    assert any("not 100" in r for r in cand[vllm_router.NAME].reasons)
+    assert cand["triton_moe_route"].status == "rejected"  # no triton on this simulated machine
+    assert d.chosen.name == "torch_reference"
     detected = dataclasses.replace(info, detected_by="nvidia-smi", libraries={"torch": "2"})
     assert vllm_router.supports({"E": 256}, detected) or vllm_moe_lib.op_registered(vllm_router.OP_NAME)

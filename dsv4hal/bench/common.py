@@ -17,6 +17,6 @@ def bound_op(platform: Any, op: str, impl: str, *, validate: bool = True) -> Any
     return p.ops[op]
 
 
-def candidates(platform: Any, op: str, *, with_reference: bool = False) -> list[str]:
-    return [c.name for c in platform.ops[op].decide().candidates
+def candidates(platform: Any, op: str, *, with_reference: bool = False, case: Any = None) -> list[str]:
+    return [c.name for c in platform.ops[op].decide(case).candidates
             if c.status != "rejected" and (with_reference or c.tier != "reference")]

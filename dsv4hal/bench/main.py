@@ -13,7 +13,7 @@ from typing import Any
 from dsv4hal.errors import Dsv4HalError
 
 BENCHES = {"attention": "dsv4hal.bench.attention", "pack_store": "dsv4hal.bench.cache_ops",
-           "topk": "dsv4hal.bench.topk"}
+           "topk": "dsv4hal.bench.topk", "moe": "dsv4hal.bench.moe"}
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("attention", "pack_store", "topk") if result.get(k)]
+    panels = [k for k in ("attention", "pack_store", "topk", "moe") if result.get(k)]
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
     for ax, name in zip(axes[0], panels):
         rows = result[name]
@@ -34,6 +34,17 @@ def plot(result: dict[str, Any], path: str) -> None:
             ax.set_xlabel("tokens")
             ax.set_ylabel("GB/s")
             ax.set_title("pack store")
+        elif name == "moe":
+            for fmt in dict.fromkeys(r["format"] for r in rows):
+                sel = [r for r in rows if r["format"] == fmt]
+                for impl in dict.fromkeys(i for r in sel for i in r["us"]):
+                    pts = [(r["T"], r["us"][impl]) for r in sel if impl in r["us"]]
+                    ax.plot(*zip(*pts), marker="o", ls="-" if fmt == "mxfp4" else "--", label=f"{fmt} {impl}")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("tokens T (V4-Flash experts, top-6)")
+            ax.set_ylabel("us per layer")
+            ax.set_title("routed experts (moe_experts)")
         else:
             labels = [f"B{r['B']} N{r['N'] // 1024}K k{r['k']}" for r in rows]
             impls = list(rows[0]["us"])

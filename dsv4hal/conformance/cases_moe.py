@@ -320,4 +320,9 @@ def build(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture
         builder = _BUILDERS[spec.op]
     except KeyError:
         raise ValueError(f"cases_moe cannot build op {spec.op!r}; expected one of {tuple(_BUILDERS)}") from None
-    return builder(spec, torch.device(device), gen)
+    device = torch.device(device)
+    if spec.gpu_only and device.type != "cpu" and gen.device.type == "cpu":
+        # full-size layers (V4-Pro: 25e9 weights) are drawn on the device: a CPU generator takes minutes
+        seed = int(torch.randint(0, 1 << 62, (1,), generator=gen))
+        gen = torch.Generator(device).manual_seed(seed)
+    return builder(spec, device, gen)

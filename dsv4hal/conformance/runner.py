@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 import math
 import os
+import re
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -72,12 +73,14 @@ def load_catalog(ops: Iterable[str] | None = None) -> list[tuple[CaseSpec, Calla
     for name in CATALOG_MODULES:
         mod = importlib.import_module(f"dsv4hal.conformance.cases_{name}")
         specs = [s for attr in sorted(dir(mod)) if attr.startswith("CASES") for s in getattr(mod, attr)]
+        # a module may also export the union of its lists (cases_moe.CASES): each case once
+        specs = list({(s.op, s.name): s for s in specs}.values())
         out += [(s, mod.build) for s in specs if wanted is None or s.op in wanted]
     return out
 
 
 def _deselected(spec: CaseSpec, platform: str, impl: str) -> list[Cell]:
-    return _not_run_cells(spec, platform, impl, "not selected in this run (--ops)")
+    return _not_run_cells(spec, platform, impl, "not selected in this run (--ops / --cases)")
 
 
 def _to_device(x: Any, device: torch.device) -> Any:
@@ -218,13 +221,17 @@ def _static_status(spec: CaseSpec, mode: str, on_gpu: bool) -> tuple[str, str] |
 
 
 def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | None = None,
-                    progress: Callable[[int, int, Cell], None] | None = None, seed: int = 0) -> Report:
-    """Run the catalog on the selected platform. A platform that does not fit this machine yields
-    not-run cells naming the implementation it would use and why it did not run."""
+                    progress: Callable[[int, int, Cell], None] | None = None, seed: int = 0,
+                    cases: str | None = None) -> Report:
+    """Run the catalog on the selected platform (ops: a subset of ops; cases: a regular expression the case
+    names must match). A platform that does not fit this machine yields not-run cells naming the
+    implementation it would use and why it did not run."""
     registry = load_registry()
     info = hardware.detect(registry.requirements())
-    catalog = load_catalog(ops)
-    skipped = [c for c in load_catalog() if ops and c[0].op not in set(ops)]
+    pattern = re.compile(cases) if cases else None
+    catalog = [c for c in load_catalog(ops) if pattern is None or pattern.search(c[0].name)]
+    chosen = {id(c[0]) for c in catalog}
+    skipped = [c for c in load_catalog() if id(c[0]) not in chosen]
     spec_platform = registry.platforms.get(platform_name or "")
     fits = spec_platform is not None and not spec_platform.claims(info)
     if platform_name and spec_platform is not None and not fits:

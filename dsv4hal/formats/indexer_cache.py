@@ -77,16 +77,24 @@ def quantize_rows(k: torch.Tensor, fp8: FP8Flavor = "e4m3fn") -> tuple[torch.Ten
     return float_to_fp8_bytes(k / scale[:, None], fp8), scale
 
 
-def write_rows(cache: IndexerPagedCache, loc: torch.Tensor, raw: torch.Tensor, scale: torch.Tensor) -> None:
-    """Scatter rows (bytes [N, 128], scale [N]) to slots loc [N]; rows with loc < 0 are skipped."""
+def write_rows(cache: IndexerPagedCache, loc: torch.Tensor, raw: torch.Tensor, scale: torch.Tensor,
+               scratch: int | None = None) -> None:
+    """Scatter rows (bytes [N, 128], scale [N]) to slots loc [N]; rows with loc < 0 are skipped.
+
+    Skipping selects rows by value, a host sync; with `scratch` (a slot nothing reads, e.g. in a null page)
+    those rows are written there instead, with no sync (CUDA-graph safe)."""
     if loc.dim() != 1 or raw.shape != (loc.shape[0], INDEX_DIM) or scale.shape != loc.shape:
         shapes = f"loc {tuple(loc.shape)}, bytes {tuple(raw.shape)}, scale {tuple(scale.shape)}"
         raise ValueError(f"write_rows expects loc [N], bytes [N, {INDEX_DIM}], scale [N]; got {shapes}")
-    keep = loc >= 0
-    loc = loc[keep].long()
+    if scratch is None:
+        keep = loc >= 0
+        loc, raw, scale = loc[keep], raw[keep], scale[keep]
+    else:
+        loc = torch.where(loc >= 0, loc, torch.full_like(loc, scratch))
+    loc = loc.long()
     page, off = loc // PAGE_SIZE, loc % PAGE_SIZE
-    cache.values()[page, off] = raw[keep].to(torch.uint8)
-    cache.scales()[page, off] = scale[keep].to(torch.float32)
+    cache.values()[page, off] = raw.to(torch.uint8)
+    cache.scales()[page, off] = scale.to(torch.float32)
 
 
 def read_rows(cache: IndexerPagedCache, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

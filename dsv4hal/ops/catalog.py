@@ -23,13 +23,17 @@ class OpSpec:
     weights_arg: str | None = None
     weights_validate: str | None = None
     weights_case: str | None = None
+    # other typical cases: binding at selection accepts a forced kernel that runs any of them (an FP8-only
+    # MoE kernel forced for an FP8 checkpoint is not a bad override because the default case is MXFP4)
+    alternate_cases: tuple[Mapping[str, object], ...] = ()
 
 
 def _spec(name: str, summary: str, contract: str, validate: str, case: str, reference: str,
-          weights: tuple[str, str, str] | None = None, **default_case: object) -> OpSpec:
+          weights: tuple[str, str, str] | None = None, alternates: tuple[Mapping[str, object], ...] = (),
+          **default_case: object) -> OpSpec:
     w = weights or (None, None, None)
     return OpSpec(name, summary, f"dsv4hal.ops.{contract}", validate, case, reference,
-                  MappingProxyType(default_case), *w)
+                  MappingProxyType(default_case), *w, tuple(MappingProxyType(dict(a)) for a in alternates))
 
 
 OPS: tuple[OpSpec, ...] = (
@@ -60,7 +64,8 @@ OPS: tuple[OpSpec, ...] = (
           "moe", "validate_moe_route", "case_moe_route", "dsv4hal.reference.moe:moe_route", hash=False, top_k=6),
     _spec("moe_experts", "SwiGLU experts (clamp 10) with MXFP4 or FP8 128x128 block weights",
           "moe", "validate_moe_experts", "case_moe_experts", "dsv4hal.reference.moe:moe_experts",
-          weights=("weights", "validate_expert_weights", "case_expert_weights"), format="mxfp4", tokens="decode"),
+          weights=("weights", "validate_expert_weights", "case_expert_weights"),
+          alternates=({"format": "fp8_block", "fp8": "e4m3fn", "tokens": "decode"},), format="mxfp4", tokens="decode"),
     _spec("mhc_pre", "hyper-connection pre-mix with 20 Sinkhorn iterations", "mhc", "validate_mhc_pre",
           "case_mhc_pre", "dsv4hal.reference.mhc:mhc_pre", hidden=4096, sinkhorn_iters=20),
     _spec("mhc_post", "hyper-connection post-mix", "mhc", "validate_mhc_post", "case_mhc_post",

@@ -1,4 +1,4 @@
-"""Marlin's MXFP4 weight and scale layouts and the moe_align_block_size contract, in pure PyTorch.
+"""Marlin's MXFP4 weight and scale layouts, in pure PyTorch (the route alignment is dsv4hal.kernels.moe_align).
 
 Device-agnostic re-implementations (no vLLM needed: `gptq_marlin_repack` lives in vLLM's `_C`, not in
 `_moe_C`) of what vLLM 0.24 does to MXFP4 expert weights before `moe_wna16_marlin_gemm`
@@ -146,51 +146,3 @@ def unpermute_scales_for_marlin(marlin_scale: torch.Tensor) -> torch.Tensor:
     unperm = torch.tensor(SCALE_UNPERM, device=marlin_scale.device)
     s = marlin_scale.contiguous().view(torch.uint8).reshape(-1, 64)[:, unperm]
     return s.reshape(e, g, n).transpose(1, 2).contiguous()
-
-
-# ---------------------------------------------------------------- moe_align_block_size
-
-
-def padded_route_capacity(num_routes: int, num_experts: int, block_size: int) -> int:
-    """Length of sorted_token_ids as vLLM allocates it: numel + E*(bs-1), or min(numel*bs, that) if numel < E."""
-    cap = num_routes + num_experts * (block_size - 1)
-    return min(num_routes * block_size, cap) if num_routes < num_experts else cap
-
-
-def align_tokens_to_experts(topk_ids: torch.Tensor, num_experts: int,
-                            block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The moe_align_block_size contract (docs/vendor-apis.md 3.4) with fixed-size outputs and no host sync.
-
-    topk_ids [T, k] (ids outside [0, E) are dropped, as vLLM's ignore_invalid_experts) ->
-      sorted_token_ids int32 [padded_route_capacity]: route ids t*k + j grouped by expert (ascending inside an
-        expert), each expert's segment padded to a multiple of block_size; padding and the unused tail = T*k;
-      expert_ids int32 [ceil(capacity / block_size)]: the expert of each block, -1 past the end;
-      num_tokens_post_padded int32 [1]: sum over experts of round_up(count, block_size)."""
-    device = topk_ids.device
-    numel = topk_ids.numel()
-    cap = padded_route_capacity(numel, num_experts, block_size)
-    num_blocks = -(-cap // block_size)
-    flat = topk_ids.reshape(-1).to(torch.int64)
-    valid = (flat >= 0) & (flat < num_experts)
-    key = torch.where(valid, flat, torch.full_like(flat, num_experts))  # invalid routes sort last
-    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device)
-    counts.scatter_add_(0, key, torch.ones_like(key))
-    counts = counts[:num_experts]
-    padded = (counts + block_size - 1) // block_size * block_size
-    ends = torch.cumsum(padded, 0)
-    starts = ends - padded
-    first = torch.cumsum(counts, 0) - counts  # first sorted position of each expert's routes
-    order = torch.sort(key, stable=True).indices
-    sorted_key = key[order]
-    in_range = sorted_key < num_experts
-    e_of = sorted_key.clamp(max=num_experts - 1)
-    rank = torch.arange(numel, device=device) - first[e_of]
-    dest = torch.where(in_range, starts[e_of] + rank, torch.full_like(rank, cap))  # slot cap: a dump
-    buf = torch.full((cap + 1,), numel, dtype=torch.int32, device=device)
-    buf.scatter_(0, dest, order.to(torch.int32))
-    sorted_token_ids = buf[:cap]
-    total = ends[-1:] if num_experts > 0 else torch.zeros(1, dtype=torch.int64, device=device)
-    block_start = torch.arange(num_blocks, device=device, dtype=torch.int64) * block_size
-    expert_of_block = torch.searchsorted(ends, block_start, right=True)
-    expert_ids = torch.where(block_start < total, expert_of_block, torch.full_like(expert_of_block, -1))
-    return sorted_token_ids, expert_ids.to(torch.int32), total.to(torch.int32)

@@ -8,7 +8,7 @@ gptq_marlin_repack lives in `_C`.
 
 Sequence (docs/vendor-apis.md 3.5): align routes to experts in blocks; GEMM1 x @ w13^T per route without the routing
 weights -> [M*k, 2I]; SwiGLU with DSV4's clamp in torch; GEMM2 with top_k=1 over the M*k routes, routing weights
-multiplied in -> [M*k, H]; routes with ids outside [0, E) zeroed; sum over top-k.
+multiplied in -> [M*k, H]; a Triton kernel sums each token's k rows, skipping routes with ids outside [0, E).
 
 Availability (registered with requires=(), since a shared library named by an environment variable is not an
 importable module that hardware.detect could find): on a detected machine supports() reads VLLM_MOE_LIB at selection
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dsv4hal_cuda_sm90 import vllm_moe_lib as lib
+
+from dsv4hal.prepared import ExpertTensors
 
 if TYPE_CHECKING:
     import torch
@@ -50,19 +52,11 @@ DEFAULT_SM_COUNT = 132  # H100/H200; used only where no CUDA device can be asked
 
 
 @dataclass(frozen=True)
-class MarlinWeights:
+class MarlinWeights(ExpertTensors):
     """MXFP4 expert weights in Marlin's layout.
 
     w13 int32 [E, H/16, 4I] (GEMM1: size_n = 2I, size_k = H), w13_scale float8_e8m0fnu [E, H/32, 2I];
     w2 int32 [E, I/16, 2H] (GEMM2: size_n = H, size_k = I), w2_scale float8_e8m0fnu [E, I/32, H]."""
-
-    w13: torch.Tensor
-    w13_scale: torch.Tensor
-    w2: torch.Tensor
-    w2_scale: torch.Tensor
-    num_experts: int
-    hidden: int
-    intermediate: int
 
 
 def gemm_shape_reasons(what: str, size_n: int, size_k: int) -> list[str]:
@@ -84,16 +78,11 @@ def availability_reasons(info: PlatformInfo) -> list[str]:
 
 
 def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
-    reasons = []
-    if case.get("format") != "mxfp4":
-        reasons.append(f"Marlin MoE here runs MXFP4 weights only (W4A16); these are {case.get('format')}")
-    if case.get("fp8") == "e4m3fnuz" or info.fp8 == "e4m3fnuz":
-        reasons.append("e4m3fnuz (FNUZ FP8) is a ROCm format; Marlin is an NVIDIA kernel")
-    h, i = case.get("H"), case.get("I")
-    if isinstance(h, int) and isinstance(i, int):
-        reasons.extend(shape_reasons(h, i))
-    reasons.extend(availability_reasons(info))
-    return reasons
+    from dsv4hal_cuda_sm90.moe_support import expert_case_reasons
+
+    reasons = expert_case_reasons(case, info, kernel="Marlin", fmt="mxfp4", shape_reasons=shape_reasons,
+                                  fmt_reason="Marlin MoE here runs MXFP4 weights only (W4A16)")
+    return reasons + availability_reasons(info)
 
 
 def register_marlin(registry: Registry) -> None:
@@ -102,8 +91,7 @@ def register_marlin(registry: Registry) -> None:
     registry.add_kernel(KernelImpl(
         op="moe_experts", name=NAME, target="dsv4hal_cuda_sm90.marlin_moe:moe_experts",
         prepare="dsv4hal_cuda_sm90.marlin_moe:prepare_weights", platforms=("cuda_sm90",),
-        # never yet run on a GPU: below the PyTorch reference until the H200 conformance passes (then 300)
-        priority=-3,
+        priority=300,  # H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
         tier="vendor", requires=(), supports=supports, layout=LAYOUT,
         description=f"vLLM 0.24 Marlin MoE (W4A16 MXFP4, torch.ops.{OP_NAMESPACE}.{OP_NAME}; library from "
                     f"{ENV_LIB})"))
@@ -186,7 +174,9 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     """x bf16 [T, H], topk_ids int32 [T, k], topk_weights fp32 [T, k] -> bf16 [T, H] (routed experts only)."""
     import torch
     import torch.nn.functional as F
-    from dsv4hal_cuda_sm90.marlin_layout import align_tokens_to_experts
+
+    from dsv4hal.kernels.moe_align import align_routes, route_capacity
+    from dsv4hal.kernels.triton.moe_combine import combine_routes
 
     m, k = topk_ids.shape
     h, i, e = weights.hidden, weights.intermediate, weights.num_experts
@@ -195,14 +185,16 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     gemm = _gemm()
     ws = workspace(x.device)
     bs = choose_block_size(m, k, e)
-    routing = align_tokens_to_experts(topk_ids, e, bs)
+    aligned = align_routes(topk_ids, e, bs)
+    # vLLM allocates sorted_token_ids at exactly the capacity; the block-rounded tail beyond it is padding anyway
+    routing = (aligned.sorted_routes[:route_capacity(m * k, e, bs)], aligned.block_expert, aligned.num_padded)
     x = x.contiguous()
     topk_weights = topk_weights.contiguous()
     h13 = _marlin(gemm, x, weights.w13, weights.w13_scale, ws, routing, topk_weights, bs, k, False, m, 2 * i, h)
     gate, up = h13.float().chunk(2, dim=-1)  # w13 = [w1 (gate); w3 (up)]
     act = (F.silu(gate.clamp(max=swiglu_limit)) * up.clamp(-swiglu_limit, swiglu_limit)).to(torch.bfloat16)
     y = _marlin(gemm, act, weights.w2, weights.w2_scale, ws, routing, topk_weights, bs, 1, True, m * k, h, i)
-    y = y.view(m, k, h)
-    valid = ((topk_ids >= 0) & (topk_ids < e)).unsqueeze(-1)  # the kernel never writes dropped routes' rows
-    y = torch.where(valid, y.float(), torch.zeros((), dtype=torch.float32, device=y.device))
-    return y.sum(dim=1).to(torch.bfloat16)
+    # route t*k + j is row t*k + j of y, weights already applied; the kernel never writes dropped routes' rows
+    valid = (topk_ids >= 0) & (topk_ids < e)
+    rows = torch.where(valid, torch.arange(m * k, device=y.device).view(m, k), m * k)
+    return combine_routes(y, rows, None, m * k)

@@ -33,7 +33,7 @@ def register_router(registry: Registry) -> None:
 
     registry.add_kernel(KernelImpl(
         op="moe_route", name=NAME, target="dsv4hal_cuda_sm90.vllm_router:moe_route", platforms=("cuda_sm90",),
-        priority=-3,  # never yet run on a GPU: below the PyTorch reference until the H200 conformance passes
+        priority=300,  # H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
         tier="vendor", supports=supports,
         description=f"vLLM 0.24 torch.ops._moe_C.{OP_NAME} (library from {lib.ENV_LIB})"))
 

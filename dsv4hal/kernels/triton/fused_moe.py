@@ -35,34 +35,37 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv4hal.kernels.moe_align import align_routes
 from dsv4hal.kernels.triton.fp8_codec import _decode_fp8
 from dsv4hal.ops.moe import DECODE_MAX_TOKENS
+from dsv4hal.prepared import ExpertTensors
 from dsv4hal.reference.moe import ExpertWeights
 
 LAYOUT = "triton-moe-v1"
 # Triton's interpreter computes tl.dot on bf16 operands wrongly: upcast them to fp32 there.
 _DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
 
-# Tile sizes for a Hopper-class GPU (untuned: no GPU was available when this was written). BLOCK_M is
-# the rows of one expert block: 16 for decode (a few pairs per expert), 64 for prefill.
-CONFIG_DECODE = {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3}
-CONFIG_PREFILL = {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
+# Tile sizes per (format, token class), the fastest of nine each on an H200 with V4-Flash experts at T = 64 and
+# 4096 (bench/results/h200/tune-moe.json; every one checked against the float64 oracle there). BLOCK_M is the
+# rows of one expert block: 16 for decode (a few pairs per expert), 64-128 for prefill.
+CONFIGS = {
+    ("mxfp4", "decode"): {"block_m": 16, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
+    ("mxfp4", "prefill"): {"block_m": 64, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3},
+    ("fp8_block", "decode"): {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 3},
+    ("fp8_block", "prefill"): {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
+}
 FP8_BLOCK = 128
 
 
 @dataclass(frozen=True)
-class TritonMoeWeights:
-    """Payload of weights prepared for triton_fused_moe (layout triton-moe-v1, see the module doc)."""
+class TritonMoeWeights(ExpertTensors):
+    """Payload of weights prepared for triton_fused_moe (layout triton-moe-v1, see the module doc): w13 uint8
+    [E, 2I, H/2] (mxfp4) or [E, 2I, H] FP8 bytes, w13_scale uint8 [E, 2I, H/32] or fp32 [E, ceil(2I/128),
+    ceil(H/128)]; w2 uint8 [E, H, I/2] or [E, H, I], w2_scale uint8 [E, H, I/32] or fp32 [E, ceil(H/128),
+    ceil(I/128)]."""
 
     format: str  # "mxfp4" or "fp8_block"
     fnuz: bool  # fp8_block only: e4m3fnuz codes (bias 8) rather than e4m3fn
-    w13: torch.Tensor  # uint8 [E, 2I, H/2] (mxfp4) or [E, 2I, H] fp8 bytes
-    w13_scale: torch.Tensor  # uint8 [E, 2I, H/32] or fp32 [E, ceil(2I/128), ceil(H/128)]
-    w2: torch.Tensor  # uint8 [E, H, I/2] or [E, H, I] fp8 bytes
-    w2_scale: torch.Tensor  # uint8 [E, H, I/32] or fp32 [E, ceil(H/128), ceil(I/128)]
-    num_experts: int
-    hidden: int
-    intermediate: int
 
 
 def prepare_weights(w: ExpertWeights) -> TritonMoeWeights:
@@ -238,45 +241,8 @@ def _down_kernel(
 
 # ----------------------------------------------------------------------------- host side
 
-def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """Worst-case number of BLOCK_M blocks: every pair, plus up to BLOCK_M - 1 padding rows for each
-    expert that can be non-empty. A function of shapes only."""
-    if num_pairs == 0:
-        return 0
-    return triton.cdiv(num_pairs + min(num_experts, num_pairs) * (block_m - 1), block_m)
-
-
-def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted_pairs int32 [blocks * BLOCK_M], block_expert int32 [blocks]) with blocks = max_blocks(...).
-
-    sorted_pairs lists the flat pair indices (t * k + slot) grouped by expert, stable within an expert, each
-    expert's run padded to a multiple of BLOCK_M with the value T*k (no pair); block_expert gives each
-    block's expert or -1 past the last used block. Torch ops only, shapes fixed by (T, k, E, BLOCK_M)."""
-    dev = topk_ids.device
-    p = topk_ids.numel()
-    nb = max_blocks(p, num_experts, block_m)
-    ids = topk_ids.reshape(-1).to(torch.int64)
-    key = torch.where((ids >= 0) & (ids < num_experts), ids, torch.full_like(ids, num_experts))
-    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
-    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
-    padded_end = torch.cumsum(padded, 0)
-    padded_start = padded_end - padded
-    count_start = torch.cumsum(counts, 0) - counts
-    sorted_key, order = torch.sort(key, stable=True)
-    rank = torch.arange(p, device=dev) - count_start[sorted_key]
-    dummy = nb * block_m  # masked pairs land in one scratch slot past the end
-    start = torch.cat((padded_start, torch.full((1,), dummy, dtype=torch.int64, device=dev)))
-    dest = torch.where(sorted_key < num_experts, start[sorted_key] + rank, torch.full_like(rank, dummy))
-    sorted_pairs = torch.full((dummy + 1,), p, dtype=torch.int32, device=dev)
-    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
-    block_start = torch.arange(nb, device=dev, dtype=torch.int64) * block_m
-    block_expert = torch.searchsorted(padded_end, block_start, right=True)
-    block_expert = torch.where(block_expert < num_experts, block_expert, torch.full_like(block_expert, -1))
-    return sorted_pairs[:dummy], block_expert.to(torch.int32)
-
-
-def _config(num_tokens: int, config: dict | None) -> dict:
-    base = CONFIG_DECODE if num_tokens <= DECODE_MAX_TOKENS else CONFIG_PREFILL
+def _config(fmt: str, num_tokens: int, config: dict | None) -> dict:
+    base = CONFIGS[(fmt, "decode" if num_tokens <= DECODE_MAX_TOKENS else "prefill")]
     cfg = {**base, **(config or {})}
     bk, bn, bm = cfg["block_k"], cfg["block_n"], cfg["block_m"]
     if bk & (bk - 1) or not 32 <= bk <= FP8_BLOCK:
@@ -296,12 +262,13 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     dev = x.device
     y = torch.zeros(t, hid, dtype=torch.float32, device=dev)
     p = t * k
-    cfg = _config(t, config)
+    cfg = _config(weights.format, t, config)
     bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
-    nb = max_blocks(p, e, bm)
-    if nb == 0:
+    if p == 0:
         return y.to(torch.bfloat16)
-    sorted_pairs, block_expert = align_block_size(topk_ids, e, bm)
+    routes = align_routes(topk_ids, e, bm)
+    sorted_pairs, block_expert = routes.sorted_routes, routes.block_expert
+    nb = block_expert.numel()
     x = x.contiguous()
     tw = topk_weights.reshape(-1).float().contiguous()
     h = torch.empty(nb * bm, inter, dtype=torch.bfloat16, device=dev)

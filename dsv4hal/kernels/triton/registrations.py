@@ -20,6 +20,15 @@ def interpreter_on_cpu(case: Mapping[str, object], info: PlatformInfo) -> list[s
     return []
 
 
+def _route_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    reasons = interpreter_on_cpu(case, info)
+    e, k = case.get("E"), case.get("top_k")
+    if isinstance(e, int) and e > 1024 or isinstance(k, int) and k > 16:
+        reasons.append(f"triton_moe_route holds up to 1024 experts and top_k <= 16 in registers; got E={e}, "
+                       f"top_k={k}")
+    return reasons
+
+
 def register(registry: Registry) -> None:
     common = dict(platforms=GPU_PLATFORMS + ("cpu",), priority=PRIORITY, tier="portable", requires=("triton",),
                   supports=interpreter_on_cpu)
@@ -42,12 +51,11 @@ def register(registry: Registry) -> None:
     registry.add_kernel(KernelImpl(op="build_attention_metadata", name="triton_attention_metadata",
                                    target=f"{_MOD}.attention_metadata:build_attention_metadata",
                                    description="one program per query row, in place", **common))
-    # Not yet run on a GPU: ranked below the PyTorch reference there until the H200 conformance passes, so
-    # it runs only when forced (DSV4HAL_KERNELS=moe_experts=triton_fused_moe) or in strict mode.
-    unvalidated = {**common, "priority": {**PRIORITY, **{p: -5 for p in GPU_PLATFORMS}}}
+    registry.add_kernel(KernelImpl(op="moe_route", name="triton_moe_route", target=f"{_MOD}.moe_route:moe_route",
+                                   description="one program per token: sqrt-softplus, arg-max top-k or hash row, "
+                                               "renormalised", **{**common, "supports": _route_supports}))
     registry.add_kernel(KernelImpl(op="moe_experts", name="triton_fused_moe", target=f"{_MOD}.fused_moe:moe_experts",
                                    prepare=f"{_MOD}.fused_moe:prepare_weights", layout="triton-moe-v1",
                                    description="expert-sorted blocks; MXFP4/FP8 dequant in registers, fused "
-                                               "clamp+SwiGLU, down proj with routing weight (fp32 atomics); "
-                                               "not yet run on a GPU",
-                                   **unvalidated))
+                                               "clamp+SwiGLU, down proj with routing weight (fp32 atomics)",
+                                   **common))

@@ -1,0 +1,114 @@
+"""MoE benchmark, V4-Flash routed experts (E 256, H 4096, I 2048, top-6), every moe_experts kernel of the platform
+side by side on the same routing, in one run:
+
+  * MXFP4 weights: Marlin W4A16, the Triton fused MoE, and a bf16 baseline (weights dequantized to bf16 once, a
+    per-expert loop of torch matmuls: the reference's algorithm, host-synchronising, timed eagerly);
+  * FP8 128x128-block weights: DeepGEMM's grouped GEMM and the Triton fused MoE.
+
+Decode (T <= 64) is judged by the expert-weight bytes streamed per second (each distinct routed expert read once)
+against the copy bandwidth measured in the same run; prefill by TFLOP/s against the measured bf16 GEMM peak, and
+the FP8 paths against DeepGEMM. Routing: k distinct uniformly random experts per token."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+
+from dsv4hal.bench.common import bound_op, candidates
+from dsv4hal.bench.timing import graph_us
+from dsv4hal.conformance.cases_moe import _expert_weights, _experts_params
+from dsv4hal.ops.moe import case_expert_weights
+from dsv4hal.reference.moe import dequantize_expert, swiglu_mlp
+
+SHAPE = "flash"
+TOKENS = (1, 8, 64, 512, 4096)
+QUICK_TOKENS = (1, 64, 4096)
+BASELINE = "torch_bf16_loop"
+
+
+def eager_us(fn: Any, reps: int = 5) -> float:
+    """Median microseconds of eager calls (for host-synchronising code that cannot be captured)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0)
+    return statistics.median(times)
+
+
+def expert_bytes(fmt: str, h: int, i: int) -> int:
+    """Bytes of one expert's weights and scales as stored (w13 [2I, H] and w2 [H, I])."""
+    n = 3 * h * i
+    return n // 2 + n // 32 if fmt == "mxfp4" else n + 4 * (-(-2 * i // 128) * (h // 128) + (h // 128) * (i // 128))
+
+
+def _bf16_experts(weights: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [tuple(w.to(torch.bfloat16) for w in dequantize_expert(weights, e)) for e in range(weights.num_experts)]
+
+
+def _bf16_loop(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: list, limit: float) -> torch.Tensor:
+    k = ids.shape[1]
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    flat = ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    uniq, counts = torch.unique_consecutive(flat[order], return_counts=True)
+    for e, run in zip(uniq.tolist(), torch.split(order, counts.tolist())):
+        w13, w2 = experts[e]
+        y = swiglu_mlp(x[run // k], w13, w2, limit)
+        out.index_add_(0, run // k, y.float() * tw.reshape(-1)[run].unsqueeze(1))
+    return out.to(torch.bfloat16)
+
+
+def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[dict[str, Any]]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    for fmt in ("mxfp4", "fp8_block"):
+        p = _experts_params(SHAPE, 1, fmt)
+        e, h, i, k = p["E"], p["H"], p["I"], p["top_k"]
+        weights = _expert_weights(p, torch.device("cuda"), gen)
+        impls = {}
+        for name in candidates(platform, "moe_experts", case={**case_expert_weights(weights), "tokens": "decode"}):
+            op = bound_op(platform, "moe_experts", name)
+            try:
+                impls[name] = (op, op.prepare_weights(weights))
+            except Exception as exc:  # recorded, the other kernels still run
+                print(f"moe {fmt}: {name} skipped: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+        baseline = _bf16_experts(weights) if fmt == "mxfp4" else None
+        for t in QUICK_TOKENS if quick else TOKENS:
+            x = torch.randn(t, h, device="cuda", generator=gen).to(torch.bfloat16)
+            ids = torch.rand(t, e, device="cuda", generator=gen).argsort(1)[:, :k].to(torch.int32)
+            tw = torch.rand(t, k, device="cuda", generator=gen) + 0.5
+            row: dict[str, Any] = {"format": fmt, "T": t, "E": e, "H": h, "I": i, "top_k": k, "us": {}}
+            for name, (op, prepared) in impls.items():
+                try:
+                    row["us"][name] = graph_us(lambda op=op, w=prepared, a=(x, ids, tw): op(*a, w), inner=5, reps=15)
+                except Exception as exc:
+                    row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            if baseline is not None:
+                row["us"][BASELINE] = eager_us(lambda a=(x, ids, tw), b=baseline: _bf16_loop(*a, b, 10.0), reps=3)
+            active = int(torch.unique(ids).numel())
+            row["active_experts"] = active
+            row["weight_bytes"] = active * expert_bytes(fmt, h, i)
+            row["flop"] = 2 * t * k * 3 * h * i
+            row["weight_GBps"] = {n: row["weight_bytes"] / u / 1e3 for n, u in row["us"].items() if n != BASELINE}
+            row["x_copy_bw"] = {n: g * 1e9 / ceilings["copy_bytes_per_s"] for n, g in row["weight_GBps"].items()}
+            row["tflops"] = {n: row["flop"] / u / 1e6 for n, u in row["us"].items()}
+            row["x_bf16_peak"] = {n: tf / ceilings["bf16_tflops"] for n, tf in row["tflops"].items()}
+            if "deepgemm_fp8_sm90" in row["us"]:
+                dg = row["us"]["deepgemm_fp8_sm90"]
+                row["x_deepgemm"] = {n: dg / u for n, u in row["us"].items()}
+            rows.append(row)
+            print(f"moe {fmt} T={t} ({active} experts): " + ", ".join(
+                f"{n} {u:.1f}us ({row['x_copy_bw'].get(n, 0):.2f} copy, {row['x_bf16_peak'][n]:.2f} peak)"
+                for n, u in row["us"].items()), flush=True)
+        del impls, weights
+        baseline = None
+        torch.cuda.empty_cache()
+    return rows

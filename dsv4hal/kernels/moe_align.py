@@ -1,0 +1,67 @@
+"""Routes grouped by expert in fixed-size blocks: the moe_align_block_size contract every grouped MoE kernel
+here consumes (Triton fused MoE, Marlin, DeepGEMM's contiguous layout), in torch ops only.
+
+Sizes depend on shapes alone (T*k routes, E experts, the block size) and nothing reads the routing on the host,
+so the result can be built inside a CUDA graph and replayed with new routing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def route_capacity(num_routes: int, num_experts: int, block: int) -> int:
+    """Worst-case padded route count, vLLM's allocation: every route plus up to block - 1 padding rows for each
+    expert that can be non-empty (at most min(E, routes) of them)."""
+    return num_routes + min(num_experts, num_routes) * (block - 1)
+
+
+def route_blocks(num_routes: int, num_experts: int, block: int) -> int:
+    """Number of blocks covering route_capacity (0 when there are no routes)."""
+    return -(-route_capacity(num_routes, num_experts, block) // block)
+
+
+@dataclass(frozen=True)
+class AlignedRoutes:
+    """sorted_routes int32 [blocks * block]: route ids t*k + j grouped by expert (ascending inside one), each
+    expert's run padded to a multiple of block with the value T*k (no route), and the tail T*k too;
+    block_expert int32 [blocks]: each block's expert, -1 past the last used block;
+    num_padded int32 [1]: sum over experts of round_up(count, block);
+    row_of_route int64 [T*k]: where each route sits in sorted_routes (blocks * block for dropped routes)."""
+
+    sorted_routes: torch.Tensor
+    block_expert: torch.Tensor
+    num_padded: torch.Tensor
+    row_of_route: torch.Tensor
+    block: int
+
+
+def align_routes(topk_ids: torch.Tensor, num_experts: int, block: int) -> AlignedRoutes:
+    """Group the routes of topk_ids [T, k] by expert; ids outside [0, E) are dropped (they contribute 0)."""
+    device = topk_ids.device
+    numel = topk_ids.numel()
+    nb = route_blocks(numel, num_experts, block)
+    rows = nb * block
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    valid = (flat >= 0) & (flat < num_experts)
+    key = torch.where(valid, flat, torch.full_like(flat, num_experts))  # dropped routes sort last
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    counts = counts[:num_experts]
+    padded = (counts + block - 1) // block * block
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    first = torch.cumsum(counts, 0) - counts  # first sorted position of each expert's routes
+    sorted_key, order = torch.sort(key, stable=True)
+    e_of = sorted_key.clamp(max=max(num_experts - 1, 0))
+    rank = torch.arange(numel, device=device) - first[e_of]
+    dest = torch.where(sorted_key < num_experts, starts[e_of] + rank, torch.full_like(rank, rows))  # rows: a dump
+    buf = torch.full((rows + 1,), numel, dtype=torch.int32, device=device)
+    buf.scatter_(0, dest, order.to(torch.int32))
+    row_of_route = torch.empty_like(dest).scatter_(0, order, dest)
+    total = ends[-1:] if num_experts > 0 else torch.zeros(1, dtype=torch.int64, device=device)
+    block_start = torch.arange(nb, device=device, dtype=torch.int64) * block
+    expert_of_block = torch.searchsorted(ends, block_start, right=True)
+    block_expert = torch.where(block_start < total, expert_of_block, torch.full_like(expert_of_block, -1))
+    return AlignedRoutes(buf[:rows], block_expert.to(torch.int32), total.to(torch.int32), row_of_route, block)

@@ -1,0 +1,159 @@
+"""The DeepGEMM FP8 MoE binding (dsv4hal_cuda_sm90.deepgemm_moe) against a fake `deep_gemm` module whose
+m_grouped_fp8_gemm_nt_contiguous checks the documented SM90 contract (docs/vendor-apis.md 2.2-2.3: K-major
+operands, fp32 SFA [M, K/128] and SFB [G, N/128, K/128], int32 grouped_layout with -1 padding, segments aligned)
+and then computes the GEMM in float64 from the codes and scales it was given. The glue (route alignment, the
+Triton gather/SwiGLU quantization under the interpreter, the combine) is thereby checked numerically against
+the float64 oracle; DeepGEMM's own kernel is not (that is the H200 conformance)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+from conftest import registry_with
+from dsv4hal_cuda_sm90 import deepgemm_moe
+from vendor_fakes import simulated_info
+
+import dsv4hal
+from dsv4hal import override as ov
+from dsv4hal.conformance.cases_moe import EXPERTS_REL_L2, oracle_moe_experts
+from dsv4hal.errors import PreparedWeightsMismatchError
+from dsv4hal.ops.moe import case_expert_weights
+from dsv4hal.reference.moe import quantize_experts
+from dsv4hal.selection import select_kernel
+
+E, H, I = 5, 256, 128
+ALIGN = 128
+
+
+def _dequant(q: torch.Tensor, sf: torch.Tensor, block_mn: int) -> torch.Tensor:
+    """[MN, K] fp8 codes with [ceil(MN/block_mn), K/128] scales -> float64."""
+    s = sf.double().repeat_interleave(block_mn, 0)[: q.shape[0]].repeat_interleave(128, 1)[:, : q.shape[1]]
+    return q.double() * s
+
+
+class FakeDeepGemm:
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def get_mk_alignment_for_contiguous_layout(self) -> int:
+        return ALIGN
+
+    def m_grouped_fp8_gemm_nt_contiguous(self, a, b, d, grouped_layout, **kw) -> None:  # noqa: ANN001
+        (aq, sfa), (bq, sfb) = a, b
+        m, k = aq.shape
+        g, n, kb = bq.shape
+        assert not kw and kb == k and aq.dtype == bq.dtype == torch.float8_e4m3fn
+        assert aq.stride(1) == 1 and bq.stride(2) == 1, "SM90 takes K-major (NT) operands only"
+        assert sfa.dtype == sfb.dtype == torch.float32 and sfa.shape == (m, k // 128)
+        assert sfa.stride() == (1, m) and m % 4 == 0, "SFA MN-major and TMA-aligned (no per-call transform)"
+        assert sfb.shape == (g, -(-n // 128), k // 128) and sfb.is_contiguous()
+        assert d.shape == (m, n) and d.dtype == torch.bfloat16 and d.is_contiguous()
+        assert grouped_layout.dtype == torch.int32 and grouped_layout.shape == (m,) and grouped_layout.is_contiguous()
+        assert m % ALIGN == 0
+        lay = grouped_layout.long()
+        for start in range(0, m, ALIGN):  # each segment of one expert starts on an aligned row
+            seg = lay[start:start + ALIGN]
+            used = seg[seg >= 0]
+            assert used.numel() == 0 or (bool((used == used[0]).all()) and int(seg[0]) >= 0)
+        self.calls.append({"m": m, "n": n, "k": k, "g": g})
+        for r in (lay >= 0).nonzero().squeeze(1).tolist():
+            e = int(lay[r])
+            a_row = _dequant(aq[r:r + 1].float(), sfa[r:r + 1], 1)
+            w = _dequant(bq[e].float(), sfb[e], 128)
+            d[r] = (a_row @ w.T)[0].to(torch.bfloat16)
+
+
+@pytest.fixture
+def fake_dg(monkeypatch: pytest.MonkeyPatch) -> FakeDeepGemm:
+    fake = FakeDeepGemm()
+    mod = types.ModuleType("deep_gemm")
+    for name in ("get_mk_alignment_for_contiguous_layout", "m_grouped_fp8_gemm_nt_contiguous"):
+        setattr(mod, name, getattr(fake, name))
+    monkeypatch.setitem(sys.modules, "deep_gemm", mod)
+    return fake
+
+
+def _weights(fmt: str = "fp8_block", h: int = H, i: int = I, gain: float = 1.0):  # noqa: ANN202
+    gen = torch.Generator().manual_seed(3)
+    return quantize_experts(torch.randn(E, 2 * i, h, generator=gen) * (gain / h ** 0.5),
+                            torch.randn(E, h, i, generator=gen) / i ** 0.5, fmt)
+
+
+def _routing(t: int, k: int, masked: bool, seed: int = 4):  # noqa: ANN202
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.rand(t, E, generator=gen).argsort(1)[:, :k].to(torch.int32)
+    if masked:
+        ids[0, 0] = -1
+        ids[-1, -1] = E + 1  # out of range: dropped, as -1
+    return torch.randn(t, H, generator=gen).bfloat16(), ids, torch.rand(t, k, generator=gen) + 0.5
+
+
+@pytest.mark.parametrize("t,k,gain,masked", [(1, 2, 1.0, False), (7, 3, 20.0, True), (40, 4, 1.0, False)])
+def test_matches_the_oracle(fake_dg: FakeDeepGemm, t: int, k: int, gain: float, masked: bool) -> None:
+    w = _weights(gain=gain)
+    x, ids, tw = _routing(t, k, masked)
+    y = deepgemm_moe.moe_experts(x, ids, tw, deepgemm_moe.prepare_weights(w))
+    want = oracle_moe_experts(x, torch.where(ids < E, ids, -1), tw, w, 10.0)
+    assert y.dtype == torch.bfloat16 and y.shape == (t, H) and bool(torch.isfinite(y).all())
+    rel = float((y.double() - want).norm() / want.norm())
+    assert rel < EXPERTS_REL_L2, rel  # FP8 1x128 activations: a few percent (5% with the clamp active)
+    assert [(c["n"], c["k"]) for c in fake_dg.calls] == [(2 * I, H), (H, I)]
+
+
+def test_quantized_rows_match_the_formula() -> None:
+    from dsv4hal.kernels.triton.moe_quant import quantize_routed_rows
+
+    gen = torch.Generator().manual_seed(9)
+    x = (torch.randn(3, 256, generator=gen) * 3).bfloat16()
+    x[1, :128] = 0  # an all-zero group: scale floored at 1e-4, codes 0
+    sorted_routes = torch.tensor([4, 0, 6, 6, 2, 6, 6, 6], dtype=torch.int32)  # 6 = T*k: padding
+    q, sf = quantize_routed_rows(x, sorted_routes, 6, 2, 256, gather=True)
+    assert sf.shape == (8, 2) and sf.stride() == (1, 8)
+    for r, route in ((0, 4), (1, 0), (4, 2)):
+        v = x[route // 2].float().view(2, 128)
+        scale = v.abs().amax(1).clamp_min(1e-4) / 448
+        assert torch.allclose(sf[r], scale, rtol=1e-6)
+        want = (v / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8).view(256)
+        assert torch.equal(q[r], want)
+
+
+def test_prepare_refuses_what_it_cannot_run(fake_dg: FakeDeepGemm) -> None:
+    with pytest.raises(ValueError, match="fp8_block e4m3fn"):
+        deepgemm_moe.prepare_weights(_weights("mxfp4"))
+    with pytest.raises(ValueError, match="multiples of 128"):
+        deepgemm_moe.prepare_weights(_weights(i=96))
+    p = deepgemm_moe.prepare_weights(_weights())
+    assert p.w13.dtype == torch.float8_e4m3fn and p.w13_scale.dtype == torch.float32 and p.alignment == ALIGN
+
+
+def test_selection_and_mismatch(fake_dg: FakeDeepGemm) -> None:
+    reg = registry_with(strict=True)
+    info = simulated_info("sm90", deep_gemm="2.5.0", triton="3")
+    d = select_kernel(reg, "moe_experts", case_expert_weights(_weights("mxfp4")), info, "cuda_sm90", ov.Overrides())
+    c = next(c for c in d.candidates if c.name == deepgemm_moe.NAME)
+    assert c.status == "rejected" and any("FP8 weights only" in r for r in c.reasons)
+    no_lib = select_kernel(reg, "moe_experts", case_expert_weights(_weights()), simulated_info("sm90", triton="3"),
+                           "cuda_sm90", ov.Overrides())
+    assert any("deep_gemm" in r for r in next(c for c in no_lib.candidates if c.name == deepgemm_moe.NAME).reasons)
+    with ov.overrides(kernels={"moe_experts": deepgemm_moe.NAME}):
+        p = dsv4hal.select_platform(info=info, registry=reg)
+    prepared = p.ops.moe_experts.prepare_weights(_weights())
+    assert (prepared.implementation, prepared.layout) == (deepgemm_moe.NAME, deepgemm_moe.LAYOUT)
+    x, ids, tw = _routing(3, 2, False)
+    assert p.ops.moe_experts(x, ids, tw, prepared).shape == (3, H)
+    with ov.overrides(kernels={"moe_experts": "triton_fused_moe"}):
+        other = dsv4hal.select_platform(info=info, registry=reg)
+    with pytest.raises(PreparedWeightsMismatchError):
+        other.ops.moe_experts(x, ids, tw, prepared)
+
+
+def test_forcing_it_without_the_library_still_fails_at_selection() -> None:
+    from dsv4hal.errors import UnsupportedCaseError
+
+    reg = registry_with(strict=True)
+    with ov.overrides(kernels={"moe_experts": deepgemm_moe.NAME}), pytest.raises(UnsupportedCaseError) as err:
+        dsv4hal.select_platform(info=simulated_info("sm90", triton="3"), registry=reg)
+    assert "deep_gemm" in str(err.value) and "format=mxfp4" in str(err.value)

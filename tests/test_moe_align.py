@@ -1,0 +1,116 @@
+"""dsv4hal.kernels.moe_align: routes grouped by expert in blocks (vLLM's moe_align_block_size contract, shared by
+the Triton fused MoE, Marlin and DeepGEMM paths), against a Python oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4hal.kernels.moe_align import align_routes, route_blocks, route_capacity
+
+
+def _oracle(ids: list[list[int]], e: int, bs: int):  # noqa: ANN202
+    numel = sum(len(r) for r in ids)
+    k = len(ids[0]) if ids else 0
+    per = {x: [t * k + j for t, row in enumerate(ids) for j, v in enumerate(row) if v == x] for x in range(e)}
+    sorted_ids, experts = [], []
+    for x in range(e):
+        seg = per[x] + [numel] * ((-len(per[x])) % bs)
+        sorted_ids += seg
+        experts += [x] * (len(seg) // bs)
+    return sorted_ids, experts, len(sorted_ids)
+
+
+@pytest.mark.parametrize("t,k,e,bs", [(1, 6, 16, 8), (5, 6, 16, 16), (40, 6, 8, 16), (3, 2, 4, 64), (64, 6, 256, 8),
+                                      (2, 1, 1, 16)])
+def test_align_tokens_to_experts(t: int, k: int, e: int, bs: int) -> None:
+    gen = torch.Generator().manual_seed(t * 131 + e)
+    ids = torch.randint(0, e, (t, k), generator=gen, dtype=torch.int32)
+    r = align_routes(ids, e, bs)
+    sorted_ids, expert_ids, total = r.sorted_routes, r.block_expert, r.num_padded
+    cap = route_blocks(t * k, e, bs) * bs
+    assert sorted_ids.dtype == expert_ids.dtype == total.dtype == torch.int32
+    assert sorted_ids.shape == (cap,) and expert_ids.shape == (cap // bs,) and total.shape == (1,)
+    want_sorted, want_experts, want_total = _oracle(ids.tolist(), e, bs)
+    n = int(total)
+    assert n == want_total and n % bs == 0 and n <= cap
+    assert sorted_ids[:n].tolist() == want_sorted  # ascending inside each expert
+    assert (sorted_ids[n:] == t * k).all()
+    assert expert_ids[: n // bs].tolist() == want_experts and (expert_ids[n // bs:] == -1).all()
+    real = sorted_ids[sorted_ids < t * k]
+    assert sorted(real.tolist()) == list(range(t * k))  # every (token, slot) exactly once
+    for b in range(n // bs):  # every block holds routes of its expert only
+        blk = sorted_ids[b * bs:(b + 1) * bs]
+        blk = blk[blk < t * k].long()
+        assert (ids.flatten()[blk] == expert_ids[b]).all()
+
+
+def test_align_drops_invalid_ids() -> None:
+    ids = torch.tensor([[0, -1], [3, 1], [-1, 0]], dtype=torch.int32)
+    r = align_routes(ids, 2, 4)
+    sorted_ids, expert_ids, total = r.sorted_routes, r.block_expert, r.num_padded  # id 3 >= E is dropped too
+    assert int(total) == 8
+    assert sorted_ids[:8].tolist() == [0, 5, 6, 6, 3, 6, 6, 6] and (sorted_ids[8:] == 6).all()
+    assert expert_ids.tolist()[:2] == [0, 1] and (expert_ids[2:] == -1).all()
+
+
+def test_capacity_matches_vllm_allocation() -> None:
+    assert route_capacity(6, 256, 8) == 48  # numel < E: min(numel * bs, numel + E*(bs-1))
+    assert route_capacity(384, 256, 16) == 384 + 256 * 15
+
+
+def test_blocks_group_routes_by_expert_stably() -> None:
+    gen = torch.Generator().manual_seed(5)
+    t, k, e, bm = 9, 3, 5, 4
+    ids = torch.randint(-1, e, (t, k), generator=gen, dtype=torch.int32)
+    ids[0] = torch.tensor([3, 3, -1], dtype=torch.int32)
+    r = align_routes(ids, e, bm)
+    sorted_pairs, block_expert = r.sorted_routes, r.block_expert
+    nb = route_blocks(t * k, e, bm)
+    assert sorted_pairs.shape == (nb * bm,) and block_expert.shape == (nb,)
+    flat = ids.reshape(-1)
+    seen = []
+    for b in range(nb):
+        rows = sorted_pairs[b * bm:(b + 1) * bm]
+        real = rows[rows < t * k]
+        if int(block_expert[b]) < 0:
+            assert real.numel() == 0
+            continue
+        assert real.numel() > 0 and bool((flat[real.long()] == block_expert[b]).all())
+        assert torch.equal(real, real.sort().values)  # stable: pair order kept within an expert
+        seen += real.tolist()
+    assert sorted(seen) == (flat >= 0).nonzero().squeeze(1).tolist()  # each valid pair exactly once
+    used = block_expert[block_expert >= 0]
+    assert torch.equal(used, used.sort().values)
+
+
+def test_row_of_route_inverts_sorted_routes() -> None:
+    gen = torch.Generator().manual_seed(11)
+    t, k, e, bs = 7, 6, 9, 8
+    ids = torch.randint(-1, e + 2, (t, k), generator=gen, dtype=torch.int32)
+    r = align_routes(ids, e, bs)
+    flat = ids.reshape(-1)
+    valid = (flat >= 0) & (flat < e)
+    rows = r.sorted_routes.numel()
+    assert bool((r.row_of_route[~valid] == rows).all())
+    assert torch.equal(r.sorted_routes[r.row_of_route[valid]].long(), valid.nonzero().squeeze(1))
+
+
+def test_combine_routes_sums_weighted_rows_and_skips_dropped() -> None:
+    from dsv4hal.kernels.triton.moe_combine import combine_routes
+
+    gen = torch.Generator().manual_seed(2)
+    y = torch.randn(10, 1500, generator=gen).bfloat16()  # H over one 1024 block: two column blocks, masked tail
+    y[9] = float("nan")  # a never-written row: must not leak through a dropped route
+    rows = torch.tensor([[0, 9, 3], [9, 9, 9], [2, 2, 5]])
+    w = torch.rand(3, 3, generator=gen)
+    out = combine_routes(y, rows, w, 9)
+    want = torch.zeros(3, 1500, dtype=torch.float64)
+    for t in range(3):
+        for j in range(3):
+            if rows[t, j] < 9:
+                want[t] += w[t, j].double() * y[rows[t, j]].double()
+    assert out.dtype == torch.bfloat16 and bool(torch.isfinite(out).all())
+    assert torch.allclose(out.double(), want, rtol=1e-2, atol=1e-2) and bool((out[1] == 0).all())
+    unweighted = combine_routes(y, rows, None, 9)
+    assert torch.allclose(unweighted[2].double(), (2 * y[2].double() + y[5].double()), rtol=1e-2, atol=1e-2)

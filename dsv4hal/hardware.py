@@ -187,6 +187,14 @@ def library_versions(names: Iterable[str]) -> dict[str, str]:
     return found
 
 
+# Library behaviour set by an environment variable, recorded at detection as a library key (name: library,
+# variable, value) so that selection stays a function of the PlatformInfo (a simulated machine lists the key).
+ENV_CAPABILITIES: dict[str, tuple[str, str, str]] = {
+    # aiter's MXFP4 MoE runs FP8 activations (and the SwiGLU clamp) for every batch size only with the bound at 0
+    "aiter-fp8-moe-all-tokens": ("aiter", "AITER_BF16_FP8_MOE_BOUND", "0"),
+}
+
+
 def detect(probe_libraries: Iterable[str] = ()) -> PlatformInfo:
     """Detect the first accelerator (or the CPU) and which of `probe_libraries` are installed."""
     notes: list[str] = []
@@ -194,6 +202,9 @@ def detect(probe_libraries: Iterable[str] = ()) -> PlatformInfo:
     libs = library_versions(set(probe_libraries) | {"torch", "triton"})
     if os.environ.get("TRITON_INTERPRET") == "1" and "triton" in libs:
         libs["triton-interpreter"] = libs["triton"]
+    for key, (library, variable, value) in ENV_CAPABILITIES.items():
+        if library in libs and os.environ.get(variable) == value:
+            libs[key] = libs[library]
     if sim:
         info = simulated(sim, libraries=libs)
         return dataclasses.replace(info, notes=(f"DSV4HAL_SIMULATE={sim}: no hardware was probed",))

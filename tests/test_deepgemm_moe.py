@@ -121,7 +121,7 @@ def test_quantized_rows_match_the_formula() -> None:
 
 
 def test_prepare_refuses_what_it_cannot_run(fake_dg: FakeDeepGemm) -> None:
-    with pytest.raises(ValueError, match="fp8_block e4m3fn"):
+    with pytest.raises(ValueError, match="takes fp8_block expert weights"):
         deepgemm_moe.prepare_weights(_weights("mxfp4"))
     with pytest.raises(ValueError, match="multiples of 128"):
         deepgemm_moe.prepare_weights(_weights(i=96))
@@ -157,3 +157,18 @@ def test_forcing_it_without_the_library_still_fails_at_selection() -> None:
     with ov.overrides(kernels={"moe_experts": deepgemm_moe.NAME}), pytest.raises(UnsupportedCaseError) as err:
         dsv4hal.select_platform(info=simulated_info("sm90", triton="3"), registry=reg)
     assert "deep_gemm" in str(err.value) and "format=mxfp4" in str(err.value)
+
+
+def test_pow2_scales_and_zeroed_padding_rows() -> None:
+    from dsv4hal.kernels.triton.moe_quant import quantize_routed_rows
+
+    gen = torch.Generator().manual_seed(10)
+    x = (torch.randn(2, 128, generator=gen) * 5).bfloat16()
+    sorted_routes = torch.tensor([1, 2, 2, 0], dtype=torch.int32)  # 2 = T*k: padding
+    q, sf = quantize_routed_rows(x, sorted_routes, 2, 1, 128, gather=True, pow2_scales=True)
+    for r, t in ((0, 1), (3, 0)):
+        v = x[t].float()
+        want = 2.0 ** torch.ceil(torch.log2(v.abs().max() / 448))
+        assert float(sf[r, 0]) == float(want)  # amax / 448 rounded up to a power of two
+        assert torch.equal(q[r], (v / want).to(torch.float8_e4m3fn).view(torch.uint8))
+    assert bool((q[1:3] == 0).all()) and sf[1:3].tolist() == [[1.0], [1.0]]

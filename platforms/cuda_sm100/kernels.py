@@ -104,3 +104,8 @@ def register(registry: Registry) -> None:
         supports=prefill_supports,
         description="FlashMLA SM100 sparse prefill over the bf16 workspace (sgl-flash-mla, use_legacy=True)",
         **common))
+    from dsv4hal_cuda_sm100.deepgemm_moe import register_deepgemm_fp4  # these import no torch at registration
+    from dsv4hal_cuda_sm100.flashinfer_moe import register_flashinfer_moe
+
+    register_flashinfer_moe(registry)
+    register_deepgemm_fp4(registry)

@@ -78,7 +78,7 @@ def availability_reasons(info: PlatformInfo) -> list[str]:
 
 
 def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
-    from dsv4hal_cuda_sm90.moe_support import expert_case_reasons
+    from dsv4hal.kernels.moe_support import expert_case_reasons
 
     reasons = expert_case_reasons(case, info, kernel="Marlin", fmt="mxfp4", shape_reasons=shape_reasons,
                                   fmt_reason="Marlin MoE here runs MXFP4 weights only (W4A16)")

@@ -67,3 +67,6 @@ def register(registry: Registry) -> None:
         tier="vendor", requires=(AITER, "triton"), supports=decode_supports, layout="v4-584-e4m3fn",
         description="aiter pa_decode_sparse (gfx950 Gluon, packed V4 cache, SWA + extra two-loop); "
                     "split-K partials combined here to return lse"))
+    from dsv4hal_rocm.aiter_moe import register_aiter_moe  # imports no torch at registration
+
+    register_aiter_moe(registry)

@@ -64,3 +64,29 @@ def test_demo_graph_needs_a_gpu() -> None:
         pytest.skip("this machine has a GPU")
     r = run_cli("demo", "--platform", "cpu", "--graph", "--steps", "1", "--context", "8")
     assert r.returncode != 0 and "--graph needs a CUDA platform" in r.stderr
+
+
+def test_floor_bytes_count_what_a_step_must_move_and_plots_render(tmp_path) -> None:  # noqa: ANN001
+    from dsv4hal.bench.plot import plot
+    from dsv4hal.demo import DemoConfig, DemoModel, _floor_bytes, _NullTimer, fill_random, plot_breakdown
+
+    platform = dsv4hal.select_platform("cpu")
+    model = DemoModel(platform, DemoConfig(max_pages=2), 2)
+    fill_random(model, 2, 300)
+    tape = Tape(platform.ops)
+    model.ops = tape
+    model.forward(torch.randn(2, 256).bfloat16(), torch.arange(2), torch.full((2,), 300), _NullTimer(), decode=True)
+    floors = {}
+    for name, args, kwargs, out in tape.calls:
+        floors[name] = floors.get(name, 0) + _floor_bytes(name, args, kwargs, out)
+    # attention reads 584 bytes per index (SWA 128 + the extra indices of each row); pack_store writes 584 a row
+    q, swa_idx = next((a[0], a[2]) for n, a, _, _ in tape.calls if n == "sparse_attention_decode")
+    assert floors["sparse_attention_decode"] > 3 * swa_idx.numel() * 584
+    assert floors["pack_store"] >= 2 * 584 and all(v > 0 for v in floors.values())
+    res = {"ops_alone_us": {n: 1.0 + i for i, n in enumerate(floors)}, "ops_floor_us": {n: 0.5 for n in floors},
+           "kernels": {}, "sum_ops_alone_us": 10.0, "graph_step_us": 12.0, "graph_step_over_sum_ops": 1.2,
+           "device": "cpu", "batch": 2, "context": 300, "config": {"hidden": 256, "experts": 8}}
+    plot_breakdown(res, str(tmp_path / "demo.png"))
+    rows = [{"format": f, "T": t, "us": {"a": 1.0 * t, "b": 2.0 * t}} for f in ("mxfp4", "fp8_block") for t in (1, 64)]
+    plot({"moe": rows, "device": "cpu", "command": "test"}, str(tmp_path / "moe.png"))
+    assert (tmp_path / "demo.png").stat().st_size > 10_000 and (tmp_path / "moe.png").stat().st_size > 10_000

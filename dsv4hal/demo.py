@@ -408,9 +408,6 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     r = torch.arange(batch, device=dev)
     if graph and steps:
         res.update(_decode_graph(platform, model, embed, context, steps, outputs, layers))
-        for name, kernel in res.pop("kernels_used").items():
-            tier = platform.registry.kernels[name][kernel].tier
-            res["kernels"][name] = kernel + (" (torch reference)" if tier == "reference" else "")
     else:
         t0 = time.perf_counter()
         for s in range(steps):
@@ -424,13 +421,16 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     return res
 
 
-def _kernels(platform: Any, model: DemoModel) -> dict[str, str]:
-    """The kernel of each op (moe_experts: the one its weights were prepared for); '(torch reference)' marks
-    ops with no fast kernel here (strict mode would have refused them on a GPU)."""
+def _kernels(platform: Any, model: DemoModel, calls: list = ()) -> dict[str, str]:
+    """The kernel of each op: moe_experts the one its weights were prepared for, ops called in `calls` (a
+    Tape's) the one chosen for those calls' cases, others the default case's; '(torch reference)' marks ops
+    with no fast kernel here (strict mode would have refused them on a GPU)."""
+    used = {n: platform.ops[n].decide(platform.ops[n].case_of(*a, **k)).chosen.name
+            for n, a, k, _ in calls if n != "moe_experts"}
     out = {}
     for op in platform.ops:
-        chosen = op.decide().chosen
-        name = model.layers[0]["experts"].implementation if op.name == "moe_experts" else chosen.name
+        name = model.layers[0]["experts"].implementation if op.name == "moe_experts" else (
+            used.get(op.name) or op.decide().chosen.name)
         tier = platform.registry.kernels[op.name][name].tier
         out[op.name] = name + (" (torch reference)" if tier == "reference" and platform.info.is_gpu else "")
     return out
@@ -440,7 +440,8 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
                   layers: list) -> dict[str, Any]:
     """Step 0 eagerly under a Tape (warm-up, and each op call timed alone); then one CUDA graph of the step,
     captured once and replayed for steps 1.. with new positions and inputs written into its buffers."""
-    from dsv4hal.bench.timing import graph_us
+    from dsv4hal.bench.timing import copy_bandwidth, graph_us
+    from dsv4hal.cuda_graphs import capture
 
     batch, dev = model.b, model.dev
     null = _NullTimer()
@@ -453,26 +454,16 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
     layers.append([t.clone() for t in model.layer_outputs])
     model.ops = platform.ops
     torch.cuda.synchronize()
-    # the kernel each op ran for the step's real cases (the default-case choice can differ, e.g. moe_route by E)
-    used = {n: platform.ops[n].decide(platform.ops[n].case_of(*a, **k)).chosen.name
-            for n, a, k, _ in tape.calls if n != "moe_experts"}
     alone: dict[str, float] = defaultdict(float)
     floors: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    copy_bw = _copy_bandwidth()
+    copy_bw = copy_bandwidth(1 << 30)
     for name, args, kwargs, out in tape.calls:
         op = getattr(platform.ops, name)
         alone[name] += graph_us(lambda op=op, a=args, k=kwargs: op(*a, **k), inner=3, reps=10)
         floors[name] += _floor_bytes(name, args, kwargs, out) / copy_bw * 1e6
         calls[name] += 1
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # a warm-up on the capture stream (allocator pools, lazy plans)
-        model.forward(x, req, pos, null, decode=True)
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        final = model.forward(x, req, pos, null, decode=True)
+    graph, final = capture(lambda: model.forward(x, req, pos, null, decode=True))
     step_layers = model.layer_outputs
     times = []
     for s in range(1, steps):
@@ -492,13 +483,9 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
             "graph_replays": len(times), "ops_alone_us": dict(alone), "ops_floor_us": dict(floors),
             "ops_calls_per_step": dict(calls), "sum_ops_alone_us": sum_alone,
             "graph_step_over_sum_ops": step_us / sum_alone if sum_alone else float("nan"),
-            "copy_bytes_per_s": copy_bw, "kernels_used": used}
-
-
-def _copy_bandwidth() -> float:
-    from dsv4hal.bench.timing import copy_bandwidth
-
-    return copy_bandwidth(1 << 30)
+            "copy_bytes_per_s": copy_bw,
+            # the kernels the step's real cases chose (the default case's can differ, e.g. moe_route by E)
+            "kernels": _kernels(platform, model, tape.calls)}
 
 
 def _floor_bytes(name: str, args: tuple, kwargs: dict, out: Any) -> float:
@@ -506,6 +493,7 @@ def _floor_bytes(name: str, args: tuple, kwargs: dict, out: Any) -> float:
     count, plus its dense inputs and outputs. Paged caches, rings and prepared weights are counted only where
     the call addresses them."""
     from dsv4hal.formats.v4_cache import V4PagedCache
+    from dsv4hal.reference.moe import expert_nbytes
 
     def nbytes(x: Any) -> int:
         return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
@@ -521,7 +509,7 @@ def _floor_bytes(name: str, args: tuple, kwargs: dict, out: Any) -> float:
         e = prepared.case["E"]
         h, i = prepared.case["H"], prepared.case["I"]
         active = int(torch.unique(ids[(ids >= 0) & (ids < e)]).numel())
-        return dense + nbytes(args[0]) + active * (3 * h * i // 2 + 3 * h * i // 32)
+        return dense + nbytes(args[0]) + active * expert_nbytes(prepared.case["format"], h, i)
     if name == "indexer_logits":
         q, weights, lens = args[0], args[1], args[3]
         return dense + nbytes(q) + nbytes(weights) + int(lens.sum()) * 132

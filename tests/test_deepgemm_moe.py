@@ -7,14 +7,11 @@ the float64 oracle; DeepGEMM's own kernel is not (that is the H200 conformance).
 
 from __future__ import annotations
 
-import sys
-import types
-
 import pytest
 import torch
 from conftest import registry_with
 from dsv4hal_cuda_sm90 import deepgemm_moe
-from vendor_fakes import simulated_info
+from vendor_fakes import fake_module, install_modules, simulated_info
 
 import dsv4hal
 from dsv4hal import override as ov
@@ -69,10 +66,9 @@ class FakeDeepGemm:
 @pytest.fixture
 def fake_dg(monkeypatch: pytest.MonkeyPatch) -> FakeDeepGemm:
     fake = FakeDeepGemm()
-    mod = types.ModuleType("deep_gemm")
-    for name in ("get_mk_alignment_for_contiguous_layout", "m_grouped_fp8_gemm_nt_contiguous"):
-        setattr(mod, name, getattr(fake, name))
-    monkeypatch.setitem(sys.modules, "deep_gemm", mod)
+    install_modules(monkeypatch, {"deep_gemm": fake_module(
+        "deep_gemm", get_mk_alignment_for_contiguous_layout=fake.get_mk_alignment_for_contiguous_layout,
+        m_grouped_fp8_gemm_nt_contiguous=fake.m_grouped_fp8_gemm_nt_contiguous)})
     return fake
 
 

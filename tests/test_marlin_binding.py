@@ -13,7 +13,7 @@ import torch
 from conftest import registry_with
 from dsv4hal_cuda_sm90 import marlin_moe, vllm_moe_lib
 from dsv4hal_cuda_sm90.marlin_layout import unpermute_scales_for_marlin, unrepack_marlin_mxfp4
-from vendor_fakes import Recorder, simulated_info
+from vendor_fakes import Recorder, define_fake_op, simulated_info
 
 import dsv4hal
 from dsv4hal import override as ov
@@ -33,7 +33,7 @@ PARAMS = ("a", "c_or_none", "b_q_weight", "b_bias_or_none", "b_scales", "a_scale
           "g_idx_or_none", "perm_or_none", "workspace", "sorted_token_ids", "expert_ids", "num_tokens_past_padded",
           "topk_weights", "moe_block_size", "top_k", "mul_topk_weights", "b_type_id", "size_m", "size_n", "size_k",
           "is_full_k", "use_atomic_add", "use_fp32_reduce", "is_zp_float", "thread_k", "thread_n", "blocks_per_sm")
-_state: dict[str, Any] = {"library": None, "recorder": None}
+_state: dict[str, Any] = {"recorder": None}
 
 E, H, I, T, K = 4, 128, 64, 3, 2
 SIM_LIBS = {"vllm_moe": "0.24", "triton": "3"}
@@ -51,11 +51,7 @@ def _marlin_impl(*args: Any) -> torch.Tensor:
 
 @pytest.fixture
 def fake_moe_c(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    if _state["library"] is None:
-        lib = torch.library.Library("_moe_C", "FRAGMENT")
-        lib.define(MARLIN_SCHEMA)
-        lib.impl("moe_wna16_marlin_gemm", _marlin_impl, "CPU")
-        _state["library"] = lib  # kept alive: a collected Library removes its registrations
+    define_fake_op("_moe_C", MARLIN_SCHEMA, _marlin_impl)
     rec = Recorder()
     monkeypatch.setitem(_state, "recorder", rec)
     monkeypatch.setattr(marlin_moe, "_WORKSPACES", {})

@@ -6,7 +6,6 @@ fakes and checked against their documented signatures (their outputs mean nothin
 
 from __future__ import annotations
 
-import sys
 import types
 
 import pytest
@@ -17,7 +16,7 @@ from dsv4hal_cuda_sm100 import flashinfer_moe as fi
 from dsv4hal_cuda_sm100 import moe_layouts as bw
 from dsv4hal_rocm import aiter_moe
 from dsv4hal_rocm import moe_layouts as amd
-from vendor_fakes import simulated_info
+from vendor_fakes import fake_module, install_modules, simulated_info
 
 import dsv4hal
 from dsv4hal import override as ov
@@ -152,10 +151,9 @@ class FakeDeepGemmSm100:
 @pytest.fixture
 def fake_dg100(monkeypatch: pytest.MonkeyPatch) -> FakeDeepGemmSm100:
     fake = FakeDeepGemmSm100()
-    mod = types.ModuleType("deep_gemm")
-    for name in ("get_mk_alignment_for_contiguous_layout", "m_grouped_fp8_fp4_gemm_nt_contiguous"):
-        setattr(mod, name, getattr(fake, name))
-    monkeypatch.setitem(sys.modules, "deep_gemm", mod)
+    install_modules(monkeypatch, {"deep_gemm": fake_module(
+        "deep_gemm", get_mk_alignment_for_contiguous_layout=fake.get_mk_alignment_for_contiguous_layout,
+        m_grouped_fp8_fp4_gemm_nt_contiguous=fake.m_grouped_fp8_fp4_gemm_nt_contiguous)})
     return fake
 
 
@@ -186,13 +184,9 @@ def test_flashinfer_call_contract(monkeypatch: pytest.MonkeyPatch) -> None:
         seen["args"], seen["kwargs"] = args, kwargs
         return [torch.zeros(args[2].shape[0], args[2].shape[1], dtype=torch.bfloat16)]
 
-    top = types.ModuleType("flashinfer")
-    top.mxfp8_quantize = mxfp8_quantize
-    sub = types.ModuleType("flashinfer.fused_moe")
-    sub.trtllm_fp4_block_scale_routed_moe = routed_moe
-    top.fused_moe = sub
-    monkeypatch.setitem(sys.modules, "flashinfer", top)
-    monkeypatch.setitem(sys.modules, "flashinfer.fused_moe", sub)
+    install_modules(monkeypatch, {
+        "flashinfer": fake_module("flashinfer", __path__=[], mxfp8_quantize=mxfp8_quantize),
+        "flashinfer.fused_moe": fake_module("flashinfer.fused_moe", trtllm_fp4_block_scale_routed_moe=routed_moe)})
     prepared = fi.prepare_weights(_weights())
     t = 4
     x = torch.randn(t, H).bfloat16()
@@ -217,13 +211,10 @@ def test_aiter_call_contract(monkeypatch: pytest.MonkeyPatch) -> None:
         seen.update(x=x, w1=w1, w2=w2, tw=topk_weight, ids=topk_ids, kw=kw)
         return torch.zeros_like(x)
 
-    top = types.ModuleType("aiter")
-    top.ActivationType = types.SimpleNamespace(Silu="Silu", Swiglu="Swiglu")
-    top.QuantType = types.SimpleNamespace(per_1x32="per_1x32")
-    sub = types.ModuleType("aiter.fused_moe")
-    sub.fused_moe = fused_moe
-    monkeypatch.setitem(sys.modules, "aiter", top)
-    monkeypatch.setitem(sys.modules, "aiter.fused_moe", sub)
+    install_modules(monkeypatch, {
+        "aiter": fake_module("aiter", __path__=[], ActivationType=types.SimpleNamespace(Silu="Silu", Swiglu="Swiglu"),
+                             QuantType=types.SimpleNamespace(per_1x32="per_1x32")),
+        "aiter.fused_moe": fake_module("aiter.fused_moe", fused_moe=fused_moe)})
     prepared = aiter_moe.prepare_weights(_weights())
     ids = torch.tensor([[0, -1], [2, 1]], dtype=torch.int32)
     aiter_moe.moe_experts(torch.randn(2, H).bfloat16(), ids, torch.tensor([[0.7, 0.8], [0.5, 1.0]]), prepared)

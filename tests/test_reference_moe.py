@@ -302,20 +302,20 @@ def test_validate_route():
 
 
 def test_catalog_shape():
-    names = [c.name for c in cases_moe.CASES]
+    names = [c.name for c in cases_moe.ALL_CASES]
     assert len(names) == len(set(names))
     full = {(c.params["E"], c.params["H"], c.params["I"], c.params["T"], c.params["format"])
             for c in cases_moe.CASES_EXPERTS if c.gpu_only}
     for e, h, i in ((256, 4096, 2048), (384, 7168, 3072)):
         for t in (1, 64, 512, 4096):
             assert {(e, h, i, t, "mxfp4"), (e, h, i, t, "fp8_block")} <= full
-    cpu = [c for c in cases_moe.CASES if not c.gpu_only]
+    cpu = [c for c in cases_moe.ALL_CASES if not c.gpu_only]
     assert {c.params.get("routing") for c in cpu if c.op == "moe_route"} >= {"hash", "bias"}
     assert any(c.params["w13_gain"] > 1 for c in cpu if c.op == "moe_experts")
-    assert all(c.modes == ("eager", "graph") for c in cases_moe.CASES)
+    assert all(c.modes == ("eager", "graph") for c in cases_moe.ALL_CASES)
 
 
-@pytest.mark.parametrize("spec", [c for c in cases_moe.CASES if not c.gpu_only], ids=lambda c: f"{c.op}-{c.name}")
+@pytest.mark.parametrize("spec", [c for c in cases_moe.ALL_CASES if not c.gpu_only], ids=lambda c: f"{c.op}-{c.name}")
 def test_catalog_fixture_passes_on_reference(spec):
     fixture = cases_moe.build(spec, torch.device("cpu"), torch.Generator().manual_seed(7))
     ref = moe_route if spec.op == "moe_route" else moe_experts
@@ -339,7 +339,7 @@ def test_catalog_fixture_passes_on_reference(spec):
 
 
 def test_catalog_clamp_case_is_active():
-    spec = next(c for c in cases_moe.CASES if c.name.endswith("-clamp") and c.params["format"] == "mxfp4")
+    spec = next(c for c in cases_moe.ALL_CASES if c.name.endswith("-clamp") and c.params["format"] == "mxfp4")
     fixture = cases_moe.build(spec, torch.device("cpu"), torch.Generator().manual_seed(8))
     a = fixture.args
     unclamped = cases_moe.oracle_moe_experts(a["x"], a["topk_ids"], a["topk_weights"], a["weights"], math.inf)
@@ -347,7 +347,7 @@ def test_catalog_clamp_case_is_active():
 
 
 def test_route_compare_accepts_reordered_ids():
-    spec = next(c for c in cases_moe.CASES if c.op == "moe_route" and not c.gpu_only and c.params["T"] == 64)
+    spec = next(c for c in cases_moe.ALL_CASES if c.op == "moe_route" and not c.gpu_only and c.params["T"] == 64)
     fixture = cases_moe.build(spec, torch.device("cpu"), torch.Generator().manual_seed(9))
     ids, w = moe_route(**fixture.args)
     perm = torch.randperm(ids.shape[1], generator=torch.Generator().manual_seed(0))

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 from dsv4hal_cuda_sm90 import vllm_moe_lib, vllm_router
+from vendor_fakes import define_fake_op
 
 import dsv4hal
 from dsv4hal.hardware import simulated
@@ -26,14 +27,9 @@ def _fake(topk_weights, topk_indices, token_expert_indices, gating_output, renor
 
 
 @pytest.fixture(scope="module")
-def fake_op():  # noqa: ANN201
-    if not vllm_moe_lib.op_registered(vllm_router.OP_NAME):
-        lib = torch.library.Library(vllm_moe_lib.NAMESPACE, "FRAGMENT")
-        lib.define(SCHEMA)
-        lib.impl(vllm_router.OP_NAME, _fake, "CPU")
-        yield lib
-    else:
-        yield None
+def fake_op() -> None:
+    if not vllm_moe_lib.op_registered(vllm_router.OP_NAME):  # the real library may be loaded on a GPU machine
+        define_fake_op(vllm_moe_lib.NAMESPACE, SCHEMA, _fake)
 
 
 def test_marshalling_non_hash(fake_op) -> None:  # noqa: ANN001

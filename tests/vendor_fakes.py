@@ -11,6 +11,7 @@ check the outputs' values, which mean nothing.
   torch.library from its schema string, so torch itself checks argument types against the schema.
 - install_aiter: `aiter.ops.triton.attention.pa_decode_sparse.pa_decode_sparse`.
 - simulated_info: PlatformInfo for hardware that is not here (dsv4hal.hardware.simulated).
+- fake_module / install_modules / define_fake_op: the pieces, for tests that fake other libraries.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class Recorder:
         return found[0]
 
 
-def _module(name: str, **attrs: Any) -> types.ModuleType:
+def fake_module(name: str, **attrs: Any) -> types.ModuleType:
+    """A module object named `name` (with a spec, as find_spec expects) holding attrs."""
     mod = types.ModuleType(name)
     mod.__spec__ = importlib.machinery.ModuleSpec(name, loader=None)
     for k, v in attrs.items():
@@ -101,7 +103,8 @@ def _module(name: str, **attrs: Any) -> types.ModuleType:
     return mod
 
 
-def _install(monkeypatch: pytest.MonkeyPatch, modules: Mapping[str, types.ModuleType]) -> None:
+def install_modules(monkeypatch: pytest.MonkeyPatch, modules: Mapping[str, types.ModuleType]) -> None:
+    """Put the modules in sys.modules for this test (submodules also become attributes of their parents)."""
     isolate_binding_caches(monkeypatch)
     for name, mod in modules.items():
         monkeypatch.setitem(sys.modules, name, mod)
@@ -153,13 +156,13 @@ def install_flash_mla(monkeypatch: pytest.MonkeyPatch, *, has_legacy: bool = Tru
         res = [out, *stats]
         return res if use_legacy else tuple(res)
 
-    iface = _module("flash_mla.flash_mla_interface", get_mla_metadata=get_mla_metadata,
+    iface = fake_module("flash_mla.flash_mla_interface", get_mla_metadata=get_mla_metadata,
                     flash_mla_with_kvcache=flash_mla_with_kvcache, flash_mla_sparse_fwd=flash_mla_sparse_fwd,
                     FlashMLASchedMeta=FakeSchedMeta)
-    pkg = _module("flash_mla", __version__="1.0.0", __path__=[], has_legacy=lambda: has_legacy,
+    pkg = fake_module("flash_mla", __version__="1.0.0", __path__=[], has_legacy=lambda: has_legacy,
                   get_mla_metadata=get_mla_metadata, flash_mla_with_kvcache=flash_mla_with_kvcache,
                   flash_mla_sparse_fwd=flash_mla_sparse_fwd)
-    _install(monkeypatch, {"flash_mla": pkg, "flash_mla.flash_mla_interface": iface})
+    install_modules(monkeypatch, {"flash_mla": pkg, "flash_mla.flash_mla_interface": iface})
     return rec
 
 
@@ -169,7 +172,19 @@ def install_flash_mla(monkeypatch: pytest.MonkeyPatch, *, has_legacy: bool = Tru
 TOPK_SCHEMA = ("deepseek_v4_topk_transform_512(Tensor scores, Tensor seq_lens, Tensor page_table, "
                "Tensor! page_indices, int page_size, Tensor!? raw_indices) -> ()")
 TOPK_PARAMS = ("scores", "seq_lens", "page_table", "page_indices", "page_size", "raw_indices")
-_topk_state: dict[str, Any] = {"library": None, "recorder": None}
+_topk_state: dict[str, Any] = {"recorder": None}
+_LIBRARIES: dict[tuple[str, str], torch.library.Library] = {}
+
+
+def define_fake_op(namespace: str, schema: str, impl: Any) -> None:
+    """Define torch.ops.<namespace>.<op> from its schema string with a CPU implementation, once per process
+    (torch then checks every call's argument types against the schema)."""
+    name = schema.split("(", 1)[0]
+    if (namespace, name) not in _LIBRARIES:
+        lib = torch.library.Library(namespace, "FRAGMENT")
+        lib.define(schema)
+        lib.impl(name, impl, "CPU")
+        _LIBRARIES[(namespace, name)] = lib  # kept alive: a collected Library removes its registrations
 
 
 def _topk_impl(scores, seq_lens, page_table, page_indices, page_size, raw_indices) -> None:  # noqa: ANN001
@@ -184,14 +199,10 @@ def _topk_impl(scores, seq_lens, page_table, page_indices, page_size, raw_indice
 def install_sgl_kernel(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     """Fake `sgl_kernel` package plus the op, defined once per process in the `sgl_kernel` torch-op namespace
     (CPU dispatch) from the schema string; calls are routed to this test's recorder."""
-    if _topk_state["library"] is None:
-        lib = torch.library.Library("sgl_kernel", "FRAGMENT")
-        lib.define(TOPK_SCHEMA)
-        lib.impl("deepseek_v4_topk_transform_512", _topk_impl, "CPU")
-        _topk_state["library"] = lib  # kept alive: a collected Library removes its registrations
+    define_fake_op("sgl_kernel", TOPK_SCHEMA, _topk_impl)
     rec = Recorder()
     monkeypatch.setitem(_topk_state, "recorder", rec)
-    _install(monkeypatch, {"sgl_kernel": _module("sgl_kernel", __version__="0.4.10", __path__=[])})
+    install_modules(monkeypatch, {"sgl_kernel": fake_module("sgl_kernel", __version__="0.4.10", __path__=[])})
     return rec
 
 
@@ -218,9 +229,9 @@ def install_aiter(monkeypatch: pytest.MonkeyPatch) -> Recorder:
         return torch.zeros(n, h, d, dtype=torch.bfloat16, device=q.device)
 
     names = ("aiter", "aiter.ops", "aiter.ops.triton", "aiter.ops.triton.attention")
-    mods = {n: _module(n, __path__=[]) for n in names}
+    mods = {n: fake_module(n, __path__=[]) for n in names}
     mods["aiter"].__version__ = "0.1.13.dev0+ge4048607"
-    mods["aiter.ops.triton.attention.pa_decode_sparse"] = _module(
+    mods["aiter.ops.triton.attention.pa_decode_sparse"] = fake_module(
         "aiter.ops.triton.attention.pa_decode_sparse", pa_decode_sparse=pa_decode_sparse)
-    _install(monkeypatch, mods)
+    install_modules(monkeypatch, mods)
     return rec

@@ -11,16 +11,15 @@ the FP8 paths against DeepGEMM. Routing: k distinct uniformly random experts per
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import torch
 
 from dsv4hal.bench.common import bound_op, candidates
-from dsv4hal.bench.timing import graph_us
+from dsv4hal.bench.timing import eager_us, graph_us
 from dsv4hal.conformance.cases_moe import _expert_weights, _experts_params
 from dsv4hal.ops.moe import case_expert_weights
-from dsv4hal.reference.moe import dequantize_expert, swiglu_mlp
+from dsv4hal.reference.moe import dequantize_expert, expert_nbytes, per_expert_sum, swiglu_mlp
 
 SHAPE = "flash"
 TOKENS = (1, 8, 64, 512, 4096)
@@ -28,42 +27,13 @@ QUICK_TOKENS = (1, 64, 4096)
 BASELINE = "torch_bf16_loop"
 
 
-def eager_us(fn: Any, reps: int = 5) -> float:
-    """Median microseconds of eager calls (for host-synchronising code that cannot be captured)."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0)
-    return statistics.median(times)
-
-
-def expert_bytes(fmt: str, h: int, i: int) -> int:
-    """Bytes of one expert's weights and scales as stored (w13 [2I, H] and w2 [H, I])."""
-    n = 3 * h * i
-    return n // 2 + n // 32 if fmt == "mxfp4" else n + 4 * (-(-2 * i // 128) * (h // 128) + (h // 128) * (i // 128))
-
-
 def _bf16_experts(weights: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [tuple(w.to(torch.bfloat16) for w in dequantize_expert(weights, e)) for e in range(weights.num_experts)]
 
 
-def _bf16_loop(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: list, limit: float) -> torch.Tensor:
-    k = ids.shape[1]
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    flat = ids.reshape(-1).long()
-    order = torch.argsort(flat, stable=True)
-    uniq, counts = torch.unique_consecutive(flat[order], return_counts=True)
-    for e, run in zip(uniq.tolist(), torch.split(order, counts.tolist())):
-        w13, w2 = experts[e]
-        y = swiglu_mlp(x[run // k], w13, w2, limit)
-        out.index_add_(0, run // k, y.float() * tw.reshape(-1)[run].unsqueeze(1))
-    return out.to(torch.bfloat16)
+def _bf16_loop(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: list) -> torch.Tensor:
+    """The reference's per-expert loop on weights dequantized to bf16 once, bf16 matmuls."""
+    return per_expert_sum(x, ids, tw, lambda e, rows: swiglu_mlp(rows, *experts[e], 10.0))
 
 
 def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[dict[str, Any]]:
@@ -92,10 +62,10 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
                 except Exception as exc:
                     row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
             if baseline is not None:
-                row["us"][BASELINE] = eager_us(lambda a=(x, ids, tw), b=baseline: _bf16_loop(*a, b, 10.0), reps=3)
+                row["us"][BASELINE] = eager_us(lambda a=(x, ids, tw), b=baseline: _bf16_loop(*a, b), reps=3)
             active = int(torch.unique(ids).numel())
             row["active_experts"] = active
-            row["weight_bytes"] = active * expert_bytes(fmt, h, i)
+            row["weight_bytes"] = active * expert_nbytes(fmt, h, i)
             row["flop"] = 2 * t * k * 3 * h * i
             row["weight_GBps"] = {n: row["weight_bytes"] / u / 1e3 for n, u in row["us"].items() if n != BASELINE}
             row["x_copy_bw"] = {n: g * 1e9 / ceilings["copy_bytes_per_s"] for n, g in row["weight_GBps"].items()}

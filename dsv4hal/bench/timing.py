@@ -8,20 +8,14 @@ from collections.abc import Callable
 
 import torch
 
+from dsv4hal.cuda_graphs import capture
+
 
 def graph_us(fn: Callable[[], object], *, inner: int = 10, reps: int = 25) -> float:
     """Median microseconds per call of `fn`, captured `inner` times in one CUDA graph and replayed."""
     fn()
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
+    graph, _ = capture(fn, repeat=inner)
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -49,21 +43,28 @@ def host_us(fn: Callable[[], object], *, calls: int = 200) -> float:
     return best
 
 
+def eager_us(fn: Callable[[], object], *, reps: int = 5) -> float:
+    """Median microseconds of eager calls timed with events (after one warm-up call): for what a CUDA graph
+    cannot hold (host-synchronising code) or runs differently."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0)
+    return statistics.median(times)
+
+
 def copy_bandwidth(bytes_: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth in bytes/s, read plus write counted (a copy kernel timed eagerly:
     inside a CUDA graph a plain copy becomes a memcpy node, which runs slower)."""
     src = torch.randn(bytes_ // 4, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    return bytes_ / statistics.median(times)
+    return bytes_ / (eager_us(lambda: dst.copy_(src), reps=10) * 1e-6)
 
 
 def bf16_tflops(n: int = 8192) -> float:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dsv4hal.conformance.types import CaseSpec, Fixture, Tolerance, compare_close
+from dsv4hal.conformance.types import CaseSpec, Fixture, Tolerance, builder_for, compare_close
 from dsv4hal.reference.moe import ExpertWeights, dequantize_expert, quantize_experts
 
 OP_ROUTE = "moe_route"
@@ -121,7 +121,8 @@ def _experts_cases() -> list[CaseSpec]:
 
 CASES_ROUTE: list[CaseSpec] = _route_cases()
 CASES_EXPERTS: list[CaseSpec] = _experts_cases()
-CASES: list[CaseSpec] = CASES_ROUTE + CASES_EXPERTS
+# both ops' cases; not named CASES*: the runner collects every CASES* list of a catalog module
+ALL_CASES: list[CaseSpec] = CASES_ROUTE + CASES_EXPERTS
 
 
 # ----- random inputs ------------------------------------------------------------------------------------
@@ -316,10 +317,7 @@ _BUILDERS = {OP_ROUTE: _build_route, OP_EXPERTS: _build_experts}
 
 def build(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture:
     """Fixture for one case; inputs drawn from `gen` (on gen's device), then placed on `device`."""
-    try:
-        builder = _BUILDERS[spec.op]
-    except KeyError:
-        raise ValueError(f"cases_moe cannot build op {spec.op!r}; expected one of {tuple(_BUILDERS)}") from None
+    builder = builder_for("cases_moe", _BUILDERS, spec)
     device = torch.device(device)
     if spec.gpu_only and device.type != "cpu" and gen.device.type == "cpu":
         # full-size layers (V4-Pro: 25e9 weights) are drawn on the device: a CPU generator takes minutes

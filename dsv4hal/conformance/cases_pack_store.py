@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from dsv4hal.conformance.types import CaseSpec, Fixture, Tolerance, compare_close
+from dsv4hal.conformance.types import CaseSpec, Fixture, Tolerance, builder_for, compare_close
 from dsv4hal.formats.fp8 import FP8_FLAVORS, FP8_MAX
 from dsv4hal.formats.v4_cache import (
     HEAD_DIM,
@@ -265,8 +265,4 @@ _BUILDERS = {OP_PACK_STORE: _build_pack_store, OP_DEQUANT_GATHER: _build_dequant
 
 def build(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture:
     """Fixture for one case; inputs drawn from `gen` (on gen's device), then placed on `device`."""
-    try:
-        builder = _BUILDERS[spec.op]
-    except KeyError:
-        raise ValueError(f"cases_pack_store cannot build op {spec.op!r}; expected one of {tuple(_BUILDERS)}") from None
-    return builder(spec, torch.device(device), gen)
+    return builder_for("cases_pack_store", _BUILDERS, spec)(spec, torch.device(device), gen)

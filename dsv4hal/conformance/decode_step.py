@@ -127,12 +127,11 @@ def decode_step_cells(platform: Any, seed: int = 0) -> list[Cell]:
             if not graphs:
                 continue
             if graph is None:  # capture once, on step 0's buffers
+                from dsv4hal.cuda_graphs import capture
+
                 static = clone_args(inp)
-                _step(platform, graph_caches, static)  # warm-up (writes the same bytes the replay writes)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    out_static = _step(platform, graph_caches, static)
+                # the warm-up writes the same bytes the replay writes
+                graph, out_static = capture(lambda s=static, c=graph_caches: _step(platform, c, s))
             copy_into(static, inp)  # new metadata and tokens written in place
             graph.replay()
             torch.cuda.synchronize()

@@ -73,8 +73,6 @@ def load_catalog(ops: Iterable[str] | None = None) -> list[tuple[CaseSpec, Calla
     for name in CATALOG_MODULES:
         mod = importlib.import_module(f"dsv4hal.conformance.cases_{name}")
         specs = [s for attr in sorted(dir(mod)) if attr.startswith("CASES") for s in getattr(mod, attr)]
-        # a module may also export the union of its lists (cases_moe.CASES): each case once
-        specs = list({(s.op, s.name): s for s in specs}.values())
         out += [(s, mod.build) for s in specs if wanted is None or s.op in wanted]
     return out
 
@@ -188,15 +186,10 @@ def _prepared(bound: Any, fx: Fixture) -> Fixture:
 
 def _run_graph(bound: Any, fx: Fixture, fx_new: Fixture) -> tuple[Any, dict[str, Any]]:
     """Capture the op once on fx's inputs, write fx_new's inputs into the same buffers, replay."""
+    from dsv4hal.cuda_graphs import capture
+
     static = clone_args(fx.args)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        bound(**static)  # warm-up: compilation, autotuning and lazy scheduler plans happen outside capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ret = bound(**static)
+    graph, ret = capture(lambda: bound(**static))
     copy_into(static, fx_new.args)
     graph.replay()
     torch.cuda.synchronize()

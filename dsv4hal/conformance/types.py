@@ -85,3 +85,14 @@ def compare_close(got: Any, expected: Any, tol: Tolerance) -> tuple[float, bool,
 
 # Builders: op catalog modules expose CASES: list[CaseSpec] and build(spec, device, gen) -> Fixture.
 Builder = Callable[[CaseSpec, torch.device, torch.Generator], Fixture]
+
+
+Builder = Callable[[CaseSpec, torch.device, torch.Generator], Fixture]
+
+
+def builder_for(catalog: str, builders: Mapping[str, Builder], spec: CaseSpec) -> Builder:
+    """The fixture builder of spec.op in a catalog module that covers several ops."""
+    try:
+        return builders[spec.op]
+    except KeyError:
+        raise ValueError(f"{catalog} cannot build op {spec.op!r}; expected one of {tuple(builders)}") from None

@@ -19,47 +19,32 @@ from dsv4hal.kernels.moe_align import align_routes
 from dsv4hal.kernels.triton.moe_combine import combine_routes
 from dsv4hal.kernels.triton.moe_quant import quantize_routed_rows
 
-# gemm(a e4m3fn [rows, K], sfa fp32 [rows, K/128] MN-major, d bf16 [rows, N] written, grouped_layout int32 [rows])
-GroupedGemm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
-
-def grouped_fp8_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *, num_experts: int,
-                    intermediate: int, alignment: int, gemm1: GroupedGemm, gemm2: GroupedGemm,
-                    swiglu_limit: float, pow2_scales: bool = False) -> torch.Tensor:
+def grouped_fp8_moe(gemm: Callable[..., None], x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    weights: Any, swiglu_limit: float, *, pow2_scales: bool = False,
+                    **gemm_kwargs: Any) -> torch.Tensor:
     """x bf16 [T, H], topk_ids int [T, k], topk_weights fp32 [T, k] -> bf16 [T, H] (routed experts only).
-    pow2_scales: activation scales rounded up to powers of two and padding rows zeroed (SM100 packs UE8M0)."""
+
+    gemm((a e4m3fn [rows, K], sfa fp32 [rows, K/128] MN-major), (w, w_scale), d bf16 [rows, N], grouped_layout
+    int32 [rows], **gemm_kwargs) writes d; weights: an ExpertTensors (w13, w2 and their scales as the GEMM takes
+    them) with an `alignment`. pow2_scales: activation scales rounded up to powers of two and padding rows
+    zeroed (SM100 packs UE8M0)."""
     t, k = topk_ids.shape
-    h, i = x.shape[1], intermediate
+    h, i = x.shape[1], weights.intermediate
     p = t * k
     if p == 0:
         return torch.zeros(t, h, dtype=torch.bfloat16, device=x.device)
-    routes = align_routes(topk_ids, num_experts, alignment)
+    routes = align_routes(topk_ids, weights.num_experts, weights.alignment)
     sorted_routes = routes.sorted_routes
     rows = sorted_routes.numel()
-    layout = torch.where(sorted_routes < p, routes.block_expert.repeat_interleave(alignment), -1).to(torch.int32)
+    layout = torch.where(sorted_routes < p, routes.block_expert.repeat_interleave(weights.alignment), -1)
+    layout = layout.to(torch.int32)
     a1, s1 = quantize_routed_rows(x.contiguous(), sorted_routes, p, k, h, gather=True, pow2_scales=pow2_scales)
     d1 = torch.empty(rows, 2 * i, dtype=torch.bfloat16, device=x.device)
-    gemm1(a1.view(torch.float8_e4m3fn), s1, d1, layout)
+    gemm((a1.view(torch.float8_e4m3fn), s1), (weights.w13, weights.w13_scale), d1, layout, **gemm_kwargs)
     a2, s2 = quantize_routed_rows(d1, sorted_routes, p, k, i, gather=False, swiglu_limit=swiglu_limit,
                                   pow2_scales=pow2_scales)
     d2 = torch.empty(rows, h, dtype=torch.bfloat16, device=x.device)
-    gemm2(a2.view(torch.float8_e4m3fn), s2, d2, layout)
+    gemm((a2.view(torch.float8_e4m3fn), s2), (weights.w2, weights.w2_scale), d2, layout, **gemm_kwargs)
     # dropped routes (row == rows) are skipped, not multiplied by 0: padding rows are never written
     return combine_routes(d2, routes.row_of_route.view(t, k), topk_weights, rows)
-
-
-def grouped_moe_with(gemm: Callable[..., None], x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                     weights: Any, swiglu_limit: float, *, pow2_scales: bool = False,
-                     **gemm_kwargs: Any) -> torch.Tensor:
-    """grouped_fp8_moe with a DeepGEMM-style gemm((a, sfa), (w, sfw), d, layout, **gemm_kwargs) over the prepared
-    weights' w13 / w2 (an ExpertTensors with an `alignment`)."""
-
-    def gemm1(a: torch.Tensor, sfa: torch.Tensor, d: torch.Tensor, layout: torch.Tensor) -> None:
-        gemm((a, sfa), (weights.w13, weights.w13_scale), d, layout, **gemm_kwargs)
-
-    def gemm2(a: torch.Tensor, sfa: torch.Tensor, d: torch.Tensor, layout: torch.Tensor) -> None:
-        gemm((a, sfa), (weights.w2, weights.w2_scale), d, layout, **gemm_kwargs)
-
-    return grouped_fp8_moe(x, topk_ids, topk_weights, num_experts=weights.num_experts,
-                           intermediate=weights.intermediate, alignment=weights.alignment, gemm1=gemm1, gemm2=gemm2,
-                           swiglu_limit=swiglu_limit, pow2_scales=pow2_scales)

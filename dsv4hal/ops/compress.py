@@ -38,6 +38,7 @@ import torch
 
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.ops.checks import check_choice, check_finite, check_same_device, check_tensor, describe
+from dsv4hal.reference.compress import window_rows
 
 OP = "compress"
 RATIOS = (4, 128)
@@ -176,7 +177,7 @@ def validate_decode(
     kv_score, hd, tensors = _check_layer(op, kv_score, ratio, ape, norm_weight, cos, sin)
     b, width = kv_score.shape
     st = check_tensor(op, "state", state, dtype=torch.float32, shape=(None, None, width), contiguous=True)
-    window = 8 if ratio == 4 else 128
+    window = window_rows(ratio)
     if st.shape[1] < window:
         raise InvalidArgumentError(op, "state", f"a ring of at least {window} rows for ratio {ratio}", describe(st),
                                    remedy="make it with dsv4hal.reference.compress.new_state")

@@ -106,11 +106,16 @@ def _pool_norm_rope(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tens
     return hadamard_transform(out) if hadamard else out
 
 
+def window_rows(ratio: int) -> int:
+    """Rows one compressed entry pools: 8 for C4 (two overlapping groups of 4), else the ratio."""
+    return 2 * OVERLAP_RATIO if ratio == OVERLAP_RATIO else ratio
+
+
 def new_state(num_slots: int, ratio: int, width: int, device: torch.device | str = "cpu",
               ring: int | None = None) -> torch.Tensor:
     """Compressor state rings fp32 [num_slots, ring, width]: kv halves 0, score halves -inf (spec 2.4).
     Ring 8 for C4 and 128 for C128 (16 and 256 with speculative decoding)."""
-    ring = ring or (2 * OVERLAP_RATIO if ratio == OVERLAP_RATIO else ratio)
+    ring = ring or window_rows(ratio)
     state = torch.zeros(num_slots, ring, width, dtype=torch.float32, device=device)
     state[..., width // 2:] = float("-inf")
     return state
@@ -135,7 +140,7 @@ def compress_decode(
     ring = state.shape[1]
     pos, slot = positions.long(), slots.long()
     state[slot, pos % ring] = kv_score.float()
-    window = OVERLAP_RATIO * 2 if ratio == OVERLAP_RATIO else ratio
+    window = window_rows(ratio)
     back = pos[:, None] - window + 1 + torch.arange(window, device=pos.device)  # oldest .. newest position
     ordered = state[slot[:, None], back % ring].reshape(-1, state.shape[2])  # [B * window, width]
     base = torch.arange(pos.shape[0], device=pos.device) * window

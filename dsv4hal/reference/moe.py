@@ -15,6 +15,7 @@ SwiGLU MLP with the same clamp; shared_expert() below is its fp32 reference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -142,9 +143,16 @@ def moe_experts(
     swiglu_limit: float = 10.0,
 ) -> torch.Tensor:
     """x bf16 [T, H], topk_ids int32 [T, k], topk_weights fp32 [T, k] -> bf16 [T, H] (routed experts only)."""
-    t, k = topk_ids.shape
-    xf = x.float()
-    out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
+    return per_expert_sum(x.float(), topk_ids, topk_weights,
+                          lambda e, rows: swiglu_mlp(rows, *dequantize_expert(weights, e), swiglu_limit))
+
+
+def per_expert_sum(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                   expert: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """bf16 [T, H]: sum over slots of weight * expert(e, the rows of x routed to e), one call per expert hit
+    (ids < 0 skipped), accumulated in fp32. Reads the routing on the host: a loop, not a kernel."""
+    k = topk_ids.shape[1]
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1).long()
     flat_w = topk_weights.reshape(-1).float()
     # Group the (token, slot) pairs by expert: sort the valid slots by id, then split into runs.
@@ -153,7 +161,15 @@ def moe_experts(
     experts, counts = torch.unique_consecutive(flat_ids[slots], return_counts=True)
     for e, run in zip(experts.tolist(), torch.split(slots, counts.tolist())):
         tokens = run // k
-        w13, w2 = dequantize_expert(weights, e)
-        y = swiglu_mlp(xf[tokens], w13, w2, swiglu_limit)
-        out.index_add_(0, tokens, y * flat_w[run].unsqueeze(1))
+        out.index_add_(0, tokens, expert(e, x[tokens]).float() * flat_w[run].unsqueeze(1))
     return out.to(torch.bfloat16)
+
+
+def expert_nbytes(fmt: str, hidden: int, intermediate: int) -> int:
+    """Bytes of one expert's weights and scales as stored (w13 [2I, H] and w2 [H, I]): what a decode step
+    streams per expert it hits."""
+    h, i = hidden, intermediate
+    n = 3 * h * i
+    if fmt == "mxfp4":
+        return n // 2 + n // 32
+    return n + 4 * (-(-2 * i // 128) * (h // 128) + (h // 128) * (i // 128))

@@ -81,7 +81,7 @@ def prepare_weights(weights: ExpertWeights) -> DeepGemmFp4Weights:
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: DeepGemmFp4Weights,
                 swiglu_limit: float = 10.0) -> torch.Tensor:
     """x bf16 [T, H], topk_ids int [T, k], topk_weights fp32 [T, k] -> bf16 [T, H] (routed experts only)."""
-    from dsv4hal.kernels.grouped_fp8_moe import grouped_moe_with
+    from dsv4hal.kernels.grouped_fp8_moe import grouped_fp8_moe
 
-    return grouped_moe_with(_deep_gemm().m_grouped_fp8_fp4_gemm_nt_contiguous, x, topk_ids, topk_weights, weights,
-                            swiglu_limit, pow2_scales=True, recipe_a=RECIPE_A, recipe_b=RECIPE_B)
+    return grouped_fp8_moe(_deep_gemm().m_grouped_fp8_fp4_gemm_nt_contiguous, x, topk_ids, topk_weights, weights,
+                           swiglu_limit, pow2_scales=True, recipe_a=RECIPE_A, recipe_b=RECIPE_B)

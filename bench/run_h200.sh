@@ -42,6 +42,16 @@ what=${1:-all}
     timeout ${DEMO_TIMEOUT:-300} dsv4hal demo --size flash --batch ${DEMO_BATCH:-64} --context ${DEMO_CONTEXT:-32768} \
       --steps 8 --fill random --compare-cpu --json "$OUT/demo-flash.json" --plot "$OUT/demo-flash.png"
   fi
+  if [[ $what == all || $what == sequence ]]; then
+    # issue 12.1: the FlashMLA call sequence with ordered streams (must pass), then the unordered harness
+    # (triton's do_bench_cudagraph with no sync) in a process of its own, which may die: recorded, not required
+    timeout 300 python3 bench/flashmla_sequence.py > "$OUT/flashmla-sequence.json"; echo "ordered sequence rc=$?"
+    timeout 120 python3 bench/flashmla_sequence.py --unordered > "$OUT/flashmla-sequence-unordered.json" 2>&1
+    echo "unordered sequence rc=$?"
+  fi
+  if [[ $what == soak ]]; then
+    timeout $(( ${SOAK_MINUTES:-10} * 60 + 240 )) dsv4hal soak --minutes ${SOAK_MINUTES:-10} --json "$OUT/soak.json"
+  fi
   if [[ $what == all || $what == bench ]]; then
     timeout ${BENCH_TIMEOUT:-400} dsv4hal bench ${BENCH:-all} --json "$OUT/bench-${BENCH:-all}.json" --plot "$OUT/bench-${BENCH:-all}.png"
   fi

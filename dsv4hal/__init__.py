@@ -32,6 +32,9 @@ _LAZY = {
     "OP_NAMES": "dsv4hal.ops.catalog",
     "errors": "dsv4hal.errors",
     "V4PagedCache": "dsv4hal.formats.v4_cache",
+    "ExpertWeights": "dsv4hal.reference.moe",
+    "quantize_experts": "dsv4hal.reference.moe",
+    "PreparedWeights": "dsv4hal.prepared",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
+import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dsv4hal.errors import Dsv4HalError
+from dsv4hal.progress import Progress
 
 
 def _info_for(args: argparse.Namespace, registry: Any) -> Any:
     from dsv4hal import hardware
 
+    if getattr(args, "library", None) and not args.simulate:
+        raise Dsv4HalError("--library only applies to a simulated machine",
+                           remedy="add --simulate ARCH (sm90, sm100, gfx942, ...), or drop --library")
     info = hardware.detect(registry.requirements())
     if args.simulate:
         libs = dict(info.libraries)
@@ -32,7 +39,8 @@ def _select(args: argparse.Namespace) -> tuple[Any, Any]:
 
     registry = load_registry()
     info = _info_for(args, registry)
-    return registry, select_platform(getattr(args, "platform", None), info=info, registry=registry)
+    return registry, select_platform(getattr(args, "platform", None), info=info, registry=registry,
+                                     lock=getattr(args, "lock", None))
 
 
 def _platform_rows(registry: Any, info: Any, chosen: str) -> list[dict[str, Any]]:
@@ -58,6 +66,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                       "disabled_plugins": sorted(platform.overrides.disabled_plugins),
                       "strict": platform.overrides.strict},
         "ops": decisions,
+        "lock": platform.lock.describe() if platform.lock else None,
     }
     if args.json:
         print(json.dumps(data, indent=2, default=str))
@@ -71,6 +80,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         mark = "*" if row["selected"] else ("+" if row["fits"] else "-")
         print(f"  {mark} {row['name']:<11} [{row['plugin']}] {'; '.join(row['reasons'])}")
     print("plugins: " + ", ".join(f"{p['name']} ({p['version']})" for p in data["plugins"]))
+    print(f"lock: {data['lock'] or 'none (static priorities; DSV4HAL_LOCK or --lock loads one)'}")
     for name, err in registry.plugin_errors.items():
         print(f"  FAILED {name}: {err}")
     print("ops (default case; * chosen, + eligible, - rejected):")
@@ -83,23 +93,58 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_case(items: Sequence[str] | None, default: Any) -> dict[str, object]:
+# Case features whose values are a closed set (others: a non-negative int, a bool, or a word, as the default is).
+CASE_CHOICES: dict[str, tuple[object, ...]] = {
+    "fp8": ("e4m3fn", "e4m3fnuz"), "h_q": (64, 128), "compress_ratio": (0, 4, 128), "ratio": (4, 128),
+    "format": ("mxfp4", "fp8_block"), "tokens": ("decode", "prefill"), "size": ("small", "large")}
+
+
+def _case_value(op: str, key: str, raw: str, default: object) -> object:
+    """`raw` read as the type of the default case's value; a typed error naming the valid values otherwise."""
+    choices = CASE_CHOICES.get(key)
+    value: object
+    if isinstance(default, bool):
+        value = {"true": True, "1": True, "false": False, "0": False}.get(raw.lower())
+        ok, expected = value is not None, "true or false"
+    elif isinstance(default, int):
+        try:
+            value = int(raw)
+            ok = value >= 0
+        except ValueError:
+            value, ok = raw, False
+        expected = "a non-negative integer"
+    else:
+        value, ok, expected = raw, bool(raw), "a word"
+    if ok and choices is not None and value not in choices:
+        ok = False
+    if not ok:
+        valid = ", ".join(map(str, choices)) if choices else expected
+        raise Dsv4HalError(f"--case {key}={raw!r} is not valid for {op}",
+                           remedy=f"{key} takes {valid} (default {default})")
+    return value
+
+
+def _parse_case(items: Sequence[str] | None, default: Any, op: str = "",
+                alternates: Sequence[Any] = ()) -> dict[str, object]:
+    """--case KEY=VALUE items over the default case; keys of the op's alternate cases are accepted too."""
     case = dict(default)
+    known = dict(default)
+    for alt in alternates:
+        known.update({k: v for k, v in alt.items() if k not in known})
     for item in items or ():
         key, sep, raw = item.partition("=")
+        key = key.strip()
         if not sep:
-            raise Dsv4HalError(f"--case {item!r} is not key=value")
-        value: object = raw
-        for conv in (int, float):
-            try:
-                value = conv(raw)
-                break
-            except ValueError:
-                continue
-        if raw in ("True", "False", "None"):
-            value = {"True": True, "False": False, "None": None}[raw]
-        case[key] = value
+            raise Dsv4HalError(f"--case {item!r} is not key=value", remedy=f"case keys of {op}: {_keys(default)}")
+        if key not in known:
+            raise Dsv4HalError(f"--case key {key!r} is not a case feature of {op}",
+                               remedy=f"case keys of {op}: {_keys(known)} (dsv4hal explain --help lists all)")
+        case[key] = _case_value(op, key, raw.strip(), known[key])
     return case
+
+
+def _keys(case: Any) -> str:
+    return ", ".join(f"{k}={v}" for k, v in case.items()) or "(none)"
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -108,7 +153,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.op not in OPS_BY_NAME:
         raise Dsv4HalError(f"unknown op {args.op!r}", remedy=f"valid ops: {', '.join(OP_NAMES)}")
     _, platform = _select(args)
-    decision = platform.explain(args.op, _parse_case(args.case, OPS_BY_NAME[args.op].default_case))
+    spec = OPS_BY_NAME[args.op]
+    decision = platform.explain(args.op, _parse_case(args.case, spec.default_case, args.op, spec.alternate_cases))
     print(json.dumps(decision.to_json(), indent=2, default=str) if args.json else decision.explain())
     return 0
 
@@ -118,13 +164,18 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     from dsv4hal.conformance.runner import run_conformance
 
     def progress(i: int, n: int, cell: Any) -> None:
-        if not args.quiet:
-            err = "" if cell.max_error is None else f" err {cell.max_error:.3g}"
-            print(f"[{i}/{n}] {cell.op} {cell.case} {cell.mode}: {cell.status}{err} {cell.implementation}",
-                  file=sys.stderr, flush=True)
+        bar.total = n
+        err = "" if cell.max_error is None else f" err {cell.max_error:.3g}"
+        text = f"{cell.op} {cell.case} {cell.mode}: {cell.status}{err} {cell.implementation}"
+        bar.update(text)
+        if cell.status == "fail" and bar.animated:
+            bar.write(f"FAIL {text}")
 
-    ops = args.ops.split(",") if args.ops else None
-    report = run_conformance(args.platform, ops=ops, progress=progress, cases=args.cases)
+    for path in (args.json, args.markdown):
+        _check_output(path)
+    ops = args.ops.split(",") if args.ops is not None else None
+    with Progress(None, "conformance", enabled=not args.quiet) as bar:
+        report = run_conformance(args.platform, ops=ops, progress=progress, cases=args.cases)
     if args.json:
         _write(args.json, json.dumps(report.to_json(), indent=1, default=str) + "\n")
     md = markdown(report)
@@ -141,69 +192,164 @@ def _write(path: str, text: str) -> None:
     Path(path).write_text(text)
 
 
+def _check_output(path: str | None, *, plot: bool = False) -> None:
+    """Before a long run: the output's folder exists or can be made and is writable, the path is not a folder,
+    and a plot's matplotlib is installed."""
+    if not path:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise Dsv4HalError(f"output path {path!r} is a folder", remedy="give a file name inside it")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Dsv4HalError(f"cannot create the folder of {path!r}: {exc.strerror or exc}",
+                           remedy="choose a writable location") from None
+    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise Dsv4HalError(f"cannot write {path!r}", remedy="choose a writable location")
+    if plot and importlib.util.find_spec("matplotlib") is None:
+        raise Dsv4HalError(f"--plot {path!r} needs matplotlib, which is not installed",
+                           remedy="python3 -m pip install 'dsv4hal[plot]' (or matplotlib), or drop --plot")
+
+
+def _bench_names() -> list[str]:
+    from dsv4hal.bench.main import BENCHES
+
+    return list(BENCHES)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from dsv4hal.bench.main import run_bench
 
+    _check_output(args.json)
+    _check_output(args.plot, plot=True)
     return run_bench(args)
 
 
+def _count(minimum: int) -> Any:
+    """argparse type: an integer >= minimum (argparse turns the ValueError into a usage error, exit 2)."""
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def _case_keys_help() -> str:
+    from dsv4hal.ops.catalog import OPS
+
+    lines = ["case keys (--case KEY=VALUE) per op, with the default case:"]
+    for o in OPS:
+        extra = {k: v for alt in o.alternate_cases for k, v in alt.items() if k not in o.default_case}
+        lines.append(f"  {o.name:<26} {_keys(o.default_case)}" + (f" (also: {', '.join(extra)})" if extra else ""))
+    lines.append("closed sets: " + "; ".join(f"{k} in {{{', '.join(map(str, v))}}}" for k, v in CASE_CHOICES.items()))
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from dsv4hal import __version__
+
     p = argparse.ArgumentParser(prog="dsv4hal", description="DeepSeek-V4 kernel HAL")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p.add_argument("--version", action="version", version=f"dsv4hal {__version__}")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log plugin loading and platform choice (-v), and every kernel decision (-vv) to stderr "
+                        "(default: warnings only)")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def hw(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--platform", help="force a platform (like DSV4HAL_PLATFORM)")
         sp.add_argument("--simulate", metavar="ARCH", help="pretend the machine is ARCH (sm90, sm100, gfx942, ...)")
         sp.add_argument("--library", action="append", metavar="NAME[=VER]",
                         help="with --simulate: pretend this library is installed (repeatable)")
+        sp.add_argument("--lock", metavar="PATH", help="follow this lock file from `dsv4hal tune` (like DSV4HAL_LOCK)")
 
     sp = sub.add_parser("info", help="platform, detection, plugins and the kernel chosen per op")
     hw(sp)
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--json", action="store_true", help="print JSON instead of the table (default: table)")
     sp.set_defaults(func=cmd_info)
-    sp = sub.add_parser("explain", help="why an op gets its kernel")
-    sp.add_argument("op")
+    sp = sub.add_parser("explain", help="why an op gets its kernel", epilog=_case_keys_help(),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.add_argument("op", help="the op (dsv4hal.OP_NAMES; listed below)")
     hw(sp)
-    sp.add_argument("--case", action="append", metavar="KEY=VALUE", help="case feature (repeatable)")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--case", action="append", metavar="KEY=VALUE",
+                    help="case feature, repeatable; keys below (default: the op's default case)")
+    sp.add_argument("--json", action="store_true", help="print the decision as JSON (default: text)")
     sp.set_defaults(func=cmd_explain)
     sp = sub.add_parser("conformance", help="run the conformance matrix against the reference")
-    sp.add_argument("--platform")
-    sp.add_argument("--ops", help="comma-separated subset of ops")
-    sp.add_argument("--cases", metavar="REGEX", help="only cases whose name matches (re.search)")
-    sp.add_argument("--json", metavar="PATH")
-    sp.add_argument("--markdown", metavar="PATH")
-    sp.add_argument("--quiet", action="store_true")
+    sp.add_argument("--platform", help="platform to check (default: the detected one; like DSV4HAL_PLATFORM)")
+    sp.add_argument("--ops", help="comma-separated subset of ops, decode_step included (default: all)")
+    sp.add_argument("--cases", metavar="REGEX", help="only cases whose name matches (re.search; default: all)")
+    sp.add_argument("--json", metavar="PATH", help="write the cells as JSON here (default: not written)")
+    sp.add_argument("--markdown", metavar="PATH", help="write the markdown report here (default: not written)")
+    sp.add_argument("--quiet", action="store_true",
+                    help="no progress and no report on stdout, only the summary line (default: both)")
     sp.set_defaults(func=cmd_conformance)
     sp = sub.add_parser("demo", help="an engine-shaped DSV4 layer stack: prefill, then decode (small shapes)")
-    sp.add_argument("--platform")
-    sp.add_argument("--batch", type=int, default=2)
-    sp.add_argument("--context", type=int, default=300)
-    sp.add_argument("--steps", type=int, default=4)
+    sp.add_argument("--platform", help="platform to run on (default: the detected one; like DSV4HAL_PLATFORM)")
+    sp.add_argument("--batch", type=_count(1), default=2, help="requests decoded together (default: %(default)s)")
+    sp.add_argument("--context", type=_count(1), default=300,
+                    help="tokens of context per request before decoding (default: %(default)s)")
+    sp.add_argument("--steps", type=_count(0), default=4, help="decode steps (default: %(default)s)")
     sp.add_argument("--size", choices=("small", "flash"), default="small",
-                    help="layer dimensions: small (CPU) or V4-Flash (full size, on a GPU)")
+                    help="layer dimensions: small (CPU) or V4-Flash (full size, on a GPU) (default: %(default)s)")
     sp.add_argument("--fill", choices=("prefill", "random"), default="prefill",
-                    help="prefill the prompts, or fill the caches with random rows (a synthetic long context)")
+                    help="prefill the prompts, or fill the caches with random rows (a synthetic long context) "
+                         "(default: %(default)s)")
     sp.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
                     help="capture the decode step in a CUDA graph (default: on a CUDA platform)")
     sp.add_argument("--compare-cpu", action="store_true",
-                    help="also run the small config on the CPU reference and compare every layer's output")
-    sp.add_argument("--json", metavar="PATH")
-    sp.add_argument("--plot", metavar="PNG", help="per-op breakdown plot (graph mode)")
+                    help="also run the small config on the CPU reference and compare every layer's output "
+                         "(default: off)")
+    sp.add_argument("--json", metavar="PATH", help="write the results as JSON here (default: not written)")
+    sp.add_argument("--plot", metavar="PNG", help="per-op breakdown plot: op alone vs bandwidth floor in graph mode, "
+                    "eager per-op time otherwise (default: none; needs matplotlib)")
     sp.set_defaults(func=lambda a: __import__("dsv4hal.demo", fromlist=["main"]).main(a))
+    sp = sub.add_parser("soak", help="an engine's lifecycle with every op for N minutes: graphs, replays, checks")
+    sp.add_argument("--platform", help="force a platform (like DSV4HAL_PLATFORM)")
+    sp.add_argument("--minutes", type=float, default=10.0, help="how long to run (default: %(default)s)")
+    sp.add_argument("--context", type=int, default=2048, help="tokens of context per request (default: %(default)s)")
+    sp.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    sp.add_argument("--json", metavar="PATH", help="write the report here")
+    sp.set_defaults(func=lambda a: __import__("dsv4hal.soak", fromlist=["main"]).main(a))
     sp = sub.add_parser("bench", help="benchmarks (GPU)")
-    sp.add_argument("op", help="attention, pack_store, topk, or all")
-    sp.add_argument("--json", metavar="PATH")
-    sp.add_argument("--plot", metavar="PNG")
-    sp.add_argument("--quick", action="store_true")
+    sp.add_argument("op", help="comma-separated benchmarks, or all: " + ", ".join(_bench_names()))
+    sp.add_argument("--json", metavar="PATH", help="write the results as JSON here (default: not written)")
+    sp.add_argument("--plot", metavar="PNG", help="plot the results here (default: none; needs matplotlib)")
+    sp.add_argument("--quick", action="store_true", help="fewer shapes (default: the full sweep)")
     sp.set_defaults(func=cmd_bench)
+    sp = sub.add_parser("tune", help="time every eligible kernel per op and shape bucket here; write a lock file")
+    sp.add_argument("--platform", help="platform to tune (default: the detected one; like DSV4HAL_PLATFORM)")
+    sp.add_argument("--ops", help="comma-separated subset of ops (default: all)")
+    sp.add_argument("--out", default="dsv4hal.lock.json", help="lock file to write (default: %(default)s)")
+    sp.add_argument("--margin", type=float, default=0.03, help="a kernel must beat the static choice by this "
+                    "fraction to replace it (default: %(default)s)")
+    sp.add_argument("--interpreted", action="store_true",
+                    help="on the CPU also check and time Triton kernels under TRITON_INTERPRET=1")
+    sp.add_argument("--update", action="store_true",
+                    help="keep the other ops of an existing --out lock (same machine and versions only)")
+    sp.add_argument("--markdown", metavar="PATH", help="also write the table of choices that differ from the "
+                    "static priority")
+    sp.add_argument("--check", metavar="LOCK", help="instead: check LOCK against this machine, its libraries' "
+                    "versions and file hashes; exit 2 naming the differences")
+    sp.set_defaults(func=lambda a: __import__("dsv4hal.tune", fromlist=["main"]).main(a))
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="dsv4hal %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("dsv4hal").setLevel(level)
     try:
         return int(args.func(args))
+    except KeyboardInterrupt:
+        print(f"dsv4hal {args.cmd}: interrupted", file=sys.stderr)
+        return 130
     except Dsv4HalError as exc:
         print(f"dsv4hal {args.cmd}: error: {exc}", file=sys.stderr)
         return 2

@@ -102,6 +102,7 @@ class Tape:
 
 # per-op comparison when replaying a tape: (absolute, relative) tolerance, None = exact
 REPLAY_TOLERANCE = {"sparse_attention_decode": (2e-2, 2e-2), "mhc_pre": (2e-3, 1e-2), "mhc_post": (2e-3, 1e-2),
+                    "mhc_post_pre": (2e-3, 1e-2), "mhc_head": (2e-3, 1e-2),
                     "moe_experts": (5e-2, 5e-2), "compress": (5e-3, 5e-3), "indexer_logits": (1e-3, 1e-3),
                     "moe_route": (1e-5, 1e-5)}
 
@@ -111,7 +112,7 @@ def replay(tape: Tape, platform: Any) -> dict[str, float]:
     In-place ops (pack_store) are checked bit-exactly by the conformance suite and skipped here."""
     worst: dict[str, float] = {}
     for name, args, kwargs, want in tape.calls:
-        if name == "pack_store":
+        if name in ("pack_store", "indexer_store"):  # in place
             continue
         got = getattr(platform.ops, name)(*args, **kwargs)
         got_t = [x for x in _tensors(got)]
@@ -228,23 +229,28 @@ class DemoModel:
         with timer("build_attention_metadata"):
             meta = ops.build_attention_metadata(pos.int(), rows_pt, self.full_to_swa)
         self.layer_outputs = []
+        ffn = None  # the previous sublayer's output, mixed in at the next boundary
         for w in self.layers:
-            with timer("mhc_pre"):
-                y, post, comb = ops.mhc_pre(stream, *w["hc_attn"])
+            # each boundary between sublayers is one mhc_post_pre (post of one, pre of the next)
+            if ffn is None:
+                with timer("mhc_pre"):
+                    y, post, comb = ops.mhc_pre(stream, *w["hc_attn"])
+            else:
+                with timer("mhc_post_pre"):
+                    stream, y, post, comb = ops.mhc_post_pre(ffn, stream, post, comb, *w["hc_attn"])
+                self.layer_outputs.append(stream.float().mean(1))
             a = _rms(y).bfloat16()
             attn = self._attention(w, a, req, pos, meta, timer, decode)
-            with timer("mhc_post"):
-                stream = ops.mhc_post(attn, stream, post, comb)
-            with timer("mhc_pre"):
-                y, post, comb = ops.mhc_pre(stream, *w["hc_ffn"])
+            with timer("mhc_post_pre"):
+                stream, y, post, comb = ops.mhc_post_pre(attn, stream, post, comb, *w["hc_ffn"])
             a = _rms(y).bfloat16()
             with timer("moe_route"):
                 ids, tw = ops.moe_route((a.float() @ w["router"].float().T).contiguous(), w["bias"])
             with timer("moe_experts"):
                 ffn = ops.moe_experts(a, ids, tw, w["experts"])
-            with timer("mhc_post"):
-                stream = ops.mhc_post(ffn, stream, post, comb)
-            self.layer_outputs.append(stream.float().mean(1))
+        with timer("mhc_post"):
+            stream = ops.mhc_post(ffn, stream, post, comb)
+        self.layer_outputs.append(stream.float().mean(1))
         return self.layer_outputs[-1]
 
     def _attention(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, meta: Any,
@@ -291,7 +297,7 @@ class DemoModel:
                 group = ((pos + 1) // r - 1).clamp(min=0)
                 slots = self.page_table[req, group // per_page].long() * per_page + group % per_page
                 slots = torch.where((pos + 1) % r == 0, slots, -1)  # -1: nothing closed, nothing written
-                self._store_compressed(w, key, rows, slots, timer, scratch=0)
+                self._store_compressed(w, key, rows, slots, timer)
                 continue
             for b in sorted(set(req.tolist())):  # prefill: the prefill form over each prompt, then seed the ring
                 sel = req == b
@@ -306,17 +312,14 @@ class DemoModel:
                 ring = w[key].shape[1]
                 w[key][b, pos_b[-ring:] % ring] = rows_b[-ring:]
 
-    def _store_compressed(self, w: dict, key: str, rows: torch.Tensor, slots: torch.Tensor, timer: _Timer,
-                          scratch: int | None = None) -> None:
-        """scratch: slot for rows that close no group (slot -1) in the null page 0, so decode needs no sync."""
+    def _store_compressed(self, w: dict, key: str, rows: torch.Tensor, slots: torch.Tensor, timer: _Timer) -> None:
+        """Rows that close no group have slot -1: both stores skip them without a host sync."""
         if key == "state":
             with timer("pack_store"):
                 self.ops.pack_store(rows.bfloat16().contiguous(), slots, w["extra"])
         else:
-            from dsv4hal.formats.indexer_cache import quantize_rows, write_rows
-
-            raw, scale = quantize_rows(rows, self.p.info.fp8)
-            write_rows(w["idx_cache"], slots, raw, scale, scratch=scratch)
+            with timer("indexer_store"):
+                self.ops.indexer_store(rows.float().contiguous(), slots, w["idx_cache"])
 
     def _indexer(self, w: dict, a: torch.Tensor, q_lora: torch.Tensor, req: torch.Tensor, pos: torch.Tensor,
                  meta: Any, timer: _Timer) -> torch.Tensor:
@@ -340,10 +343,8 @@ class DemoModel:
 
 def fill_random(model: DemoModel, batch: int, context: int, seed: int = 0, chunk: int = 1 << 17) -> None:
     """A synthetic context: every cache row a prefill of `context` tokens per request would write (SWA, C4, C128
-    and indexer rows) gets a random row of the real scale through pack_store / write_rows, and the compressor
+    and indexer rows) gets a random row of the real scale through pack_store / indexer_store, and the compressor
     rings random state, so decode runs as after a prefill without its compute."""
-    from dsv4hal.formats.indexer_cache import quantize_rows, write_rows
-
     dev, ops = model.dev, model.ops
     g = torch.Generator(dev).manual_seed(seed + 7)
     req = torch.arange(batch, device=dev).repeat_interleave(context)
@@ -366,17 +367,18 @@ def fill_random(model: DemoModel, batch: int, context: int, seed: int = 0, chunk
         for key in ("state", "idx_state") if ratio == 4 else ("state",):
             w[key].copy_(torch.randn(w[key].shape, generator=g, device=dev))
         if ratio == 4:
-            raw, scale = quantize_rows(torch.randn(slots.numel(), 128, generator=g, device=dev), model.p.info.fp8)
-            write_rows(w["idx_cache"], slots, raw, scale)
+            ops.indexer_store(torch.randn(slots.numel(), 128, generator=g, device=dev), slots, w["idx_cache"])
 
 
 def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, seed: int = 0,
              cfg: DemoConfig | None = None, tape: Tape | None = None, *, fill: str = "prefill",
-             graph: bool = False) -> dict[str, Any]:
+             graph: bool = False, progress: Any = None) -> dict[str, Any]:
     """Prefill `batch` prompts of `context` tokens (or fill="random": a synthetic context), then decode `steps`
     tokens; returns outputs and times. With a `tape` (Tape(platform.ops)) every op call is recorded for
     `replay`. graph=True (GPU): the first decode step runs eagerly (recorded and timed op by op), the rest
-    replay one CUDA graph of the step."""
+    replay one CUDA graph of the step. `progress(text)`, if given, is called after the prefill and after each
+    eager decode step (once for the graph decode)."""
+    step_done = progress or (lambda text: None)
     cfg = replace(cfg or DemoConfig(), max_pages=-(-(context + steps) // PAGE))
     model = DemoModel(platform, cfg, batch, seed, ops=tape)
     dev = model.dev
@@ -400,6 +402,7 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     if dev.type == "cuda":
         torch.cuda.synchronize()
     prefill_s = time.perf_counter() - t0
+    step_done(f"{fill} of {batch}x{context} tokens")
     res: dict[str, Any] = {
         "platform": platform.name, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         "config": asdict(cfg), "batch": batch, "context": context, "steps": steps, "fill": fill,
@@ -408,12 +411,14 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     r = torch.arange(batch, device=dev)
     if graph and steps:
         res.update(_decode_graph(platform, model, embed, context, steps, outputs, layers))
+        step_done(f"{steps} decode steps (graph)")
     else:
         t0 = time.perf_counter()
         for s in range(steps):
             outputs.append(model.forward(embed(batch), r, torch.full((batch,), context + s, device=dev), decode,
                                          decode=True))
             layers.append(model.layer_outputs)
+            step_done(f"decode step {s + 1}/{steps}")
         decode_s = time.perf_counter() - t0
         res["decode_tokens_per_s"] = batch * steps / decode_s if steps else 0.0
     res.update(decode_breakdown_s=dict(decode.seconds), decode_calls=dict(decode.calls), outputs=outputs,
@@ -516,6 +521,8 @@ def _floor_bytes(name: str, args: tuple, kwargs: dict, out: Any) -> float:
     if name == "pack_store":
         kv = args[0]
         return nbytes(kv) + kv.shape[0] * 584
+    if name == "indexer_store":
+        return nbytes(args[0]) + nbytes(args[1]) + int((args[1] >= 0).sum()) * 132  # rows written
     if name == "build_attention_metadata":  # reads positions and page-table rows, not the whole location map
         return dense + nbytes(args[0]) + nbytes(args[1])
     if name == "compress_decode":
@@ -583,16 +590,43 @@ def plot_breakdown(res: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _plot_eager(res: dict[str, Any], path: str) -> None:
+    """Without graph mode (the CPU): the eager decode time of each op per step, with its kernel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_step = {n: 1e3 * s / max(res["steps"], 1) for n, s in res["decode_breakdown_s"].items()}
+    names = sorted(per_step, key=lambda n: -per_step[n])
+    fig, ax = plt.subplots(figsize=(10, 5))
+    ax.bar(range(len(names)), [per_step[n] for n in names])
+    ax.set_xticks(range(len(names)), [f"{n}\n{res['kernels'].get(n, '')}" for n in names], rotation=60, fontsize=6,
+                  ha="right")
+    ax.set_ylabel("ms per decode step (eager)")
+    ax.set_title(f"dsv4hal demo on {res['platform']} ({res['device']}): batch {res['batch']}, context "
+                 f"{res['context']}, {res['decode_tokens_per_s']:.1f} tokens/s", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(args: argparse.Namespace) -> int:
     import dsv4hal
+    from dsv4hal.cli import _check_output
     from dsv4hal.errors import Dsv4HalError
+    from dsv4hal.progress import Progress
 
+    _check_output(args.json)
+    _check_output(args.plot, plot=True)
     platform = dsv4hal.select_platform(args.platform)
     graph = args.graph if args.graph is not None else platform.device_type == "cuda"
     if graph and platform.device_type != "cuda":
         raise Dsv4HalError("--graph needs a CUDA platform", remedy="drop --graph or run on a GPU")
-    res = run_demo(platform, args.batch, args.context, args.steps, cfg=SIZES[args.size], fill=args.fill,
-                   graph=graph)
+    with Progress(1 + (1 if graph and args.steps else args.steps), "demo") as bar:
+        res = run_demo(platform, args.batch, args.context, args.steps, cfg=SIZES[args.size], fill=args.fill,
+                       graph=graph, progress=bar.update)
     outputs = res.pop("outputs")
     layers = res.pop("layer_outputs")
     res["output_rms"] = [float(o.pow(2).mean().sqrt()) for o in outputs]
@@ -617,7 +651,8 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
-    if args.plot and graph:
-        plot_breakdown(res, args.plot)
+    if args.plot:
+        (plot_breakdown if graph else _plot_eager)(res, args.plot)
+        print(f"  plot: {args.plot}")
     ok = res["finite"] and (not args.compare_cpu or res["cpu_comparison"]["ok"])
     return 0 if ok else 1

@@ -59,4 +59,28 @@ class InvalidArgumentError(Dsv4HalError, ValueError):
 
 
 class PreparedWeightsMismatchError(Dsv4HalError):
-    """Weights prepared for one implementation were handed to another."""
+    """Weights prepared for one implementation were handed to another (or to one this registry lacks)."""
+
+
+class UnknownNameError(Dsv4HalError, KeyError):
+    """A lookup by name (op, architecture) found nothing. Also a KeyError, for callers that catch lookups."""
+
+    __str__ = Exception.__str__  # KeyError's repr-quoting would mangle the message and its remedy
+
+
+class UnknownArchError(Dsv4HalError, ValueError):
+    """An architecture name dsv4hal does not know (dsv4hal.hardware.ARCHS lists the known ones)."""
+
+
+class PluginFaultError(PluginLoadError):
+    """A loaded plugin failed later: a kernel target that does not import, or a supports()/claims() that raised.
+    Strict mode raises it; otherwise the fault is recorded in registry.plugin_errors and the entry refused."""
+
+
+class LockError(Dsv4HalError):
+    """A lock file (dsv4hal tune) cannot be read: missing, not JSON, or of an unknown format version."""
+
+
+class LockMismatchError(LockError):
+    """A lock does not match this machine, its libraries, its registry or the case at hand; it is refused rather
+    than half-applied (select_platform(lock_mismatch="reselect") re-selects instead and says so in explain)."""

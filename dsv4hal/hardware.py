@@ -48,6 +48,13 @@ _SM_COUNT_BY_NAME = {"H100": 132, "H200": 132, "H20": 78, "H800": 132, "B200": 1
                      "MI300X": 304, "MI325X": 304, "MI355X": 256, "MI350X": 256}
 
 
+def _check_arch(arch: object) -> None:
+    if not isinstance(arch, str) or arch not in ARCHS:
+        from dsv4hal.errors import UnknownArchError
+
+        raise UnknownArchError(f"unknown arch {arch!r}", remedy=f"use one of: {', '.join(ARCHS)}")
+
+
 def fp8_flavor_for(arch: str) -> str:
     """gfx942 (MI300) implements the FNUZ FP8 variant; everything else the OCP e4m3fn."""
     return "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
@@ -70,8 +77,7 @@ class PlatformInfo:
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.arch not in ARCHS:
-            raise ValueError(f"unknown arch {self.arch!r}; known: {', '.join(ARCHS)}")
+        _check_arch(self.arch)
 
     @property
     def is_gpu(self) -> bool:
@@ -96,8 +102,7 @@ class PlatformInfo:
 def simulated(arch: str, *, libraries: Mapping[str, str] | None = None, device_name: str = "",
               sm_count: int | None = None, extra_features: Iterable[str] = ()) -> PlatformInfo:
     """A PlatformInfo for hardware that is not here (tests, `dsv4hal info --simulate`)."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; known: {', '.join(ARCHS)}")
+    _check_arch(arch)
     vendor, feats = ARCHS[arch]
     return PlatformInfo(
         vendor=vendor, arch=arch, device_name=device_name or f"simulated {arch}",
@@ -162,6 +167,18 @@ def _cuda_properties_if_initialised() -> tuple[str, int] | None:
         return None
     p = torch.cuda.get_device_properties(torch.cuda.current_device())
     return p.name, p.multi_processor_count
+
+
+def version_before(version: str, minimum: tuple[int, int, int]) -> bool:
+    """Whether a library's version string (as PlatformInfo.libraries holds it: "2.5.0", "1.0.0.post1", "2.5.0+cu13")
+    names a release older than `minimum`; an unparsable or partial version is not judged older."""
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return len(parts) == 3 and tuple(parts) < minimum
 
 
 def library_versions(names: Iterable[str]) -> dict[str, str]:

@@ -1,6 +1,6 @@
-"""Overrides: the environment (DSV4HAL_PLATFORM, DSV4HAL_KERNELS, DSV4HAL_DISABLE_PLUGINS, DSV4HAL_STRICT)
-and the same settings in code through the `overrides(...)` context manager, which wins over the
-environment. A forced choice that cannot run is an error; nothing falls back silently."""
+"""Overrides: the environment (DSV4HAL_PLATFORM, DSV4HAL_KERNELS, DSV4HAL_DISABLE_PLUGINS, DSV4HAL_STRICT,
+DSV4HAL_LOCK, DSV4HAL_LOCK_MISMATCH) and the same settings in code through the `overrides(...)` context
+manager, which wins over the environment. A forced choice that cannot run is an error; nothing falls back silently."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ class Overrides:
     kernels: Mapping[str, str] = field(default_factory=dict)  # op -> implementation name
     disabled_plugins: frozenset[str] = frozenset()
     strict: bool = False
+    lock: str | None = None  # DSV4HAL_LOCK: a lock file from `dsv4hal tune` (dsv4hal.lock)
+    lock_mismatch: str = "error"  # DSV4HAL_LOCK_MISMATCH: "error" or "reselect" (accept static selection)
     # where each setting came from: "env" or "api"
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -64,7 +66,13 @@ def from_env(environ: Mapping[str, str] | None = None) -> Overrides:
     disabled = frozenset(p.strip() for p in env.get("DSV4HAL_DISABLE_PLUGINS", "").split(",") if p.strip())
     strict = parse_bool(env.get("DSV4HAL_STRICT", "0"), origin="DSV4HAL_STRICT")
     sources = {"platform": "env", "strict": "env", **{f"kernels.{op}": "env" for op in kernels}}
-    return Overrides(platform=platform, kernels=kernels, disabled_plugins=disabled, strict=strict, sources=sources)
+    lock = env.get("DSV4HAL_LOCK", "").strip() or None
+    lock_mismatch = env.get("DSV4HAL_LOCK_MISMATCH", "").strip() or "error"
+    if lock_mismatch not in ("error", "reselect"):
+        raise BadOverrideError(f"DSV4HAL_LOCK_MISMATCH={lock_mismatch!r} is not a policy",
+                               remedy="use error or reselect")
+    return Overrides(platform=platform, kernels=kernels, disabled_plugins=disabled, strict=strict, sources=sources,
+                     lock=lock, lock_mismatch=lock_mismatch)
 
 
 _api_layer: contextvars.ContextVar[Overrides | None] = contextvars.ContextVar("dsv4hal_overrides", default=None)
@@ -88,6 +96,8 @@ def merge(base: Overrides, top: Overrides) -> Overrides:
         disabled_plugins=base.disabled_plugins | top.disabled_plugins,
         strict=top.strict if "strict" in top.sources else base.strict,
         sources=sources,
+        lock=top.lock or base.lock,
+        lock_mismatch=top.lock_mismatch if "lock_mismatch" in top.sources else base.lock_mismatch,
     )
 
 

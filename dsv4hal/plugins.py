@@ -1,26 +1,45 @@
 """Plugin loading: every module in the `dsv4hal.platforms` entry-point group is registered with
-pluggy and asked to fill the registry. The built-in platforms use the same path as a third party."""
+pluggy and asked to fill the registry. The built-in platforms use the same path as a third party.
+
+A faulty plugin is contained, never fatal (unless strict mode asks for that): an import or registration
+that raises (SystemExit included), a registration that makes a priority tie with kernels already
+registered, a `supports`/`claims` that raises or answers something other than a list of reasons, or a kernel
+target that does not import. Each is recorded in `registry.plugin_errors` (shown by `dsv4hal info`) and
+warned about; the plugin's entries are dropped (load-time faults) or the faulty entry is refused with the
+fault as its reason (later faults). Strict mode raises PluginLoadError / PluginFaultError / RegistryError."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pluggy
 
 from dsv4hal import hookspecs
-from dsv4hal.errors import PluginLoadError
-from dsv4hal.registry import Registry
+from dsv4hal.errors import PluginFaultError, PluginLoadError
+from dsv4hal.registry import KernelImpl, Registry
+
+# Loaded first, so that a third-party plugin that ties with a built-in kernel is the one refused.
+BUILTIN_PLUGINS = ("cpu", "portable_triton", "cuda_sm90", "cuda_sm100", "rocm")
+# What a plugin may raise that must not escape into the host (sys.exit() raises SystemExit).
+_CONTAINED = (Exception, SystemExit)
+_fault_lock = threading.Lock()
 
 
 class PluginWarning(UserWarning):
-    """A plugin failed to load; its platforms and kernels are missing (an error in strict mode)."""
+    """A plugin failed to load or misbehaved; its platforms and kernels (or the faulty one) are missing
+    (an error in strict mode)."""
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    return sorted(importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP), key=lambda e: e.name)
+    eps = importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP)
+    return sorted(eps, key=lambda e: (e.name not in BUILTIN_PLUGINS, BUILTIN_PLUGINS.index(e.name)
+                                      if e.name in BUILTIN_PLUGINS else 0, e.name))
 
 
 def _dist_version(ep: importlib.metadata.EntryPoint) -> str:
@@ -28,24 +47,80 @@ def _dist_version(ep: importlib.metadata.EntryPoint) -> str:
     return f"{dist.name} {dist.version}" if dist is not None else "unknown"
 
 
+def _remedy(name: str) -> str:
+    return f"fix or uninstall the plugin, or disable it with DSV4HAL_DISABLE_PLUGINS={name}"
+
+
+def record_fault(registry: Registry, plugin: str, why: str, cause: BaseException | None = None) -> None:
+    """A plugin misbehaved after loading: raise in strict mode, else record it once and warn."""
+    msg = f"dsv4hal plugin {plugin!r} faulted: {why}"
+    if registry.strict:
+        raise PluginFaultError(msg, remedy=_remedy(plugin)) from cause
+    with _fault_lock:
+        known = registry.plugin_errors.get(plugin, "")
+        if why in known:
+            return
+        registry.plugin_errors[plugin] = f"{known}; {why}" if known else why
+    warnings.warn(f"{msg}. {_remedy(plugin)}", PluginWarning, stacklevel=4)
+
+
+@dataclass(frozen=True)
+class _Guarded:
+    """A plugin's supports(case, info) or claims(info): a raise or a malformed answer becomes a reason the
+    entry cannot be used, plus a recorded fault, instead of an exception in the host's selection."""
+
+    fn: Callable[..., Any]
+    what: str
+    plugin: str
+    registry: Registry = field(repr=False, compare=False)
+
+    def __call__(self, *args: Any) -> list[str]:
+        try:
+            got = self.fn(*args)
+        except _CONTAINED as exc:
+            why = f"{self.what} raised {type(exc).__name__}: {exc}"
+            record_fault(self.registry, self.plugin, why, exc)
+            return [f"plugin fault: {why}"]
+        if not isinstance(got, (list, tuple)) or not all(isinstance(r, str) for r in got):
+            why = f"{self.what} returned {type(got).__name__}, not a list of reason strings"
+            record_fault(self.registry, self.plugin, why)
+            return [f"plugin fault: {why}"]
+        return list(got)
+
+
+def _guard(registry: Registry, name: str, before_platforms: set[str], before_kernels: set[tuple[str, str]]) -> None:
+    """Wrap the callables the plugin `name` just registered."""
+    for pname, spec in list(registry.platforms.items()):
+        if pname not in before_platforms and not isinstance(spec.claims, _Guarded):
+            registry.platforms[pname] = replace(
+                spec, claims=_Guarded(spec.claims, f"platform {pname!r}: claims()", name, registry))
+    for op, impls in registry.kernels.items():
+        for kname, impl in list(impls.items()):
+            if (op, kname) in before_kernels or impl.supports is None or isinstance(impl.supports, _Guarded):
+                continue
+            impls[kname] = replace(
+                impl, supports=_Guarded(impl.supports, f"kernel {kname!r} ({op}): supports()", name, registry))
+
+
 def build_registry(*, disabled: Iterable[str] = (), strict: bool = False,
                    extra_modules: Iterable[tuple[str, object]] = ()) -> Registry:
     """Load the plugins and return a closed registry.
 
-    `extra_modules` are (name, module) pairs registered directly (tests). A plugin that raises at
-    import or registration is recorded in `registry.plugin_errors` and warned about; in strict
-    mode it raises PluginLoadError instead."""
+    `extra_modules` are (name, module) pairs registered directly (tests), after the entry points. A plugin
+    that raises at import or registration, or whose registration ties with kernels registered before it,
+    is recorded in `registry.plugin_errors` and warned about, and leaves nothing behind; in strict mode it
+    raises PluginLoadError (RegistryError for a tie) instead."""
     disabled = set(disabled)
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    registry = Registry()
+    registry = Registry(strict=strict)
     sources: list[tuple[str, object, str]] = []
     for ep in _entry_points():
         if ep.name in disabled:
             continue
         try:
             module = ep.load()
-        except Exception as exc:  # a broken plugin must not break the others
+        except _CONTAINED as exc:  # a broken plugin must not break the others, nor exit the host
             _fail(registry, ep.name, f"import of {ep.value!r} failed: {type(exc).__name__}: {exc}", strict)
             continue
         sources.append((ep.name, module, _dist_version(ep)))
@@ -55,16 +130,24 @@ def build_registry(*, disabled: Iterable[str] = (), strict: bool = False,
         if hook is None:
             _fail(registry, name, "module has no dsv4hal_register(registry) hook", strict)
             continue
-        pm.register(module, name=name)
         registry._current_plugin = name
         saved = (dict(registry.platforms), {op: dict(k) for op, k in registry.kernels.items()})
         try:
+            pm.register(module, name=name)
             hook(registry=registry)
-        except Exception as exc:
+            tie = registry.first_tie()
+        except _CONTAINED as exc:
             # a plugin that fails half-way leaves nothing behind
             registry.platforms, registry.kernels = saved[0], saved[1]
             _fail(registry, name, f"dsv4hal_register raised {type(exc).__name__}: {exc}", strict)
             continue
+        if tie is not None:  # the registry was tie-free before this plugin: it brought the tie
+            registry.platforms, registry.kernels = saved[0], saved[1]
+            if strict:
+                raise tie
+            _fail(registry, name, f"its registration ties with registered kernels: {tie}", strict)
+            continue
+        _guard(registry, name, set(saved[0]), {(op, k) for op, ks in saved[1].items() for k in ks})
         registry.plugin_versions[name] = version
     registry._current_plugin = ""
     return registry.close()
@@ -73,12 +156,31 @@ def build_registry(*, disabled: Iterable[str] = (), strict: bool = False,
 def _fail(registry: Registry, name: str, why: str, strict: bool) -> None:
     registry.plugin_errors[name] = why
     msg = f"dsv4hal plugin {name!r} did not load: {why}"
-    remedy = f"fix or uninstall the plugin, or disable it with DSV4HAL_DISABLE_PLUGINS={name}"
     if strict:
-        raise PluginLoadError(msg, remedy=remedy)
-    warnings.warn(f"{msg}. {remedy}", PluginWarning, stacklevel=3)
+        raise PluginLoadError(msg, remedy=_remedy(name))
+    warnings.warn(f"{msg}. {_remedy(name)}", PluginWarning, stacklevel=3)
 
 
 def import_target(target: str):  # type: ignore[no-untyped-def]
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def load_target(registry: Registry, impl: KernelImpl, which: str = "target") -> Callable[..., Any] | None:
+    """Import a kernel's `target` (or `prepare`) function. If it does not import, the kernel is marked broken
+    in the registry (selection refuses it from now on with the reason), the fault is recorded, and None is
+    returned so the caller selects again; strict mode raises PluginFaultError."""
+    target = getattr(impl, which)
+    try:
+        fn = import_target(target)
+    except _CONTAINED as exc:
+        why = f"kernel {impl.name!r} ({impl.op}): {which} {target!r} did not import: {type(exc).__name__}: {exc}"
+        registry.disable_kernel(impl, f"plugin fault: {why}")
+        record_fault(registry, impl.plugin or "?", why, exc)
+        return None
+    if not callable(fn):
+        why = f"kernel {impl.name!r} ({impl.op}): {which} {target!r} is not callable"
+        registry.disable_kernel(impl, f"plugin fault: {why}")
+        record_fault(registry, impl.plugin or "?", why)
+        return None
+    return fn

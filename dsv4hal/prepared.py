@@ -25,6 +25,10 @@ class PreparedWeights:
         return (f"weights prepared for {self.op} by {self.implementation} (layout {self.layout or 'reference'}) "
                 f"on platform {self.platform}")
 
+    def __repr__(self) -> str:  # the payload's tensors are summarised, never dumped
+        return (f"PreparedWeights(op={self.op!r}, implementation={self.implementation!r}, layout={self.layout!r}, "
+                f"platform={self.platform!r}, case={dict(self.case)!r}, payload={type(self.payload).__name__})")
+
 
 @dataclass(frozen=True)
 class ExpertTensors:

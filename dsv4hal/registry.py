@@ -53,6 +53,8 @@ class KernelImpl:
     # "module:function" turning logical weights into this kernel's layout (ops with weights only);
     # None keeps the logical layout
     prepare: str | None = None
+    # set by dsv4hal when the kernel turned out broken (its target did not import): it is never chosen again
+    fault: str = ""
 
     def priority_on(self, platform: str) -> int:
         if isinstance(self.priority, Mapping):
@@ -72,6 +74,7 @@ class Registry:
     plugin_versions: dict[str, str] = field(default_factory=dict)
     plugin_errors: dict[str, str] = field(default_factory=dict)
     closed: bool = False
+    strict: bool = False  # plugin faults found after loading raise instead of being recorded (plugins.py)
     _current_plugin: str = ""
 
     def add_platform(self, spec: PlatformSpec) -> None:
@@ -96,22 +99,37 @@ class Registry:
                 f"{self._current_plugin!r})", remedy="kernel names must be unique per op; rename one")
         by_name[impl.name] = _with_plugin(impl, self._current_plugin)
 
-    def close(self) -> Registry:
-        """Detect priority ties: two kernels of one op that may both apply to a platform at the same
-        priority would make the choice depend on registration order."""
+    def first_tie(self) -> RegistryError | None:
+        """The first priority tie, as the error close() raises: two kernels of one op that may both apply to
+        a platform at the same priority would make the choice depend on registration order."""
         for op, impls in self.kernels.items():
             items = list(impls.values())
             for i, a in enumerate(items):
                 for b in items[i + 1:]:
                     for plat in _shared_platforms(a, b, self.platforms):
                         if a.priority_on(plat) == b.priority_on(plat):
-                            raise RegistryError(
+                            return RegistryError(
                                 f"op {op!r}: kernels {a.name!r} ({a.plugin}) and {b.name!r} ({b.plugin}) both apply "
                                 f"to platform {plat!r} at priority {a.priority_on(plat)}",
                                 remedy="give them distinct priorities (order of registration never decides), "
                                        "or disable one plugin with DSV4HAL_DISABLE_PLUGINS")
+        return None
+
+    def close(self) -> Registry:
+        """Refuse priority ties (see first_tie), then accept no more registrations."""
+        tie = self.first_tie()
+        if tie is not None:
+            raise tie
         self.closed = True
         return self
+
+    def disable_kernel(self, impl: KernelImpl, why: str) -> None:
+        """Mark a kernel broken (e.g. its target does not import): selection rejects it with `why` from now on."""
+        from dataclasses import replace
+
+        by_name = self.kernels.get(impl.op, {})
+        if impl.name in by_name:
+            by_name[impl.name] = replace(by_name[impl.name], fault=why)
 
     def kernels_for(self, op: str) -> list[KernelImpl]:
         return list(self.kernels.get(op, {}).values())

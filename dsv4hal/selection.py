@@ -4,8 +4,8 @@ no device access; every decision records why each candidate was taken or refused
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal
 
 from dsv4hal.errors import (
     AmbiguousPlatformError,
@@ -19,7 +19,10 @@ from dsv4hal.hardware import PlatformInfo
 from dsv4hal.override import Overrides
 from dsv4hal.registry import KernelImpl, PlatformSpec, Registry
 
-Source = Literal["auto", "env", "api"]
+if TYPE_CHECKING:
+    from dsv4hal.lock import LockInForce
+
+Source = Literal["auto", "env", "api", "lock"]
 Status = Literal["chosen", "eligible", "rejected"]
 
 
@@ -45,18 +48,26 @@ class Decision:
     chosen: KernelImpl
     source: Source
     candidates: tuple[Candidate, ...] = field(default_factory=tuple)
+    # with a lock in force: what it said (or why it was not followed) and the microseconds it measured
+    notes: tuple[str, ...] = ()
+    measured: Mapping[str, float | None] = field(default_factory=dict)
 
     def explain(self) -> str:
         lines = [f"{self.op} on {self.platform} for {case_summary(self.case)}: "
                  f"{self.chosen.name} ({self.chosen.tier}, from {self.chosen.plugin}, source {self.source})"]
+        lines += [f"  note: {n}" for n in self.notes]
         for c in self.candidates:
             why = f": {'; '.join(c.reasons)}" if c.reasons else ""
-            lines.append(f"  {c.status:8s} {c.name} (priority {c.priority}, {c.tier}){why}")
+            us = self.measured.get(c.name)
+            timed = f", measured {us:.1f} us" if us is not None else (", not measured" if c.name in self.measured
+                                                                        else "")
+            lines.append(f"  {c.status:8s} {c.name} (priority {c.priority}, {c.tier}{timed}){why}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, object]:
         return {"op": self.op, "platform": self.platform, "case": dict(self.case), "chosen": self.chosen.name,
-                "layout": self.chosen.layout, "source": self.source,
+                "layout": self.chosen.layout, "source": self.source, "notes": list(self.notes),
+                "measured_us": dict(self.measured),
                 "candidates": [{"name": c.name, "priority": c.priority, "tier": c.tier, "plugin": c.plugin,
                                 "status": c.status, "reasons": list(c.reasons)} for c in self.candidates]}
 
@@ -64,7 +75,7 @@ class Decision:
 def kernel_reasons(impl: KernelImpl, case: Mapping[str, object], info: PlatformInfo, platform: str,
                    overrides: Overrides) -> list[str]:
     """Why `impl` cannot run this case here (empty: it can)."""
-    reasons = []
+    reasons = [impl.fault] if impl.fault else []  # a broken plugin kernel (dsv4hal.plugins.load_target)
     if not impl.applies_to(platform):
         reasons.append(f"not built for platform {platform} (only {', '.join(impl.platforms)})")
     missing = [r for r in impl.requires if not info.has(r)]
@@ -78,9 +89,11 @@ def kernel_reasons(impl: KernelImpl, case: Mapping[str, object], info: PlatformI
 
 
 def select_kernel(registry: Registry, op: str, case: Mapping[str, object], info: PlatformInfo, platform: str,
-                  overrides: Overrides) -> Decision:
+                  overrides: Overrides, lock: LockInForce | None = None) -> Decision:
     """Choose the implementation of `op` for `case` on `platform`, or raise a typed error naming every
-    candidate's reasons. A forced implementation is used only if it can run; otherwise error."""
+    candidate's reasons. A forced implementation is used only if it can run; otherwise error. A lock in
+    force (dsv4hal.lock) replaces the static priority by the measured choice, or raises LockMismatchError;
+    a forced implementation still wins over it."""
     impls = sorted(registry.kernels_for(op), key=lambda k: (-k.priority_on(platform), k.name))
     verdicts = [(k, kernel_reasons(k, case, info, platform, overrides)) for k in impls]
     forced = overrides.kernels.get(op)
@@ -97,6 +110,9 @@ def select_kernel(registry: Registry, op: str, case: Mapping[str, object], info:
                 f"{platform} ({info.summary()}):\n" + format_reasons({forced: reasons}),
                 remedy="remove the override (DSV4HAL_KERNELS or overrides(kernels=...)) or change the case")
         chosen, source = impl, overrides.kernel_source(op)
+        pick = None if lock is None else lock.pick(op, case, {k.name: r for k, r in verdicts}, advisory=True)
+        if pick is not None:
+            pick = replace(pick, notes=(*pick.notes, f"the override {op}={forced} wins over the lock"))
     else:
         eligible = [k for k, r in verdicts if not r]
         if not eligible:
@@ -106,11 +122,15 @@ def select_kernel(registry: Registry, op: str, case: Mapping[str, object], info:
                 + format_reasons({k.name: r for k, r in verdicts if k.applies_to(platform)}),
                 remedy="install the library a candidate is missing, or use a platform whose kernels take this case")
         chosen, source = eligible[0], "auto"
+        pick = None if lock is None else lock.pick(op, case, {k.name: r for k, r in verdicts})
+        if pick is not None and pick.name is not None:
+            chosen, source = next(k for k in impls if k.name == pick.name), "lock"
     cands = tuple(  # kernels of other platforms are left out: they are not candidates here
         Candidate(k.name, k.priority_on(platform), k.tier, k.plugin,
                   "chosen" if k is chosen else ("rejected" if r else "eligible"), tuple(r))
         for k, r in verdicts if k.applies_to(platform))
-    return Decision(op=op, platform=platform, case=dict(case), chosen=chosen, source=source, candidates=cands)
+    return Decision(op=op, platform=platform, case=dict(case), chosen=chosen, source=source, candidates=cands,
+                    notes=pick.notes if pick else (), measured=dict(pick.measured) if pick else {})
 
 
 @dataclass(frozen=True)

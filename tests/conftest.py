@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("DSV4HAL_PLATFORM", "DSV4HAL_KERNELS", "DSV4HAL_DISABLE_PLUGINS", "DSV4HAL_STRICT",
-                "DSV4HAL_SIMULATE"):
+                "DSV4HAL_SIMULATE", "DSV4HAL_LOCK", "DSV4HAL_LOCK_MISMATCH"):
         monkeypatch.delenv(var, raising=False)
 
 

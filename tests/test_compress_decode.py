@@ -58,3 +58,53 @@ def test_validator(change: dict, argument: str) -> None:
     with pytest.raises(InvalidArgumentError) as e:
         validate_decode(**{**_args(), **change}, checked=True)
     assert e.value.argument == argument
+
+
+def _poisoned(name: str, value: float) -> dict:
+    args = _args()
+    t = args[name]
+    if name == "state":
+        t[3, 5, 100 if value != float("-inf") else 1500] = value  # slot 3 is addressed (kv half, score half)
+    else:
+        t.view(-1)[7] = value
+    return args
+
+
+@pytest.mark.parametrize(("name", "value"), [("kv_score", float("nan")), ("state", float("nan")),
+                                             ("state", float("inf")), ("norm_weight", float("nan")),
+                                             ("ape", float("inf")), ("cos", float("nan")), ("sin", float("-inf"))])
+def test_checked_mode_refuses_every_non_finite_float(name: str, value: float) -> None:
+    """Issue 12: NaN in state, norm_weight or cos used to reach the output through checked mode."""
+    args = _poisoned(name, value)
+    validate_decode(**args)  # unchecked mode reads no values
+    with pytest.raises(InvalidArgumentError) as e:
+        validate_decode(**args, checked=True)
+    assert e.value.argument == name
+
+
+def test_checked_mode_state_rules() -> None:
+    args = _args()
+    args["state"][1, 2, 5] = float("nan")  # slot 1 is not addressed: never read
+    validate_decode(**args, checked=True)  # and new_state's -inf scores are the empty marker
+    args = _args()
+    args["state"][3, 2, 1500] = float("-inf")  # -inf in a score half: weight 0
+    validate_decode(**args, checked=True)
+    args["state"][0, 2, 5] = float("-inf")  # -inf in a kv half of an addressed ring
+    with pytest.raises(InvalidArgumentError, match="kv halves"):
+        validate_decode(**args, checked=True)
+
+
+@pytest.mark.parametrize("eps", [True, float("inf"), float("nan"), -1e-6, "1e-6"])
+def test_eps_refused_in_both_forms(eps: object) -> None:
+    from dsv4hal.ops.compress import validate
+
+    with pytest.raises(InvalidArgumentError) as e:
+        validate_decode(**_args(), eps=eps)
+    assert e.value.argument == "eps"
+    a = _args()
+    pre = dict(kv_score=a["kv_score"], cu_seqlens=torch.tensor([0, 1, 2]).int(), ape=a["ape"],
+               norm_weight=a["norm_weight"], cos=a["cos"], sin=a["sin"], ratio=4)
+    validate(**pre, checked=True)
+    with pytest.raises(InvalidArgumentError) as e:
+        validate(**pre, eps=eps)
+    assert e.value.argument == "eps"

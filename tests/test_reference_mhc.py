@@ -11,7 +11,7 @@ from dsv4hal.conformance import cases_mhc
 from dsv4hal.conformance.types import compare_close
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.ops import mhc as contract
-from dsv4hal.reference.mhc import mhc_head, mhc_post, mhc_pre, sinkhorn
+from dsv4hal.reference.mhc import mhc_head, mhc_post, mhc_post_pre, mhc_pre, sinkhorn
 
 CPU = torch.device("cpu")
 
@@ -124,8 +124,13 @@ def test_validators_accept_good_arguments() -> None:
     contract.validate_mhc_post(**_post_args(), checked=True)
     a = _pre_args()
     contract.validate_mhc_head(a["x"], a["fn"][:4], a["base"][:4], a["scale"][:1], checked=True)
+    contract.validate_mhc_head(a["x"], a["fn"][:4], a["base"][:4], a["scale"][:1], hc_eps=0.0)  # no Sinkhorn
+    contract.validate_mhc_post_pre(**_post_args(), **{k: v for k, v in _pre_args().items() if k != "x"},
+                                   checked=True)
     assert contract.case_mhc_pre(**_pre_args()) == {"hidden": 16, "sinkhorn_iters": 20}
     assert contract.case_mhc_post(**_post_args()) == {"hidden": 16}
+    contract.validate_mhc_post(f=torch.zeros(3, 0).bfloat16(), x=torch.zeros(3, 4, 0).bfloat16(),
+                               post=torch.ones(3, 4), comb=torch.ones(3, 4, 4))  # post has no RMS: d = 0 is fine
 
 
 @pytest.mark.parametrize(
@@ -139,6 +144,9 @@ def test_validators_accept_good_arguments() -> None:
         {"scale": torch.ones(1)},
         {"sinkhorn_iters": 0},
         {"rms_eps": float("nan")},
+        {"rms_eps": 0.0},  # issue 12: an all-zero token gives 0 * inf = NaN
+        {"hc_eps": 0.0},  # a column of underflowed softmax entries gives 0 / 0 in the Sinkhorn
+        {"hc_eps": True},
     ],
 )
 def test_validate_mhc_pre_rejects(change: dict) -> None:
@@ -160,6 +168,52 @@ def test_validate_mhc_pre_rejects(change: dict) -> None:
 def test_validate_mhc_post_rejects(change: dict) -> None:
     with pytest.raises(InvalidArgumentError):
         contract.validate_mhc_post(**{**_post_args(), **change})
+
+
+def test_validate_rejects_hidden_size_zero() -> None:
+    """Issue 12: d = 0 made mhc_pre return NaN (the RMS of no values is 0/0); now a typed error for every gated op."""
+    x = torch.zeros(2, 4, 0).bfloat16()
+    fn, base, scale = torch.zeros(24, 0), torch.zeros(24), torch.ones(3)
+    with pytest.raises(InvalidArgumentError, match="hidden size"):
+        contract.validate_mhc_pre(x, fn, base, scale)
+    with pytest.raises(InvalidArgumentError, match="hidden size"):
+        contract.validate_mhc_head(x, fn[:4], base[:4], scale[:1])
+    with pytest.raises(InvalidArgumentError, match="hidden size"):
+        contract.validate_mhc_post_pre(torch.zeros(2, 0).bfloat16(), x, torch.ones(2, 4), torch.ones(2, 4, 4), fn,
+                                       base, scale)
+
+
+def test_refused_inputs_are_the_ones_that_give_nan_and_the_platform_refuses_them() -> None:
+    """The reference shows why rms_eps = 0 and hc_eps = 0 are refused; the smallest accepted values stay finite."""
+    import dsv4hal
+
+    x = _stream(2, 16)
+    x[0] = 0
+    fn, base, scale = _params(16)
+    y, post, comb = mhc_pre(x, fn, base, scale, rms_eps=0.0)
+    assert bool(torch.isnan(post[0]).all())  # the defect: 0 * rsqrt(0)
+    y, post, comb = mhc_pre(x, fn, base, scale, rms_eps=1e-30)
+    assert all(bool(torch.isfinite(v).all()) for v in (y, post, comb)) and bool((y[0] == 0).all())
+    torch.testing.assert_close(post[0], 2 * torch.sigmoid(base[4:8]))  # m = 0 for a zero token
+    sharp = torch.zeros(1, 4, 4)
+    sharp[..., 0] = -200.0  # column 0's softmax entries underflow to 0
+    assert bool(torch.isnan(sinkhorn(sharp, 2, 0.0)).any()) and bool(torch.isfinite(sinkhorn(sharp, 2, 1e-6)).all())
+    ops = dsv4hal.select_platform("cpu").ops
+    with pytest.raises(InvalidArgumentError, match="rms_eps"):
+        ops.mhc_pre(x, fn, base, scale, rms_eps=0.0)
+    with pytest.raises(InvalidArgumentError, match="hidden size"):
+        ops.mhc_pre(torch.zeros(2, 4, 0).bfloat16(), torch.zeros(24, 0), base, scale)
+
+
+def test_post_pre_is_post_then_pre_on_the_stored_stream() -> None:
+    a = _pre_args()
+    p = _post_args()
+    p["f"] = torch.randn(3, 16, generator=_gen(4)).bfloat16()
+    stream, y, post, comb = mhc_post_pre(**p, fn=a["fn"], base=a["base"], scale=a["scale"], sinkhorn_iters=3)
+    want = mhc_post(**p)
+    assert stream.dtype == torch.bfloat16 and torch.equal(stream, want)
+    for got, exp in zip((y, post, comb), mhc_pre(want, a["fn"], a["base"], a["scale"], sinkhorn_iters=3), strict=True):
+        assert torch.equal(got, exp)
 
 
 def test_validate_mhc_head_rejects_pre_sized_parameters() -> None:
@@ -185,24 +239,31 @@ def test_checked_mode_catches_nan() -> None:
 
 def test_catalog_shape() -> None:
     ops = {c.op for c in cases_mhc.CASES}
-    assert ops == {"mhc_pre", "mhc_post"} and set(cases_mhc.TOLERANCES) == ops
+    assert ops == {"mhc_pre", "mhc_post", "mhc_post_pre", "mhc_head"} and set(cases_mhc.TOLERANCES) == ops
     for op in ops:
         cpu = [c for c in cases_mhc.CASES if c.op == op and not c.gpu_only]
-        assert {c.params["tokens"] for c in cpu} == {1, 8, 33} and {c.params["hidden"] for c in cpu} == {64}
-        assert any(c.gpu_only and c.params["hidden"] == 4096 for c in cases_mhc.CASES if c.op == op)
+        assert {c.params["tokens"] for c in cpu} >= {0, 1, 7, 8, 33} and {c.params["hidden"] for c in cpu} == {64}
+        assert any(c.params.get("range") for c in cpu)
+        assert any(c.params.get("iters") == 1 for c in cpu) == (op in ("mhc_pre", "mhc_post_pre"))
+        big = {(c.params["hidden"], c.params["tokens"]) for c in cases_mhc.CASES if c.op == op and c.gpu_only}
+        assert big >= {(d, t) for d in (4096, 7168) for t in (1, 7, 64, 4096)}
+        assert all(c.modes == ("eager", "graph") for c in cases_mhc.CASES if c.op == op)
+
+
+REFERENCES = {"mhc_pre": mhc_pre, "mhc_post": mhc_post, "mhc_post_pre": mhc_post_pre, "mhc_head": mhc_head}
+VALIDATORS = {"mhc_pre": contract.validate_mhc_pre, "mhc_post": contract.validate_mhc_post,
+              "mhc_post_pre": contract.validate_mhc_post_pre, "mhc_head": contract.validate_mhc_head}
 
 
 def _run(spec, fx) -> tuple[float, bool, str]:
-    fn = mhc_pre if spec.op == "mhc_pre" else mhc_post
-    got = fn(**fx.args)
+    got = REFERENCES[spec.op](**fx.args)
     return fx.compare(got, fx.expected) if fx.compare else compare_close(got, fx.expected, fx.tolerance)
 
 
 @pytest.mark.parametrize("spec", [c for c in cases_mhc.CASES if not c.gpu_only], ids=lambda c: f"{c.op}-{c.name}")
 def test_catalog_fixture_passes_on_reference(spec) -> None:
     fx = cases_mhc.build(spec, CPU, _gen(5))
-    validate = contract.validate_mhc_pre if spec.op == "mhc_pre" else contract.validate_mhc_post
-    validate(**fx.args, checked=True)
+    VALIDATORS[spec.op](**fx.args, checked=True)
     err, ok, detail = _run(spec, fx)
     assert ok, detail
 
@@ -219,4 +280,17 @@ def test_catalog_comparisons_catch_wrong_results() -> None:
     post_spec = next(c for c in cases_mhc.CASES if c.op == "mhc_post" and c.name == "d64_t8")
     fx = cases_mhc.build(post_spec, CPU, _gen(5))
     args = {**fx.args, "comb": fx.args["comb"].transpose(-1, -2)}
-    assert not compare_close(mhc_post(**args), fx.expected, fx.tolerance)[1]
+    assert not fx.compare(mhc_post(**args), fx.expected)[1]
+    spec = next(c for c in cases_mhc.CASES if c.op == "mhc_post_pre" and c.name == "d64_t7_range")
+    fx = cases_mhc.build(spec, CPU, _gen(5))
+    stream, y, post, comb = mhc_post_pre(**fx.args)
+    assert fx.compare((stream, y, post, comb), fx.expected)[1]
+    assert not fx.compare((stream, y, post, comb.transpose(-1, -2)), fx.expected)[1]
+    worst = stream.float().abs().amax(dim=(1, 2)).argmax()
+    bad = stream.clone()
+    bad[worst, 0, 0] += bad[worst].float().abs().max() * 0.05  # 5% of the token's scale, however large it is
+    assert not fx.compare((bad, y, post, comb), fx.expected)[1]
+    spec = next(c for c in cases_mhc.CASES if c.op == "mhc_head" and c.name == "d64_t8")
+    fx = cases_mhc.build(spec, CPU, _gen(5))
+    y = mhc_head(**fx.args)
+    assert fx.compare(y, fx.expected)[1] and not fx.compare(y.flip(0), fx.expected)[1]

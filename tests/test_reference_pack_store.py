@@ -158,7 +158,9 @@ def test_checked_mode_reads_values() -> None:
         validate_dequant_gather(cache, far, checked=True)
     very_negative = loc.clone()
     very_negative[0] = -(2**40)
-    validate_pack_store(k, very_negative, cache, checked=True)  # any negative means skip
+    validate_pack_store(k, very_negative, cache)  # unchecked: not read
+    with pytest.raises(InvalidArgumentError, match="slot id"):  # only -1 skips; other negatives are invalid
+        validate_pack_store(k, very_negative, cache, checked=True)
     for poison in (float("nan"), float("inf")):
         bad = k.clone()
         bad[3, 100] = poison

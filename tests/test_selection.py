@@ -167,8 +167,14 @@ def test_plugin_raising_at_probe_time() -> None:
         registry.add_platform(PlatformSpec("boom", "x", 1, boom, "cuda"))
 
     reg = registry_with(("boom", plugin_module("boom", reg_boom)))
-    with pytest.raises(RuntimeError):  # the registry holds it; selection surfaces the plugin's failure
-        select_platform_spec(reg, fake("cpu"), ov.Overrides())
+    # contained like an import error: the platform does not fit, the fault is recorded and shown
+    with pytest.warns(PluginWarning, match="probe exploded"):
+        d = select_platform_spec(reg, fake("cpu"), ov.Overrides())
+    assert d.chosen.name == "cpu" and "probe exploded" in reg.plugin_errors["boom"]
+    assert any("probe exploded" in r for r in d.reasons["boom"])
+    strict = registry_with(("boom", plugin_module("boom", reg_boom)), strict=True)
+    with pytest.raises(PluginLoadError, match="probe exploded"):  # strict mode makes it fatal
+        select_platform_spec(strict, fake("cpu"), ov.Overrides())
 
 
 def test_competing_platform_is_ambiguous() -> None:

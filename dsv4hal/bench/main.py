@@ -13,7 +13,8 @@ from typing import Any
 from dsv4hal.errors import Dsv4HalError
 
 BENCHES = {"attention": "dsv4hal.bench.attention", "pack_store": "dsv4hal.bench.cache_ops",
-           "topk": "dsv4hal.bench.topk", "moe": "dsv4hal.bench.moe"}
+           "topk": "dsv4hal.bench.topk", "moe": "dsv4hal.bench.moe", "mhc": "dsv4hal.bench.mhc",
+           "compress": "dsv4hal.bench.compress", "indexer": "dsv4hal.bench.indexer"}
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -22,12 +23,12 @@ def run_bench(args: argparse.Namespace) -> int:
     import dsv4hal
     from dsv4hal.bench.timing import bf16_tflops, copy_bandwidth
 
-    if not torch.cuda.is_available():
-        raise Dsv4HalError("benchmarks need a GPU", remedy="run on a machine with a CUDA or ROCm device")
-    names = list(BENCHES) if args.op == "all" else args.op.split(",")
+    names = list(BENCHES) if args.op == "all" else [n.strip() for n in args.op.split(",")]
     for n in names:
         if n not in BENCHES:
             raise Dsv4HalError(f"unknown benchmark {n!r}", remedy=f"choose from {', '.join(BENCHES)} or all")
+    if not torch.cuda.is_available():
+        raise Dsv4HalError("benchmarks need a GPU", remedy="run on a machine with a CUDA or ROCm device")
     platform = dsv4hal.select_platform()
     ceilings = {"copy_bytes_per_s": copy_bandwidth(), "bf16_tflops": bf16_tflops()}
     print(f"ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 {ceilings['bf16_tflops']:.0f} TF",
@@ -39,12 +40,16 @@ def run_bench(args: argparse.Namespace) -> int:
         "timing": "CUDA graphs of 10 calls, median of 25 replays; host_us = host enqueue time per call",
         "ceilings": ceilings,
     }
-    for n in names:
-        try:
-            result[n] = importlib.import_module(BENCHES[n]).run(platform, ceilings, quick=args.quick)
-        except Exception as exc:  # keep the other benchmarks' results; the JSON records the failure
-            print(f"benchmark {n} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            result.setdefault("errors", {})[n] = f"{type(exc).__name__}: {exc}"
+    from dsv4hal.progress import Progress
+
+    with Progress(len(names), "bench") as bar:
+        for n in names:
+            try:
+                result[n] = importlib.import_module(BENCHES[n]).run(platform, ceilings, quick=args.quick)
+            except Exception as exc:  # keep the other benchmarks' results; the JSON records the failure
+                bar.write(f"benchmark {n} failed: {type(exc).__name__}: {exc}")
+                result.setdefault("errors", {})[n] = f"{type(exc).__name__}: {exc}"
+            bar.update(f"{n} done")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -51,13 +51,31 @@ CASES: list[CaseSpec] = [
     _case("c4_main_long", 4, 512, (4096, 1027, 8191), gpu_only=True),
     _case("c4_indexer_long", 4, 128, (8192, 333), hadamard=True, gpu_only=True),
     _case("c128_main_long", 128, 512, (8192, 4000, 129), gpu_only=True),
+    # V4-Flash and V4-Pro share the compressor shapes (hd 512 main, hd 128 indexer); these are prompt sizes:
+    # 32K prompts, and Pro's long ones past YaRN's original 64K context
+    _case("flash_c4_main_32k", 4, 512, (32768, 4093, 7), gpu_only=True),
+    _case("flash_c4_indexer_32k", 4, 128, (32768, 1030), hadamard=True, gpu_only=True),
+    _case("flash_c128_main_32k", 128, 512, (32768, 4000, 127), gpu_only=True),
+    _case("pro_c4_main_66k", 4, 512, (66563,), gpu_only=True),
+    _case("pro_c4_indexer_66k", 4, 128, (66563, 5), hadamard=True, gpu_only=True),
+    _case("pro_c128_main_66k", 128, 512, (66563,), gpu_only=True),
 ]
 
 
 def _decode_case(name: str, ratio: int, hd: int, positions: tuple[int, ...], hadamard: bool = False,
-                 ring: int | None = None) -> CaseSpec:
-    return CaseSpec(op=DECODE_OP, name=name, compress_ratio=ratio,
+                 ring: int | None = None, gpu_only: bool = False) -> CaseSpec:
+    return CaseSpec(op=DECODE_OP, name=name, compress_ratio=ratio, gpu_only=gpu_only,
                     params={"positions": positions, "hd": hd, "hadamard": hadamard, "ring": ring})
+
+
+def _batch_positions(batch: int, context: int, ratio: int) -> tuple[int, ...]:
+    """A decode batch spread over [0, context): two rows of three close a group (the first closes group 0),
+    the third does not."""
+    out = []
+    for i in range(batch):
+        closing = max(1, context * (i + 1) // batch // ratio) * ratio - 1 if i else ratio - 1
+        out.append(closing - 1 if i % 3 == 2 else closing)
+    return tuple(out)
 
 
 # Rows whose token closes a group (pos + 1 divisible by the ratio) return the group's row; others return 0.
@@ -66,6 +84,15 @@ CASES_DECODE: list[CaseSpec] = [
     _decode_case("c4_indexer_decode", 4, 128, (3, 50, 51, 1023), hadamard=True),
     _decode_case("c4_main_decode_ring16", 4, 512, (15, 20, 23), ring=16),
     _decode_case("c128_main_decode", 128, 512, (127, 255, 300, 383)),
+    # the demo's batch (64) at V4-Flash's 32K and V4-Pro's 1M context
+    _decode_case("flash_c4_main_decode_b64", 4, 512, _batch_positions(64, 32768, 4), gpu_only=True),
+    _decode_case("flash_c4_indexer_decode_b64", 4, 128, _batch_positions(64, 32768, 4), hadamard=True,
+                 gpu_only=True),
+    _decode_case("flash_c128_main_decode_b64", 128, 512, _batch_positions(64, 32768, 128), gpu_only=True),
+    _decode_case("pro_c4_main_decode_1m", 4, 512, _batch_positions(64, 1 << 20, 4), gpu_only=True),
+    _decode_case("pro_c4_indexer_decode_1m_ring16", 4, 128, _batch_positions(64, 1 << 20, 4), hadamard=True,
+                 ring=16, gpu_only=True),
+    _decode_case("pro_c128_main_decode_1m", 128, 512, _batch_positions(64, 1 << 20, 128), gpu_only=True),
 ]
 
 
@@ -76,10 +103,11 @@ CASES_DECODE: list[CaseSpec] = [
 _MASKED = (-1, 0, 0, 0)  # a window slot with no token: weight exp(-inf) = 0
 
 
-def _window_slots(length: int, ratio: int, hd: int) -> list[list[tuple[int, int, int, int]]]:
-    """Per group, per window slot: (position, kv column, score column, ape row); ape column = kv column."""
+def _window_slots(length: int, ratio: int, hd: int, first_group: int = 0) -> list[list[tuple[int, int, int, int]]]:
+    """Per group from first_group on, per window slot: (position, kv column, score column, ape row); ape column =
+    kv column."""
     groups = []
-    for i in range(length // ratio):
+    for i in range(first_group, length // ratio):
         last = i * ratio + ratio - 1
         if ratio == 128:
             groups.append([(last - 127 + w, 0, hd, w) for w in range(128)])
@@ -97,10 +125,12 @@ def _window_slots(length: int, ratio: int, hd: int) -> list[list[tuple[int, int,
     return groups
 
 
-def _pool(rows: torch.Tensor, ape: torch.Tensor, groups: list, hd: int) -> torch.Tensor:
-    """[G, hd]: per-channel softmax-weighted kv over each group's window slots."""
+def _pool(rows: torch.Tensor, ape: torch.Tensor, groups: list, hd: int, base: int = 0) -> torch.Tensor:
+    """[G, hd]: per-channel softmax-weighted kv over each group's window slots; rows[0] is position `base`."""
+    if any(0 <= s[0] < base for g in groups for s in g):
+        raise ValueError(f"a window reaches before the rows given (position {base})")
     cols = torch.arange(hd)
-    pos = torch.tensor([[s[0] for s in g] for g in groups])
+    pos = torch.tensor([[s[0] - base if s[0] >= 0 else -1 for s in g] for g in groups])
     kv_col = torch.tensor([[s[1] for s in g] for g in groups])[..., None] + cols
     sc_col = torch.tensor([[s[2] for s in g] for g in groups])[..., None] + cols
     ape_row = torch.tensor([[s[3] for s in g] for g in groups])
@@ -164,15 +194,23 @@ def _build_decode(spec: CaseSpec, device: torch.device, gen: torch.Generator) ->
     state = new_state(len(positions) + 1, ratio, width, ring=spec.params.get("ring"))
     ring = state.shape[1]
     new_rows, expected = [], []
+    ape64, weight64 = ape.double(), weight.double()
     for b, pos in enumerate(positions):
-        hist = torch.randn(pos + 1, width, generator=gen)
+        base = max(0, pos - ring + 1)  # the request's rows from `base` on: what the ring holds, plus this token
+        hist = torch.randn(pos + 1 - base, width, generator=gen)
         hist[:, coff * hd:] *= 2.0
-        for p in range(max(0, pos - ring + 1), pos):
-            state[b + 1, p % ring] = hist[p]
-        new_rows.append(hist[pos])
-        closes = (pos + 1) % ratio == 0
-        rows = oracle(hist, (pos + 1,), ape, weight, cos, sin, ratio, 1e-6, hadamard)
-        expected.append(rows[-1] if closes else torch.zeros(hd, dtype=torch.float64))
+        for p in range(base, pos):
+            state[b + 1, p % ring] = hist[p - base]
+        new_rows.append(hist[-1])
+        if (pos + 1) % ratio == 0:  # the closed group, from the prefill-form window description
+            group = (pos + 1) // ratio - 1
+            slots = _window_slots(pos + 1, ratio, hd, first_group=group)
+            pooled = _pool(hist.double(), ape64, slots, hd, base=base)
+            first = group * ratio
+            expected.append(_finish(pooled, weight64, cos[first:first + 1].double(), sin[first:first + 1].double(),
+                                    torch.tensor([0]), 1e-6, hadamard)[0])
+        else:
+            expected.append(torch.zeros(hd, dtype=torch.float64))
     args = {
         "kv_score": torch.stack(new_rows).to(device), "state": state.to(device),
         "slots": torch.arange(1, len(positions) + 1, dtype=torch.int32).to(device),

@@ -61,7 +61,7 @@ def build(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture
 
 
 def check_topk(got: tuple[torch.Tensor, torch.Tensor | None], scores: torch.Tensor, lengths: torch.Tensor,
-               page_table: torch.Tensor | None, k: int) -> tuple[float, bool, str]:
+               page_table: torch.Tensor | None, k: int, page_size: int = 64) -> tuple[float, bool, str]:
     """Returns (number of wrong rows, ok, detail)."""
     raw, pages = (x.cpu() if x is not None else None for x in got)
     bad: list[str] = []
@@ -85,7 +85,8 @@ def check_topk(got: tuple[torch.Tensor, torch.Tensor | None], scores: torch.Tens
             bad.append("page indices missing although a page table was given")
         else:
             safe = raw.clamp(min=0).long()
-            want = (page_table.long().gather(1, safe // 64) * 64 + safe % 64).where(raw >= 0, torch.tensor(-1))
+            want = (page_table.long().gather(1, safe // page_size) * page_size + safe % page_size).where(
+                raw >= 0, torch.tensor(-1))
             if not torch.equal(pages.long(), want):
                 bad.append("page transform differs")
     elif pages is not None:

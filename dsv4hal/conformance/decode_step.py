@@ -19,6 +19,11 @@ from dsv4hal.formats.v4_cache import PAGE_SIZE_BY_RATIO, V4PagedCache, exact_deq
 
 CONTEXTS = (100, 300, 519, 1030)  # tokens already in each request; crosses SWA pages and compress groups
 STEPS = 4
+RATIOS = (0, 4, 128)
+
+
+def case_name(ratio: int) -> str:
+    return f"ratio{ratio}/{len(CONTEXTS)} requests x {STEPS} steps"
 H_Q = 64
 TOPK = 512
 
@@ -103,12 +108,12 @@ def _step(platform: Any, caches: tuple[V4PagedCache, V4PagedCache | None], inp: 
                                                 SCALE, **extra)
 
 
-def decode_step_cells(platform: Any, seed: int = 0) -> list[Cell]:
+def decode_step_cells(platform: Any, seed: int = 0, ratios: tuple[int, ...] = RATIOS) -> list[Cell]:
     dev = torch.device(platform.device_type)
     graphs = dev.type == "cuda"
     impl = f"{platform.explain('pack_store').chosen.name} + {platform.explain('sparse_attention_decode').chosen.name}"
     cells = []
-    for ratio in (0, 4, 128):
+    for ratio in ratios:
         reqs = _Requests(ratio, dev, torch.Generator().manual_seed(seed + ratio), platform.ops.pack_store)
         eager_caches = (reqs.swa, reqs.x)
         graph_caches = clone_args(eager_caches)
@@ -141,7 +146,7 @@ def decode_step_cells(platform: Any, seed: int = 0) -> list[Cell]:
             if not (good and g2):
                 detail.append(f"graph step {step}: {d or d2}")
         for mode in ("eager", "graph"):
-            cell = Cell("decode_step", impl, f"ratio{ratio}/{len(CONTEXTS)} requests x {STEPS} steps", mode, ratio,
+            cell = Cell("decode_step", impl, case_name(ratio), mode, ratio,
                         platform.name, "pass" if ok[mode] else "fail", worst[mode],
                         tolerance={"atol": GRAPH_TOLERANCE.atol if mode == "graph" else 2e-2,
                                    "reason": "graph replay against eager and the oracle" if mode == "graph"

@@ -1,4 +1,5 @@
-"""Markdown rendering of a conformance report: one matrix per op (case by mode), then the reasons."""
+"""Markdown rendering of a conformance report: one matrix per op (case by mode), then each tolerance reason and
+each note once, numbered (ops and cells refer to the numbers)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def markdown(report: Report) -> str:
     for c in report.cells:
         ops.setdefault(c.op, []).append(c)
     notes: dict[str, int] = {}
+    tolerances: dict[str, int] = {}  # each reason once, numbered; ops refer to the numbers
     for op, cells in ops.items():
         modes = [m for m in MODES_ORDER if any(c.mode == m for c in cells)]
         impls = sorted({c.implementation for c in cells if c.implementation})
@@ -38,10 +40,14 @@ def markdown(report: Report) -> str:
             ratio[c.case] = "-" if c.compress_ratio is None else str(c.compress_ratio)
         for case, by_mode in rows.items():
             lines.append(f"| {case} | {ratio[case]} | " + " | ".join(by_mode.get(m, "") for m in modes) + " |")
-        tols = {(c.tolerance or {}).get("reason") for c in cells if c.tolerance}
-        for t in sorted(x for x in tols if x):
-            lines.append(f"\nTolerance: {t}")
+        reasons = sorted({r for c in cells if (r := (c.tolerance or {}).get("reason"))})
+        for r in reasons:
+            tolerances.setdefault(r, len(tolerances) + 1)
+        if reasons:
+            lines += ["", "Tolerances: " + ", ".join(f"T{tolerances[r]}" for r in reasons)]
         lines.append("")
+    if tolerances:
+        lines += ["## Tolerances", ""] + [f"T{n}. {text}" for text, n in tolerances.items()] + [""]
     if notes:
         lines += ["## Notes", ""] + [f"{n}. {text}" for text, n in notes.items()]
     return "\n".join(lines) + "\n"

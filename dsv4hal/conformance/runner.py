@@ -24,8 +24,8 @@ from dsv4hal.platform import Platform, load_registry, select_platform
 from dsv4hal.prepared import PreparedWeights
 from dsv4hal.selection import select_kernel
 
-CATALOG_MODULES = ("pack_store", "sparse_attention", "indexer_topk", "compress", "indexer_logits", "moe", "mhc",
-                   "attention_metadata")
+CATALOG_MODULES = ("pack_store", "sparse_attention", "indexer_topk", "compress", "indexer_logits", "indexer_store",
+                   "moe", "mhc", "attention_metadata")
 STATUSES = ("pass", "fail", "production-unreachable", "blocked", "deferred", "not-run")
 
 
@@ -219,12 +219,24 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
     """Run the catalog on the selected platform (ops: a subset of ops; cases: a regular expression the case
     names must match). A platform that does not fit this machine yields not-run cells naming the
     implementation it would use and why it did not run."""
+    from dsv4hal.conformance.decode_step import RATIOS, case_name, decode_step_cells
+
+    full = load_catalog()
+    wanted = _check_ops(ops, full)
+    pattern = _case_pattern(cases)
+    catalog = [c for c in full
+               if (wanted is None or c[0].op in wanted) and (pattern is None or pattern.search(c[0].name))]
+    step_ratios = tuple(r for r in RATIOS if (wanted is None or "decode_step" in wanted)
+                        and (pattern is None or pattern.search(case_name(r))))
+    if not catalog and not step_ratios:
+        names = [s.name for s, _ in full if wanted is None or s.op in wanted][:6]
+        raise Dsv4HalError(f"no conformance case matches ops {sorted(wanted) if wanted else 'all'} and --cases "
+                           f"{cases!r}", remedy="--cases is a regular expression searched in case names, such as: "
+                           + "; ".join(names + [case_name(RATIOS[0])]))
+    chosen = {id(c[0]) for c in catalog}
+    skipped = [c for c in full if id(c[0]) not in chosen]
     registry = load_registry()
     info = hardware.detect(registry.requirements())
-    pattern = re.compile(cases) if cases else None
-    catalog = [c for c in load_catalog(ops) if pattern is None or pattern.search(c[0].name)]
-    chosen = {id(c[0]) for c in catalog}
-    skipped = [c for c in load_catalog() if id(c[0]) not in chosen]
     spec_platform = registry.platforms.get(platform_name or "")
     fits = spec_platform is not None and not spec_platform.claims(info)
     if platform_name and spec_platform is not None and not fits:
@@ -233,6 +245,7 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
     report = Report(platform.name, platform.info.to_json())
     on_gpu = platform.device_type == "cuda"
     todo = [(s, b, m) for s, b in catalog for m in s.modes]
+    total = len(todo) + 2 * len(step_ratios)  # a decode_step ratio yields an eager and a graph cell
     for i, (spec, build, mode) in enumerate(todo):
         static = _static_status(spec, mode, on_gpu)
         if static is not None:
@@ -243,17 +256,41 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
             cell = run_cell(platform, spec, build, mode, seed)
         report.cells.append(cell)
         if progress:
-            progress(i + 1, len(todo), cell)
+            progress(i + 1, total, cell)
     for spec, _ in skipped:
         report.cells += _deselected(spec, platform.name, _impl_name(platform, spec))
-    if ops is None or "decode_step" in set(ops):
-        from dsv4hal.conformance.decode_step import decode_step_cells
-
-        for cell in decode_step_cells(platform, seed):
+    done = len(todo)
+    for ratio in step_ratios:
+        for cell in decode_step_cells(platform, seed, ratios=(ratio,)):
             report.cells.append(cell)
+            done += 1
             if progress:
-                progress(len(report.cells), len(report.cells), cell)
+                progress(done, total, cell)
     return report
+
+
+def _check_ops(ops: Iterable[str] | None, catalog: list) -> set[str] | None:
+    if ops is None:
+        return None
+    from dsv4hal.ops.catalog import OP_NAMES
+
+    wanted = {o.strip() for o in ops if o.strip()}
+    known = set(OP_NAMES) | {s.op for s, _ in catalog} | {"decode_step"}
+    unknown = sorted(wanted - known)
+    if unknown or not wanted:
+        raise Dsv4HalError(f"unknown op(s) {', '.join(map(repr, unknown)) or '(none given)'}",
+                           remedy=f"choose from {', '.join(sorted(known))} (comma-separated)")
+    return wanted
+
+
+def _case_pattern(cases: str | None) -> re.Pattern[str] | None:
+    if not cases:
+        return None
+    try:
+        return re.compile(cases)
+    except re.error as exc:
+        raise Dsv4HalError(f"--cases {cases!r} is not a regular expression: {exc}",
+                           remedy="escape special characters with a backslash, e.g. --cases 'mxfp4-T(1|8)$'") from None
 
 
 def _impl_name(platform: Platform, spec: CaseSpec) -> str:

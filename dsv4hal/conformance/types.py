@@ -53,8 +53,10 @@ class Fixture:
     tolerance: Tolerance | None = None
 
 
-def compare_close(got: Any, expected: Any, tol: Tolerance) -> tuple[float, bool, str]:
-    """Elementwise |got - exp| <= atol + rtol*|exp| over tensors (or tuples of tensors).
+def compare_close(got: Any, expected: Any, tol: Tolerance, slack: torch.Tensor | None = None
+                  ) -> tuple[float, bool, str]:
+    """Elementwise |got - exp| <= atol + rtol*|exp| (+ slack, an elementwise error allowance of a case whose
+    error scales with something other than |exp|) over tensors (or tuples of tensors).
     Infinite expected values must be matched exactly; NaN anywhere in `got` fails."""
     if isinstance(expected, (tuple, list)):
         worst, ok, details = 0.0, True, []
@@ -78,9 +80,12 @@ def compare_close(got: Any, expected: Any, tol: Tolerance) -> tuple[float, bool,
     if diff.numel() == 0:
         return 0.0, True, ""
     bound = tol.atol + tol.rtol * e[fin].abs()
+    if slack is not None:
+        bound = bound + slack.detach().to("cpu", torch.float64)[fin]
     err = float(diff.max())
     ok = bool((diff <= bound).all()) and bool(torch.isfinite(g[fin]).all())
-    return err, ok, "" if ok else f"max |diff| {err:.3g} over atol {tol.atol} + rtol {tol.rtol}*|expected|"
+    extra = " + the case's slack" if slack is not None else ""
+    return err, ok, "" if ok else f"max |diff| {err:.3g} over atol {tol.atol} + rtol {tol.rtol}*|expected|{extra}"
 
 
 # Builders: op catalog modules expose CASES: list[CaseSpec] and build(spec, device, gen) -> Fixture.

@@ -161,13 +161,20 @@ def _record_bytes(rec: V4TokenRecords) -> torch.Tensor:
     return torch.cat([rec.nope.to(torch.uint8), rope], dim=1)
 
 
+def in_cache(cache: V4PagedCache, loc: torch.Tensor) -> torch.Tensor:
+    """Which locations address a slot of the cache (-1, the invalid negatives and loc >= num_slots do not)."""
+    return (loc >= 0) & (loc < cache.num_slots)
+
+
 def write_records(cache: V4PagedCache, loc: torch.Tensor, rec: V4TokenRecords) -> None:
-    """Scatter N records into the cache at `loc` (rows with loc < 0 are skipped). Pad bytes are never written.
+    """Scatter N records into the cache at `loc`. Pad bytes are never written. Rows whose loc is not a slot
+    of the cache (-1, and the invalid negatives and out-of-range ids checked mode refuses) are skipped, so no
+    unchecked value can make the write fail half-way or land outside the buffer.
 
     Duplicate non-negative locations leave one of the rows, unspecified which (as in production)."""
     if loc.shape[0] == 0 or cache.num_slots == 0:
         return
-    keep = loc >= 0
+    keep = in_cache(cache, loc)
     record, scales = _record_bytes(rec), rec.scale_exp.to(torch.uint8)
     # Sync-free skip (no boolean selection, so it can be captured in a CUDA graph): a skipped row rewrites
     # the first kept row's slot with that row's own bytes; if no row is kept, it rewrites slot 0 unchanged.
@@ -186,10 +193,16 @@ def write_records(cache: V4PagedCache, loc: torch.Tensor, rec: V4TokenRecords) -
 
 
 def read_records(cache: V4PagedCache, loc: torch.Tensor) -> V4TokenRecords:
-    """Gather the records at `loc`; rows with loc < 0 come back as zeros."""
-    skip = (loc < 0).unsqueeze(1)
-    # Clamp instead of selecting so the gather stays sync-free; skipped rows are zeroed afterwards.
-    record_addr, scale_addr = _slot_addresses(cache, loc.clamp_min(0))
+    """Gather the records at `loc`; rows whose loc is not a slot of the cache come back as zeros."""
+    n, dev = loc.shape[0], loc.device
+    if cache.num_slots == 0:
+        return V4TokenRecords(nope=torch.zeros(n, NOPE_DIM, dtype=torch.uint8, device=dev),
+                              scale_exp=torch.zeros(n, NUM_TILES, dtype=torch.uint8, device=dev),
+                              rope=torch.zeros(n, ROPE_DIM, dtype=torch.bfloat16, device=dev))
+    keep = in_cache(cache, loc)
+    skip = (~keep).unsqueeze(1)
+    # Select a safe slot instead of filtering so the gather stays sync-free; skipped rows are zeroed afterwards.
+    record_addr, scale_addr = _slot_addresses(cache, torch.where(keep, loc, torch.zeros_like(loc)))
     flat = cache.data.view(-1)
     record = flat[record_addr].masked_fill(skip, 0)
     scales = flat[scale_addr].masked_fill(skip, 0)

@@ -1,11 +1,11 @@
 """Contract of build_attention_metadata (spec 3.1): per-query-row attention metadata from page tables.
 
 build_attention_metadata(positions, page_table, full_to_swa, index_topk=512, out=None)
-    positions    int32 [T]: position of each query row (every query token is its own row; L = pos + 1)
-    page_table   int32 [T, P]: full-pool page ids (256-token pages) of the row's request
-    full_to_swa  int32 or int64 [S]: full-pool slot -> SWA slot (-1 = none)
-    index_topk   512 or 1024 (C4 top-k width)
-    out          an AttentionMetadata of the same shapes to write into (CUDA-graph replays), or None
+    positions    int32 [T] contiguous: position of each query row (every query token is its own row; L = pos + 1)
+    page_table   int32 [T, P] (unit stride along P): full-pool page ids (256-token pages) of the row's request
+    full_to_swa  int32 or int64 [S] contiguous: full-pool slot -> SWA slot (-1 = none)
+    index_topk   512 or 1024 (C4 top-k width, an int)
+    out          an AttentionMetadata of the same shapes, contiguous, to write into (CUDA-graph replays), or None
     returns      AttentionMetadata:
       swa_indices int32 [T, 128]: k-th newest key's SWA slot, full_to_swa[loc(pos - k)], -1 before the start
       swa_lengths int32 [T] = min(L, 128)
@@ -17,6 +17,14 @@ build_attention_metadata(positions, page_table, full_to_swa, index_topk=512, out
         (the dummy slot), with loc(p) = page_table[p // 256] * 256 + p % 256
 One call fills the fields of every layer type (SWA-only, C4, C128) for the step, as SGLang builds them
 once per forward. C4 page indices come from indexer_topk, not from here.
+
+Checked mode reads the inputs and refuses: negative positions; a page table narrower than pos // 256 + 1;
+a used page id (pages 0..pos // 256 of the row) that is negative, or any page id below -1 (-1 marks an
+unused table entry only); a
+window slot (page * 256 + offset of the last 128 positions) >= S; full_to_swa entries below -1 (the
+negative-index rule: -1 is "none", other negatives are invalid). Unchecked, such inputs give unspecified
+entries (the reference and the portable kernel write -1 for a window slot outside full_to_swa) but no read
+outside the buffers.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import check_choice, check_same_device, check_tensor, describe
+from dsv4hal.ops.checks import check_alloc, check_choice, check_same_device, check_tensor, describe
 
 OP = "build_attention_metadata"
 PAGE = 256
@@ -58,10 +66,11 @@ def c128_width(pages: int) -> int:
 
 def validate(positions, page_table, full_to_swa, index_topk=512, out=None,  # noqa: ANN001
              *, checked: bool = False) -> None:
-    pos = check_tensor(OP, "positions", positions, dtype=torch.int32, shape=(None,))
+    pos = check_tensor(OP, "positions", positions, dtype=torch.int32, shape=(None,), contiguous=True)
     t = pos.shape[0]
-    pt = check_tensor(OP, "page_table", page_table, dtype=torch.int32, shape=(t, None))
-    f2s = check_tensor(OP, "full_to_swa", full_to_swa, dtype=(torch.int32, torch.int64), shape=(None,))
+    pt = check_tensor(OP, "page_table", page_table, dtype=torch.int32, shape=(t, None), unit_stride=True)
+    f2s = check_tensor(OP, "full_to_swa", full_to_swa, dtype=(torch.int32, torch.int64), shape=(None,),
+                       contiguous=True)
     check_same_device(OP, {"page_table": pt, "full_to_swa": f2s}, pos.device, "positions")
     check_choice(OP, "index_topk", index_topk, (512, 1024))
     if out is not None:
@@ -70,13 +79,44 @@ def validate(positions, page_table, full_to_swa, index_topk=512, out=None,  # no
         want = AttentionMetadata.empty(0, pt.shape[1], "meta")
         for name in want.__dataclass_fields__:
             got, ref = getattr(out, name), getattr(want, name)
-            check_tensor(OP, f"out.{name}", got, dtype=ref.dtype, shape=(t, *ref.shape[1:]), device=pos.device)
-    if checked and t:
-        if bool((pos < 0).any()):
-            raise InvalidArgumentError(OP, "positions", "non-negative positions", f"min {int(pos.min())}")
-        need = int(pos.max()) // PAGE + 1
-        if need > pt.shape[1]:
-            raise InvalidArgumentError(OP, "page_table", f"at least {need} pages per row", describe(pt))
+            check_tensor(OP, f"out.{name}", got, dtype=ref.dtype, shape=(t, *ref.shape[1:]), device=pos.device,
+                         contiguous=True)
+    else:
+        check_alloc(OP, "positions (output size)", t * (WINDOW + c128_width(pt.shape[1]) + 4 + 4) * 4, pos.device)
+    if checked:
+        _check_values(pos, pt, f2s)
+
+
+def _check_values(pos: torch.Tensor, pt: torch.Tensor, f2s: torch.Tensor) -> None:
+    """Checked mode: every value the kernels will use addresses something that exists (reads the tensors)."""
+    if f2s.numel() and bool((f2s < -1).any()):
+        raise InvalidArgumentError(OP, "full_to_swa", "SWA slots >= 0 or -1 (none)", f"min {int(f2s.min())}",
+                                   remedy="-1 marks a full-pool slot without an SWA slot; no other negative")
+    if not pos.numel():
+        return
+    if bool((pos < 0).any()):
+        raise InvalidArgumentError(OP, "positions", "non-negative positions", f"min {int(pos.min())}")
+    need = int(pos.max()) // PAGE + 1
+    if need > pt.shape[1]:
+        raise InvalidArgumentError(OP, "page_table", f"at least {need} pages per row", describe(pt))
+    cols = torch.arange(pt.shape[1], device=pt.device)
+    used = cols[None, :] <= (pos.long() // PAGE)[:, None]
+    bad = (used & (pt < 0)) | (pt < -1)
+    if bool(bad.any()):
+        row = int(bad.any(dim=1).nonzero()[0, 0])
+        raise InvalidArgumentError(OP, "page_table", "page ids >= 0 for pages 0..pos // 256 of each row "
+                                   "(-1, and no other negative, for the others)",
+                                   f"row {row}: page ids {pt[row, :need].tolist()[:8]}",
+                                   remedy="-1 may mark only table entries past the row's last page")
+    # the window's slots index full_to_swa: the last min(L, 128) positions of each row
+    back = pos.long()[:, None] - torch.arange(WINDOW, device=pos.device)[None, :]
+    ok = back >= 0
+    bs = back.clamp(min=0)
+    slot = torch.gather(pt.long(), 1, bs // PAGE) * PAGE + bs % PAGE
+    if bool((ok & (slot >= f2s.shape[0])).any()):
+        worst = int(torch.where(ok, slot, -1).max())
+        raise InvalidArgumentError(OP, "full_to_swa", f"an entry for every window slot (slot {worst} is used)",
+                                   f"{f2s.shape[0]} entries", remedy="size full_to_swa to the full pool's slots")
 
 
 def case(positions, page_table, full_to_swa, index_topk=512, out=None) -> dict[str, object]:  # noqa: ANN001

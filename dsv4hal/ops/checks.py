@@ -1,9 +1,17 @@
 """Argument checks shared by every op contract. They never synchronise with the device
-unless the caller asked for checked mode (value checks read tensor contents)."""
+unless the caller asked for checked mode (value checks read tensor contents).
+
+Negative indices mean one thing in every op that takes slot or row indices: -1 is an unused entry; any other
+negative is invalid (checked mode refuses it with InvalidArgumentError; unchecked, the entry's contribution is
+unspecified, but no kernel reads or writes outside its buffers for it)."""
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
+from functools import cache
+from numbers import Real
 
 import torch
 
@@ -27,8 +35,11 @@ def check_tensor(
     shape: Sequence[Dim] | None = None,
     device: torch.device | None = None,
     contiguous: bool = False,
+    unit_stride: bool = False,
 ) -> torch.Tensor:
-    """Check type, dtype, rank/shape, device and contiguity; raise InvalidArgumentError naming `name`."""
+    """Check type, dtype, rank/shape, device and layout; raise InvalidArgumentError naming `name`.
+    `contiguous`: the kernels index the tensor as dense. `unit_stride`: only the last dimension must be dense
+    (the kernels take the other strides)."""
     if not isinstance(t, torch.Tensor):
         raise InvalidArgumentError(op, name, "a torch.Tensor", describe(t))
     if dtype is not None:
@@ -50,12 +61,76 @@ def check_tensor(
             op, name, f"a tensor on {device}", describe(t), remedy=f"move it with .to('{device}')"
         )
     if contiguous and not t.is_contiguous():
-        raise InvalidArgumentError(op, name, "a contiguous tensor", "a strided view", remedy="call .contiguous()")
+        raise InvalidArgumentError(op, name, "a contiguous tensor", f"a strided view (strides {t.stride()})",
+                                   remedy="call .contiguous()")
+    if unit_stride and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise InvalidArgumentError(op, name, "unit stride along the last dimension", f"strides {t.stride()}",
+                                   remedy="call .contiguous()")
     return t
 
 
+def check_positive_float(op: str, name: str, value: object, *, allow_inf: bool = False) -> float:
+    """A positive real number (int or float, never bool), finite unless allow_inf."""
+    ok = isinstance(value, Real) and not isinstance(value, bool) and not math.isnan(value) and value > 0
+    if not ok or (not allow_inf and math.isinf(value)):
+        raise InvalidArgumentError(op, name, "a positive " + ("number" if allow_inf else "finite number"),
+                                   repr(value))
+    return float(value)
+
+
+@cache
+def _memory_bytes(device_type: str, index: int | None) -> int:
+    """Total memory of a device (a host query, cached: no sync and no CUDA call after the first)."""
+    if device_type == "cuda":
+        return int(torch.cuda.get_device_properties(index if index is not None else 0).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def check_alloc(op: str, what: str, nbytes: int, device: torch.device) -> None:
+    """Refuse an output that cannot be allocated on `device` before allocating it: inputs may be expand
+    views (stride 0) whose sizes say nothing about memory that exists."""
+    limit = _memory_bytes(device.type, device.index)
+    if nbytes > limit:
+        raise InvalidArgumentError(op, what, f"outputs that fit the device's {limit / 2**30:.1f} GiB",
+                                   f"{nbytes / 2**30:.1f} GiB of outputs",
+                                   remedy="split the call into smaller batches")
+
+
+def check_materializable(op: str, args: Sequence[object], kwargs: dict[str, object],
+                         names: Sequence[str] = ()) -> None:
+    """Every op, at dispatch: a tensor argument with a zero stride (an expand view) whose logical size exceeds
+    its device's memory is refused, because a kernel or reference that copies it densely would die in the
+    allocator; so is a tensor on the meta device (no data: checked mode and kernels must read it). Reads only
+    host attributes; dense tensors are skipped at once (their memory exists). `names` are the op's parameter
+    names, to name positional arguments."""
+    named = list(kwargs.items()) + [(names[i] if i < len(names) else f"argument {i}", a)
+                                    for i, a in enumerate(args)]
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.is_meta:
+            raise InvalidArgumentError(op, name, "a tensor with data", describe(t),
+                                       remedy="meta tensors only describe shapes; allocate it on a device")
+        if t.dim() and 0 in t.stride():
+            nbytes = t.numel() * t.element_size()
+            limit = _memory_bytes(t.device.type, t.device.index)
+            if nbytes > limit:
+                raise InvalidArgumentError(op, name, f"a tensor that fits the device's {limit / 2**30:.1f} GiB",
+                                           f"an expand view of {nbytes / 2**30:.1f} GiB {describe(t)}",
+                                           remedy="pass a smaller batch, or a dense tensor")
+
+
 def check_choice(op: str, name: str, value: object, allowed: Sequence[object]) -> None:
-    if value not in allowed:
+    """`value` is one of `allowed` and of its type (512.0 and True are not the int choices 512 and 1)."""
+    def same(a: object) -> bool:
+        if isinstance(a, int) and not isinstance(a, bool):
+            return isinstance(value, int) and not isinstance(value, bool) and value == a
+        return type(value) is type(a) and value == a
+
+    if not any(same(a) for a in allowed):
         raise InvalidArgumentError(op, name, "one of " + ", ".join(map(repr, allowed)), repr(value))
 
 
@@ -68,7 +143,7 @@ def check_finite(op: str, name: str, t: torch.Tensor) -> None:
 
 
 def check_index_range(op: str, name: str, idx: torch.Tensor, limit: int) -> None:
-    """Checked mode only: every index is -1 (invalid) or in [0, limit)."""
+    """Checked mode only: every index is -1 (unused) or in [0, limit); other negatives are invalid."""
     if idx.numel() == 0:
         return
     bad = (idx < -1) | (idx >= limit)
@@ -76,7 +151,7 @@ def check_index_range(op: str, name: str, idx: torch.Tensor, limit: int) -> None
         first = int(idx[bad].flatten()[0])
         raise InvalidArgumentError(
             op, name, f"indices in [0, {limit}) or -1", f"index {first}",
-            remedy="indices address slots of the cache; -1 marks an unused entry",
+            remedy="indices address slots of the cache; -1 (and no other negative) marks an unused entry",
         )
 
 

@@ -27,7 +27,10 @@ compress_decode(kv_score, state, slots, positions, ape, norm_weight, cos, sin, r
     score -inf); row b writes its kv_score into state[slots[b], positions[b] % ring] (in place), and when
     its token closes a group ((positions[b] + 1) % ratio == 0) returns that group's compressed row, the
     same value the prefill form gives; other rows are 0 (the engine writes them to the dummy slot).
-    slots, positions int32 [B]. Fixed shapes, no host sync: CUDA-graph safe.
+    slots, positions int32 [B]. Fixed shapes, no host sync: CUDA-graph safe. Rows sharing a slot share a ring:
+    which of their writes lands there, and their outputs, are unspecified (padding rows may share a dummy slot).
+    Checked mode reads slots and positions (ranges) and every float input: kv_score, ape, norm_weight, cos and
+    sin finite; the addressed rings' kv finite and their scores finite or -inf (new_state's empty marker).
 """
 
 from __future__ import annotations
@@ -193,7 +196,26 @@ def validate_decode(
         if bool(((pos < 0) | (pos >= tensors["cos"].shape[0])).any()):
             raise InvalidArgumentError(op, "positions", f"values in [0, {tensors['cos'].shape[0]}) (the RoPE table)",
                                        f"{int(pos.min())}...{int(pos.max())}")
-        check_finite(op, "kv_score", kv_score)
+        for name in ("kv_score", "ape", "norm_weight", "cos", "sin"):
+            check_finite(op, name, kv_score if name == "kv_score" else tensors[name])
+        _check_rings_finite(st, slot, width // 2)
+    elif checked:  # no rows: nothing is read but the layer's parameters
+        for name in ("ape", "norm_weight", "cos", "sin"):
+            check_finite(op, name, tensors[name])
+
+
+def _check_rings_finite(state: torch.Tensor, slots: torch.Tensor, half: int) -> None:
+    """Checked mode: the rings the call reads hold finite kv; their scores are finite or -inf (a row not yet
+    written: new_state's marker, which weighs 0)."""
+    rings = state[slots.long()]
+    if not bool(torch.isfinite(rings[..., :half]).all()):
+        raise InvalidArgumentError(DECODE_OP, "state", "finite kv halves in the addressed rings", "NaN or infinity",
+                                   remedy="inspect what wrote the ring (prefill seeding or an earlier step)")
+    scores = rings[..., half:]
+    if bool((torch.isnan(scores) | (scores == float("inf"))).any()):
+        raise InvalidArgumentError(DECODE_OP, "state", "score halves finite or -inf in the addressed rings",
+                                   "NaN or +inf", remedy="inspect what wrote the ring (prefill seeding or an "
+                                   "earlier step)")
 
 
 def case_decode(kv_score, state, slots, positions, ape, norm_weight, cos, sin, ratio, eps=1e-6,  # noqa: ANN001

@@ -1,14 +1,19 @@
 """Contract of indexer_topk (spec 4.3, the "Lightning TopK" transform).
 
 indexer_topk(scores, lengths, k, page_table=None, page_size=64) -> (raw, pages)
-    scores      fp32 [B, S] (row stride may be larger than S)
-    lengths     int32 [B]: n_b = number of candidates (compressed positions) of row b, n_b <= S
-    k           512 or 1024
-    page_table  int32 [B, P] page ids of the request of row b, or None (no page transform)
+    scores      fp32 [B, S] with unit stride along S (the row stride is free)
+    lengths     int32 [B] contiguous: n_b = number of candidates (compressed positions) of row b, n_b <= S
+    k           512 or 1024 (an int)
+    page_table  int32 [B, P] page ids of the request of row b (unit stride along P), or None (no page
+                transform); page_size a power-of-two int
     returns     raw int32 [B, k]: n_b <= k -> 0..n_b-1 then -1 (scores ignored); n_b > k -> exactly the
                 indices of the k largest scores among [0, n_b), in any order, ties at the threshold
                 broken arbitrarily; pages int32 [B, k] = page_table[b, i // page_size] * page_size
                 + i % page_size for raw i >= 0, -1 elsewhere (None when page_table is None).
+Checked mode reads the inputs: finite scores, lengths in [0, S], and for every row the pages its candidates
+use (page_table[b, :ceil(n_b / page_size)]) present and >= 0, and no page id below -1 (a page id is an
+index: -1 marks an unused table entry, which a used page cannot be; other negatives are invalid).
+Unchecked, such inputs give unspecified indices, never a read outside the buffers.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import check_choice, check_finite, check_tensor, describe
+from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_tensor, describe
 
 OP = "indexer_topk"
 K_CHOICES = (512, 1024)
@@ -27,21 +32,36 @@ def validate(scores, lengths, k, page_table=None, page_size=64, *, checked: bool
     b, s = scores.shape
     if scores.stride(1) != 1:
         raise InvalidArgumentError(OP, "scores", "unit stride along candidates", f"stride {scores.stride()}")
-    lengths = check_tensor(OP, "lengths", lengths, dtype=torch.int32, shape=(b,), device=scores.device)
+    lengths = check_tensor(OP, "lengths", lengths, dtype=torch.int32, shape=(b,), device=scores.device,
+                           contiguous=True)
     check_choice(OP, "k", k, K_CHOICES)
-    if not isinstance(page_size, int) or page_size <= 0 or page_size & (page_size - 1):
-        raise InvalidArgumentError(OP, "page_size", "a power of two (64 for the C4 pool)", repr(page_size))
+    if (not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0
+            or page_size & (page_size - 1)):
+        raise InvalidArgumentError(OP, "page_size", "a power-of-two int (64 for the C4 pool)", repr(page_size))
     if page_table is not None:
-        check_tensor(OP, "page_table", page_table, dtype=torch.int32, shape=(b, None), device=scores.device)
+        check_tensor(OP, "page_table", page_table, dtype=torch.int32, shape=(b, None), device=scores.device,
+                     unit_stride=True)
+    # raw and pages, plus the kernel's per-row state and histogram
+    check_alloc(OP, "scores (output size)", b * (k * 4 * (1 if page_table is None else 2) + 16 + 1024),
+                scores.device)
     if checked:
         check_finite(OP, "scores", scores)
         if lengths.numel() and bool(((lengths < 0) | (lengths > s)).any()):
             raise InvalidArgumentError(OP, "lengths", f"values in [0, {s}] (the score width)",
                                        f"min {int(lengths.min())}, max {int(lengths.max())}")
         if page_table is not None and lengths.numel():
-            need = int((lengths.max() + page_size - 1) // page_size)
+            used = (lengths.long() + page_size - 1) // page_size  # pages each row's candidates use
+            need = int(used.max())
             if need > page_table.shape[1]:
                 raise InvalidArgumentError(OP, "page_table", f"at least {need} pages per row", describe(page_table))
+            cols = torch.arange(page_table.shape[1], device=page_table.device)
+            bad = ((cols[None, :] < used[:, None]) & (page_table < 0)) | (page_table < -1)
+            if bool(bad.any()):
+                row = int(bad.any(dim=1).nonzero()[0, 0])
+                raise InvalidArgumentError(OP, "page_table", "page ids >= 0 for every page a row's candidates use "
+                                           "(-1, and no other negative, for the others)",
+                                           f"row {row}: {page_table[row, :int(used[row])].tolist()[:8]}...",
+                                           remedy="fill the request's pages; -1 only after the last used page")
 
 
 def case(scores, lengths, k, page_table=None, page_size=64) -> dict[str, object]:  # noqa: ANN001

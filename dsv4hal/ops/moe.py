@@ -12,6 +12,7 @@ Validation never reads tensor contents unless checked=True (value checks synchro
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from numbers import Real
 from typing import Any
@@ -22,7 +23,7 @@ from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
 from dsv4hal.formats.mxfp4 import GROUP as MXFP4_GROUP
 from dsv4hal.formats.mxfp4 import NAN_SCALE_BYTE
-from dsv4hal.ops.checks import check_choice, check_finite, check_tensor, describe
+from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_tensor, describe
 from dsv4hal.prepared import PreparedWeights
 from dsv4hal.reference.moe import EXPERT_FORMATS, ExpertWeights
 
@@ -95,6 +96,10 @@ def validate_moe_route(
     if hash_table is not None:
         _tensor(ROUTE_OP, "hash_table", hash_table, dtype=torch.int32, shape=(None, top_k), device=logits.device)
         _tensor(ROUTE_OP, "input_ids", input_ids, dtype=INDEX_DTYPES, shape=(t,), device=logits.device)
+    k = hash_table.shape[1] if hash_table is not None else top_k
+    # ids and weights; a strided (e.g. expand) logits view is copied dense by the kernels
+    check_alloc(ROUTE_OP, "router_logits (output size)", t * (k * 8 + (0 if logits.is_contiguous() else e * 4)),
+                logits.device)
     if checked:
         _check_route_values(logits, bias, hash_table, input_ids)
 
@@ -192,6 +197,18 @@ def _check_prepared(weights: object, h: int) -> PreparedWeights:
     return weights
 
 
+def _check_payload_device(weights: PreparedWeights, device: torch.device) -> None:
+    """Every tensor of the prepared payload (a dataclass for every kernel) sits on x's device (host attributes)."""
+    payload = weights.payload
+    names = [f.name for f in dataclasses.fields(payload)] if dataclasses.is_dataclass(payload) else []
+    for name in names:
+        t = getattr(payload, name)
+        if isinstance(t, torch.Tensor) and t.device != device:
+            raise InvalidArgumentError(EXPERTS_OP, "weights", f"weights prepared on x's device ({device})",
+                                       f"weights.{name} on {t.device}",
+                                       remedy="prepare the weights on the device the tokens use")
+
+
 def validate_moe_experts(
     x: object,
     topk_ids: object,
@@ -205,8 +222,12 @@ def validate_moe_experts(
 
     x bf16 [T, H]; topk_ids int32 [T, k]; topk_weights fp32 [T, k]; weights an ExpertWeights whose tensors match
     its format for hidden H (mxfp4 also needs H % 32 == 0 and I % 32 == 0); swiglu_limit > 0 (inf disables
-    the clamp); everything on x's device. checked=True also reads values: ids < E (negative ids are allowed and
-    ignored), finite x and topk_weights, no NaN codes in the expert weights and finite fp8 block scales."""
+    the clamp); everything, the prepared weights included, on x's device. checked=True also reads values:
+    ids < E, finite x and topk_weights, no NaN codes in the expert weights and finite fp8 block scales.
+
+    Negative topk_ids: unlike the attention indices (where only -1 is "unused"), every negative id is a
+    dropped route, as the reference and every MoE kernel document (expert parallelism maps experts owned by
+    other ranks to negative ids); checked mode accepts them."""
     xt = check_tensor(EXPERTS_OP, "x", x, dtype=torch.bfloat16, shape=(None, None))
     t, h = xt.shape
     ids = _tensor(EXPERTS_OP, "topk_ids", topk_ids, dtype=torch.int32, shape=(t, None), device=xt.device)
@@ -215,7 +236,10 @@ def validate_moe_experts(
         raise InvalidArgumentError(EXPERTS_OP, "topk_ids", "[T, k] with k >= 1", describe(ids))
     tw = _tensor(EXPERTS_OP, "topk_weights", topk_weights, dtype=torch.float32, shape=(t, k), device=xt.device)
     w = _check_prepared(weights, h)
+    _check_payload_device(w, xt.device)
     _check_positive(EXPERTS_OP, "swiglu_limit", swiglu_limit, allow_inf=True)
+    # output, a dense copy of x and the fp32 accumulator of the fused kernels
+    check_alloc(EXPERTS_OP, "x (output size)", t * (h * 8 + k * 16), xt.device)
     if checked:
         _check_upper_bound(EXPERTS_OP, "topk_ids", ids, int(w.case["E"]), allow_negative=True)
         check_finite(EXPERTS_OP, "x", xt)

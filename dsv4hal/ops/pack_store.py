@@ -1,22 +1,24 @@
 """Op contracts: `pack_store` (quantize -> pack -> scatter by loc) and `dequant_gather` (its inverse read).
 
 pack_store(k, loc, cache) -> None, in place
-    k: bf16 [N, 512] contiguous (448 nope values then 64 post-RoPE rope values); loc: int32/int64 [N] slot ids
-    on k's device; cache: V4PagedCache on the same device. For each row i with loc[i] >= 0 the 584-byte record
+    k: bf16 [N, 512] contiguous (448 nope values then 64 post-RoPE rope values); loc: int32/int64 [N] contiguous
+    slot ids on k's device; cache: V4PagedCache on the same device. For each row i with loc[i] >= 0 the 584-byte record
     of slot loc[i] (page loc // P, offset loc % P; layout in dsv4hal.formats.v4_cache) is overwritten with:
     per 64-element nope tile, amax = max(max|x|, 1e-4), exponent e = ceil(log2(amax / FP8_MAX)) stored as the
     UE8M0 byte e + 127, values fp8(x * 2**-e) rounded to nearest even and clamped to +-FP8_MAX (448 for
-    e4m3fn, 240 for e4m3fnuz); rope copied as bf16 bits. Rows with loc[i] < 0 are skipped. The pad byte,
+    e4m3fn, 240 for e4m3fnuz); rope copied as bf16 bits. Rows with loc[i] == -1 are skipped. The pad byte,
     page padding and every other slot are left untouched. Results must be bit-exact with the reference.
     Duplicate non-negative locations leave one of the rows, unspecified which.
 
 dequant_gather(cache, loc) -> bf16 [M, 512]
     Row i is slot loc[i] dequantized (fp8 value * 2**(byte - 127) per tile, rope as stored), exact in bf16;
-    rows with loc[i] < 0 are zero.
+    rows with loc[i] == -1 are zero. loc: int32/int64 [M] contiguous.
 
 Any positive page size P is accepted; production uses 256 (SWA), 64 (C4) and 2 (C128), see
-PAGE_SIZE_BY_RATIO. Checked mode additionally reads the inputs (a device sync): every loc < cache.num_slots
-and k finite.
+PAGE_SIZE_BY_RATIO. Locations: -1 skips the row; any other negative, and any loc >= cache.num_slots, is
+invalid. Checked mode additionally reads the inputs (a device sync) and refuses invalid locations and
+non-finite k. Unchecked mode never writes or reads outside the cache for them: the reference and the portable
+kernels skip such a row (a zero row for dequant_gather), and validation happens before any byte is written.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
-from dsv4hal.ops.checks import check_finite, check_tensor, describe
+from dsv4hal.ops.checks import check_alloc, check_finite, check_tensor, describe
 
 OP_PACK_STORE = "pack_store"
 OP_DEQUANT_GATHER = "dequant_gather"
@@ -44,13 +46,13 @@ def _check_cache(op: str, cache: object) -> V4PagedCache:
 
 
 def _check_loc_range(op: str, loc: torch.Tensor, num_slots: int) -> None:
-    """Checked mode: negatives skip, non-negatives must address a slot of the cache."""
-    bad = loc >= num_slots
+    """Checked mode: -1 skips; everything else (other negatives included) must address a slot of the cache."""
+    bad = (loc < -1) | (loc >= num_slots)
     if loc.numel() and bool(bad.any()):
         first = int(loc[bad][0])
         raise InvalidArgumentError(
-            op, "loc", f"slot ids < {num_slots} (negative = skip)", f"slot id {first}",
-            remedy="loc addresses slots of this cache (num_pages * page_size)",
+            op, "loc", f"slot ids in [0, {num_slots}) or -1 (skip)", f"slot id {first}",
+            remedy="loc addresses slots of this cache (num_pages * page_size); -1 and no other negative skips",
         )
 
 
@@ -59,7 +61,7 @@ def validate_pack_store(k: object, loc: object, cache: object, *, checked: bool 
     op = OP_PACK_STORE
     cache = _check_cache(op, cache)
     k = check_tensor(op, "k", k, dtype=torch.bfloat16, shape=(None, HEAD_DIM), device=cache.device, contiguous=True)
-    loc = check_tensor(op, "loc", loc, dtype=LOC_DTYPES, shape=(k.shape[0],), device=cache.device)
+    loc = check_tensor(op, "loc", loc, dtype=LOC_DTYPES, shape=(k.shape[0],), device=cache.device, contiguous=True)
     if checked:
         _check_loc_range(op, loc, cache.num_slots)
         check_finite(op, "k", k)
@@ -69,7 +71,8 @@ def validate_dequant_gather(cache: object, loc: object, *, checked: bool = False
     """Raise InvalidArgumentError unless the arguments meet the dequant_gather contract."""
     op = OP_DEQUANT_GATHER
     cache = _check_cache(op, cache)
-    loc = check_tensor(op, "loc", loc, dtype=LOC_DTYPES, shape=(None,), device=cache.device)
+    loc = check_tensor(op, "loc", loc, dtype=LOC_DTYPES, shape=(None,), device=cache.device, contiguous=True)
+    check_alloc(op, "loc (output size)", loc.shape[0] * HEAD_DIM * 2, cache.device)
     if checked:
         _check_loc_range(op, loc, cache.num_slots)
 

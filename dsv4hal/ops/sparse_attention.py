@@ -2,18 +2,25 @@
 
 sparse_attention_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale,
                         extra_cache=None, extra_indices=None, extra_lengths=None) -> (out, lse)
-    q            bf16 [T, h_q, 512], h_q in {64, 128}; every query token is its own row (s_q = 1)
+    q            bf16 [T, h_q, 512] contiguous, h_q in {64, 128}; every query token is its own row (s_q = 1)
     swa_cache    V4PagedCache, page 256 (the SWA pool)
-    swa_indices  int32 [T, W] slots of swa_cache, newest first; -1 = unused; W % 64 == 0
-    swa_lengths  int32 [T]; entries k >= swa_lengths[t] are ignored even if valid
-    sink         fp32 [h_q] per-head attention sink logit (value vector 0)
+    swa_indices  int32 [T, W] slots of swa_cache, newest first; W % 64 == 0; unit stride along W (the row
+                 stride is free). -1 = unused; any other negative is invalid (see below)
+    swa_lengths  int32 [T] contiguous; entries k >= swa_lengths[t] are ignored even if valid
+    sink         fp32 [h_q] contiguous, per-head attention sink logit (value vector 0)
+    softmax_scale a positive finite float (not a bool)
     extra_*      the C4 (page 64) or C128 (page 2) cache of the layer, its indices [T, W_x] and lengths
     returns      out bf16 [T, h_q, 512] (V = K, all 512 dims), lse fp32 [T, h_q] (natural log, before the
                  sink; +inf for a row with no key)
 
 sparse_attention_prefill(q, kv, indices, lengths, sink, softmax_scale) -> (out, lse)
-    kv           bf16 [S, 512] workspace (dequantized cache rows); indices int32 [T, W] into kv, -1 unused
-    same math as decode.
+    kv           bf16 [S, 512] contiguous workspace (dequantized cache rows); indices int32 [T, W] into kv
+    same math and the same layout rules as decode.
+
+Indices: -1 is an unused entry; any other negative, and any index past the cache (or kv), is invalid:
+checked mode refuses it (InvalidArgumentError), unchecked mode leaves that entry's contribution unspecified
+(the portable kernels and the reference skip it; FlashMLA does no bounds checks). Checked mode also refuses
+lengths outside [0, W] and non-finite q, kv or sink.
 
 Compress ratio is implied by the extra cache's page size (64 -> 4, 2 -> 128; none -> 0).
 """
@@ -24,7 +31,14 @@ import torch
 
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
-from dsv4hal.ops.checks import check_finite, check_index_range, check_tensor, describe
+from dsv4hal.ops.checks import (
+    check_alloc,
+    check_finite,
+    check_index_range,
+    check_positive_float,
+    check_tensor,
+    describe,
+)
 
 H_Q_CHOICES = (64, 128)
 INDEX_ALIGN = 64
@@ -36,7 +50,7 @@ PREFILL = "sparse_attention_prefill"
 
 
 def _check_q(op: str, q: object) -> torch.Tensor:
-    q = check_tensor(op, "q", q, dtype=torch.bfloat16, shape=(None, None, HEAD_DIM))
+    q = check_tensor(op, "q", q, dtype=torch.bfloat16, shape=(None, None, HEAD_DIM), contiguous=True)
     if q.shape[1] not in H_Q_CHOICES:
         raise InvalidArgumentError(op, "q", f"h_q in {H_Q_CHOICES} (pad heads to 64)", describe(q),
                                    remedy="zero-pad the per-rank heads to 64 as the model does")
@@ -44,7 +58,7 @@ def _check_q(op: str, q: object) -> torch.Tensor:
 
 
 def _check_indices(op: str, name: str, idx: object, t: int, dev: torch.device) -> torch.Tensor:
-    idx = check_tensor(op, name, idx, dtype=torch.int32, shape=(t, None), device=dev)
+    idx = check_tensor(op, name, idx, dtype=torch.int32, shape=(t, None), device=dev, unit_stride=True)
     if idx.shape[1] % INDEX_ALIGN:
         raise InvalidArgumentError(op, name, f"width a multiple of {INDEX_ALIGN}", describe(idx),
                                    remedy="pad the last dimension with -1")
@@ -53,10 +67,15 @@ def _check_indices(op: str, name: str, idx: object, t: int, dev: torch.device) -
 
 def _check_lengths(op: str, name: str, lengths: object, t: int, width: int, dev: torch.device,
                    checked: bool) -> None:
-    lengths = check_tensor(op, name, lengths, dtype=torch.int32, shape=(t,), device=dev)
+    lengths = check_tensor(op, name, lengths, dtype=torch.int32, shape=(t,), device=dev, contiguous=True)
     if checked and lengths.numel() and bool(((lengths < 0) | (lengths > width)).any()):
         raise InvalidArgumentError(op, name, f"lengths in [0, {width}] (the index width)",
                                    f"min {int(lengths.min())}, max {int(lengths.max())}")
+
+
+def _check_outputs(op: str, t: int, h: int, dev: torch.device) -> None:
+    """out and lse, plus fp32 split-K partials of about the same size (the portable kernel's)."""
+    check_alloc(op, "q (output size)", t * h * (HEAD_DIM * 2 + 4 + (HEAD_DIM + 2) * 4), dev)
 
 
 def _check_cache(op: str, name: str, cache: object, dev: torch.device, pages: tuple[int, ...]) -> V4PagedCache:
@@ -64,7 +83,7 @@ def _check_cache(op: str, name: str, cache: object, dev: torch.device, pages: tu
         raise InvalidArgumentError(op, name, "a V4PagedCache", describe(cache),
                                    remedy="wrap the uint8 pool: V4PagedCache(data, page_size, fp8)")
     cache.validate(op, name)
-    if cache.data.device.type != dev.type:
+    if cache.data.device != dev:
         raise InvalidArgumentError(op, name, f"a cache on {dev}", f"a cache on {cache.data.device}")
     if cache.page_size not in pages:
         raise InvalidArgumentError(op, name, f"page size in {pages}", f"page size {cache.page_size}",
@@ -80,15 +99,16 @@ def validate_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale,
     swa = _check_cache(op, "swa_cache", swa_cache, dev, (SWA_PAGE_SIZE,))
     idx = _check_indices(op, "swa_indices", swa_indices, t, dev)
     _check_lengths(op, "swa_lengths", swa_lengths, t, idx.shape[1], dev, checked)
-    check_tensor(op, "sink", sink, dtype=torch.float32, shape=(h,), device=dev)
-    if not isinstance(softmax_scale, (int, float)) or not softmax_scale > 0:
-        raise InvalidArgumentError(op, "softmax_scale", "a positive float (512**-0.5 for DSV4)", repr(softmax_scale))
+    check_tensor(op, "sink", sink, dtype=torch.float32, shape=(h,), device=dev, contiguous=True)
+    check_positive_float(op, "softmax_scale", softmax_scale)
+    _check_outputs(op, t, h, dev)
     given = [x is not None for x in (extra_cache, extra_indices, extra_lengths)]
     if any(given) and not all(given):
         raise InvalidArgumentError(op, "extra_cache/extra_indices/extra_lengths", "all three or none",
                                    f"only {sum(given)} of them")
     if checked:
         check_finite(op, "q", q)
+        check_finite(op, "sink", sink)
         check_index_range(op, "swa_indices", idx, swa.num_slots)
     if extra_cache is None:
         return
@@ -117,12 +137,13 @@ def validate_prefill(q, kv, indices, lengths, sink, softmax_scale, *, checked: b
     kv = check_tensor(op, "kv", kv, dtype=torch.bfloat16, shape=(None, HEAD_DIM), device=dev, contiguous=True)
     idx = _check_indices(op, "indices", indices, t, dev)
     _check_lengths(op, "lengths", lengths, t, idx.shape[1], dev, checked)
-    check_tensor(op, "sink", sink, dtype=torch.float32, shape=(h,), device=dev)
-    if not isinstance(softmax_scale, (int, float)) or not softmax_scale > 0:
-        raise InvalidArgumentError(op, "softmax_scale", "a positive float", repr(softmax_scale))
+    check_tensor(op, "sink", sink, dtype=torch.float32, shape=(h,), device=dev, contiguous=True)
+    check_positive_float(op, "softmax_scale", softmax_scale)
+    _check_outputs(op, t, h, dev)
     if checked:
         check_finite(op, "q", q)
         check_finite(op, "kv", kv)
+        check_finite(op, "sink", sink)
         check_index_range(op, "indices", idx, kv.shape[0])
 
 

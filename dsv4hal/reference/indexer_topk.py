@@ -6,11 +6,16 @@ import torch
 
 
 def page_transform(raw: torch.Tensor, page_table: torch.Tensor, page_size: int = 64) -> torch.Tensor:
-    """raw compressed positions -> slots of the paged pool; -1 stays -1."""
+    """raw compressed positions -> slots of the paged pool; -1 stays -1, and so does a position whose page is
+    past the table (an input checked mode refuses)."""
+    if page_table.shape[1] == 0:
+        return torch.full_like(raw, -1, dtype=torch.int32)
     safe = raw.clamp(min=0).long()
-    page = torch.gather(page_table.long(), 1, (safe // page_size).clamp(max=page_table.shape[1] - 1))
+    page_idx = safe // page_size
+    page = torch.gather(page_table.long(), 1, page_idx.clamp(max=page_table.shape[1] - 1))
     slots = page * page_size + safe % page_size
-    return torch.where(raw >= 0, slots, torch.full_like(slots, -1)).to(torch.int32)
+    inside = (raw >= 0) & (page_idx < page_table.shape[1])
+    return torch.where(inside, slots, torch.full_like(slots, -1)).to(torch.int32)
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,

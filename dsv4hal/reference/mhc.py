@@ -1,4 +1,6 @@
-"""Pure-PyTorch manifold-constrained hyper-connections (spec 6): pre-mix, post-mix and head.
+"""Pure-PyTorch manifold-constrained hyper-connections (spec 6): pre-mix, post-mix, head and the fused
+post + pre boundary. Conventions as DeepSeek's reference (deepseek-ai/TileKernels tile_kernels/torch/mhc.py;
+see dsv4hal.ops.mhc).
 
 The residual stream X is bf16 [T, 4, d]. Mixing parameters come from one fp32 GEMM of the flattened stream,
 scaled by its inverse RMS; the 4x4 stream-mixing matrix is pushed towards doubly stochastic by Sinkhorn.
@@ -75,3 +77,22 @@ def mhc_head(
     m = mixes(x, fn, rms_eps)
     pre = torch.sigmoid(m * scale.float()[0] + base.float()) + hc_eps
     return _weighted_streams(x, pre)
+
+
+def mhc_post_pre(
+    f: torch.Tensor,
+    x: torch.Tensor,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    rms_eps: float = 1e-6,
+    hc_eps: float = 1e-6,
+    sinkhorn_iters: int = 20,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sublayer boundary: (x' = mhc_post(f, x, post, comb), *mhc_pre(x', fn, base, scale, ...)); the next
+    sublayer's gates see the stream as stored (bf16)."""
+    stream = mhc_post(f, x, post, comb)
+    y, post2, comb2 = mhc_pre(stream, fn, base, scale, rms_eps, hc_eps, sinkhorn_iters)
+    return stream, y, post2, comb2

@@ -142,7 +142,9 @@ def moe_experts(
     weights: ExpertWeights,
     swiglu_limit: float = 10.0,
 ) -> torch.Tensor:
-    """x bf16 [T, H], topk_ids int32 [T, k], topk_weights fp32 [T, k] -> bf16 [T, H] (routed experts only)."""
+    """x bf16 [T, H], topk_ids int32 [T, k], topk_weights fp32 [T, k] -> bf16 [T, H] (routed experts only).
+    Ids >= E (refused in checked mode) contribute nothing, as in the fused kernels, rather than raising."""
+    topk_ids = torch.where(topk_ids < weights.num_experts, topk_ids, -1)
     return per_expert_sum(x.float(), topk_ids, topk_weights,
                           lambda e, rows: swiglu_mlp(rows, *dequantize_expert(weights, e), swiglu_limit))
 

@@ -2,22 +2,28 @@
 
 For each query row t and head h over the key set S_t (valid indices within the lengths, SWA and
 extra together): s_j = scale * <q, K_j>, lse = logsumexp(s), o = sum softmax(s)_j K_j, then the sink
-scales o by 1 / (1 + exp(sink_h - lse)). Empty S_t gives o = 0 and lse = +inf."""
+scales o by 1 / (1 + exp(sink_h - lse)). Empty S_t gives o = 0 and lse = +inf.
+
+Entries that are not valid slots (-1, the invalid negatives and indices past the cache, which checked mode
+refuses) are skipped, so unchecked garbage never reads outside the cache; empty inputs (T = 0, width 0, an
+empty kv, a cache of 0 pages) give empty or keyless results."""
 
 from __future__ import annotations
 
 import torch
 
-from dsv4hal.formats.v4_cache import V4PagedCache, dequantize_records, read_records
+from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache, dequantize_records, read_records
 
 
 def _gather_keys(cache: V4PagedCache, indices: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Keys [T, W, 512] fp32 and the mask of entries that count."""
     t, w = indices.shape
     pos = torch.arange(w, device=indices.device)
-    valid = (indices >= 0) & (pos[None, :] < lengths[:, None].long())
+    valid = (indices >= 0) & (indices < cache.num_slots) & (pos[None, :] < lengths[:, None].long())
+    if cache.num_slots == 0:  # nothing to read: every entry is skipped
+        return torch.zeros(t, w, HEAD_DIM, device=indices.device), valid
     flat = torch.where(valid, indices, torch.full_like(indices, -1)).reshape(-1).long()
-    keys = dequantize_records(read_records(cache, flat), cache.fp8).reshape(t, w, -1)
+    keys = dequantize_records(read_records(cache, flat), cache.fp8).reshape(t, w, HEAD_DIM)
     return keys, valid
 
 
@@ -56,7 +62,10 @@ def sparse_attention_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.T
     t, w = indices.shape
     pos = torch.arange(w, device=indices.device)
     valid = (indices >= 0) & (indices < kv.shape[0]) & (pos[None, :] < lengths[:, None].long())
-    safe = torch.where(valid, indices, torch.zeros_like(indices)).long()
-    keys = kv.float()[safe.reshape(-1)].reshape(t, w, -1)
+    if kv.shape[0] == 0:
+        keys = torch.zeros(t, w, HEAD_DIM, device=kv.device)
+    else:
+        safe = torch.where(valid, indices, torch.zeros_like(indices)).long()
+        keys = kv.float()[safe.reshape(-1)].reshape(t, w, HEAD_DIM)
     out, lse = attend(q.float(), keys, valid, sink.float(), softmax_scale)
     return out.to(torch.bfloat16), lse.float()

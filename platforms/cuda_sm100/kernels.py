@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dsv4hal.hardware import PlatformInfo
+from dsv4hal.hardware import PlatformInfo, version_before
 from dsv4hal.registry import KernelImpl, Registry
 
 PLATFORM = "cuda_sm100"
@@ -45,13 +45,7 @@ def prefill_topk_align(h_q: int, width: int) -> int:
 
 def _version_reasons(info: PlatformInfo) -> list[str]:
     version = info.libraries.get(LIBRARY, "")
-    parts = []
-    for piece in version.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    if len(parts) == 3 and tuple(parts) < MIN_VERSION:
+    if version_before(version, MIN_VERSION):
         return [f"sgl-flash-mla {version} predates 1.0.0, the first release with use_legacy (the V4 "
                 "format lives in its legacy library); upgrade sgl-flash-mla"]
     return []
@@ -104,8 +98,10 @@ def register(registry: Registry) -> None:
         supports=prefill_supports,
         description="FlashMLA SM100 sparse prefill over the bf16 workspace (sgl-flash-mla, use_legacy=True)",
         **common))
+    from dsv4hal_cuda_sm100.deepgemm_indexer import register_deepgemm_indexer
     from dsv4hal_cuda_sm100.deepgemm_moe import register_deepgemm_fp4  # these import no torch at registration
     from dsv4hal_cuda_sm100.flashinfer_moe import register_flashinfer_moe
 
     register_flashinfer_moe(registry)
     register_deepgemm_fp4(registry)
+    register_deepgemm_indexer(registry)

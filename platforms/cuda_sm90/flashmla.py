@@ -3,7 +3,11 @@
 Accepts sgl-flash-mla (`flash_mla`, legacy SM90 half: use_legacy=True) or vLLM's bundled copy
 (`vllm.third_party.flashmla.flash_mla_interface`, which has no use_legacy argument). Scheduler
 metadata is planned per call unless the engine declares a decode step (dsv4hal.step), inside which
-one plan per (compress ratio, shapes) is shared, as vLLM and SGLang share one per layer type."""
+one plan per (compress ratio, shapes) is shared, as vLLM and SGLang share one per layer type.
+
+Indices follow dsv4hal's one rule: FlashMLA skips -1 and reads any other negative as a slot (-2 reads slot
+0), so other negatives are invalid and checked mode refuses them in the contract, before this binding runs;
+FlashMLA does no bounds checks, so unchecked mode must not be handed invalid indices."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ def register(registry: Registry) -> None:
             op="sparse_attention_prefill", name=f"flashmla_sm90_{flavour}", target=f"{_MOD}:sparse_attention_prefill_"
             f"{flavour}", platforms=("cuda_sm90",), priority=prio, tier="vendor", requires=(lib,),
             supports=_prefill_supports, description=f"FlashMLA legacy SM90 sparse prefill ({lib})"))
+    from dsv4hal_cuda_sm90.deepgemm_indexer import register_deepgemm_indexer
     from dsv4hal_cuda_sm90.deepgemm_moe import register_deepgemm  # these import no torch at registration
     from dsv4hal_cuda_sm90.marlin_moe import register_marlin
     from dsv4hal_cuda_sm90.vllm_router import register_router
@@ -25,6 +26,7 @@ def register(registry: Registry) -> None:
     register_marlin(registry)
     register_deepgemm(registry)
     register_router(registry)
+    register_deepgemm_indexer(registry)
 
 
 def _decode_supports(case, info):  # noqa: ANN001, ANN202

@@ -48,6 +48,14 @@ def register(registry: Registry) -> None:
     registry.add_kernel(KernelImpl(op="sparse_attention_prefill", name="triton_sparse_prefill",
                                    target=f"{_MOD}.sparse_attention:sparse_attention_prefill",
                                    description="the decode kernel over a bf16 workspace", **common))
+    registry.add_kernel(KernelImpl(op="indexer_logits", name="triton_indexer_logits",
+                                   target=f"{_MOD}.indexer_logits:indexer_logits", layout="indexer-132",
+                                   description="one program per (token, run of pages): each page read once for all "
+                                               "64 heads, FP8 dot, ReLU, weighted head sum", **common))
+    registry.add_kernel(KernelImpl(op="indexer_store", name="triton_indexer_store",
+                                   target=f"{_MOD}.indexer_store:indexer_store", layout="indexer-132",
+                                   description="8 rows a program: amax/pow2 scale, integer FP8 codec, masked "
+                                               "scatter (bit-identical to the reference)", **common))
     registry.add_kernel(KernelImpl(op="build_attention_metadata", name="triton_attention_metadata",
                                    target=f"{_MOD}.attention_metadata:build_attention_metadata",
                                    description="one program per query row, in place", **common))
@@ -59,3 +67,22 @@ def register(registry: Registry) -> None:
                                    description="expert-sorted blocks; MXFP4/FP8 dequant in registers, fused "
                                                "clamp+SwiGLU, down proj with routing weight (fp32 atomics)",
                                    **common))
+    registry.add_kernel(KernelImpl(op="compress", name="triton_compress", target=f"{_MOD}.compress:compress",
+                                   description="one program per group: window read once, online softmax pool, "
+                                               "RMSNorm, RoPE, Hadamard (hd 128) in registers", **common))
+    registry.add_kernel(KernelImpl(op="compress_decode", name="triton_compress_decode",
+                                   target=f"{_MOD}.compress:compress_decode",
+                                   description="one program per row: ring write in place, then the closing "
+                                               "group's pool, norm, RoPE, Hadamard in one pass", **common))
+    gemm = "split-K pre-norm GEMM (2xTF32, fp32 accuracy) with the sum of squares, then "
+    registry.add_kernel(KernelImpl(op="mhc_pre", name="triton_mhc_pre", target=f"{_MOD}.mhc:mhc_pre",
+                                   description=gemm + "gates, Sinkhorn in registers, stream sum: 2 launches",
+                                   **common))
+    registry.add_kernel(KernelImpl(op="mhc_post", name="triton_mhc_post", target=f"{_MOD}.mhc:mhc_post",
+                                   description="one program per (token, d block), 4x4 mix in registers", **common))
+    registry.add_kernel(KernelImpl(op="mhc_post_pre", name="triton_mhc_post_pre",
+                                   target=f"{_MOD}.mhc:mhc_post_pre",
+                                   description="post-mix fused into the next pre's split-K GEMM (stream read "
+                                               "once), then the pre epilogue: 2 launches", **common))
+    registry.add_kernel(KernelImpl(op="mhc_head", name="triton_mhc_head", target=f"{_MOD}.mhc:mhc_head",
+                                   description=gemm + "gates and stream sum: 2 launches", **common))

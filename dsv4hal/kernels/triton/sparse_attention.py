@@ -5,7 +5,9 @@ SWA indices followed by the extra (C4/C128) indices. Keys are gathered by index 
 registers (FP8 e4m3fn or e4m3fnuz times the tile's UE8M0 scale; rope as bf16), scores go through an
 online softmax in the log2 domain, and V is K. With several splits a combine kernel merges the partial
 results; the sink is folded in at the end (o *= 1 / (1 + exp(sink - lse))). -1 and entries past the
-row's length are skipped; a row with no key gives 0 and lse = +inf. Fixed grids and buffers, no host
+row's length are skipped, and so are indices that are not slots of their cache (other negatives, indices
+past the end: invalid, refused in checked mode), so no input reads outside the buffers; a row with no key
+gives 0 and lse = +inf. Fixed grids and buffers, no host
 sync: CUDA-graph safe."""
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def _sparse_attn_kernel(
     q_ptr, sink_ptr, out_ptr, lse_ptr, part_o_ptr, part_ml_ptr,
     a_ptr, a_idx_ptr, a_len_ptr, a_page_bytes, a_stride_idx, W_A,
     b_ptr, b_idx_ptr, b_len_ptr, b_page_bytes, b_stride_idx, W_B,
-    H, n_kv, qk_scale, keys_per_split,
+    H, n_kv, n_kv_b, qk_scale, keys_per_split,
     P_A: tl.constexpr, P_B: tl.constexpr, FP8: tl.constexpr, FNUZ: tl.constexpr, HAS_B: tl.constexpr,
     BLOCK_H: tl.constexpr, BK: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr,
 ):
@@ -95,18 +97,17 @@ def _sparse_attn_kernel(
         pos = start + j
         if start < W_A:  # blocks never straddle the two lists: W_A is a multiple of BK
             idx = tl.load(a_idx_ptr + t * a_stride_idx + pos, mask=pos < W_A, other=-1)
-            valid = (pos < a_len) & (idx >= 0)
+            valid = (pos < a_len) & (idx >= 0) & (idx < n_kv)
             if FP8:
                 safe = tl.where(valid, idx, 0).to(tl.int64)
                 k = _fp8_block(a_ptr + (safe // P_A) * a_page_bytes, safe % P_A, valid, d, P_A, FNUZ, BK)
             else:
-                valid = valid & (idx < n_kv)
                 safe = tl.where(valid, idx, 0).to(tl.int64)
                 k = tl.load(a_ptr + safe[:, None] * 512 + d[None, :], mask=valid[:, None], other=0.0)
         else:
             pb = pos - W_A
             idx = tl.load(b_idx_ptr + t * b_stride_idx + pb, mask=pb < W_B, other=-1)
-            valid = (pb < b_len) & (idx >= 0)
+            valid = (pb < b_len) & (idx >= 0) & (idx < n_kv_b)
             safe = tl.where(valid, idx, 0).to(tl.int64)
             k = _fp8_block(b_ptr + (safe // P_B) * b_page_bytes, safe % P_B, valid, d, P_B, FNUZ, BK)
         m_i, l_i, acc = _attend_block(q, k, valid, m_i, l_i, acc, qk_scale, DOT_F32)
@@ -166,11 +167,11 @@ def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=N
         return out, lse
     w_a = a_idx.shape[1]
     w_b = 0 if b_idx is None else b_idx.shape[1]
-    total_blocks = triton.cdiv(w_a + w_b, BK)
+    total_blocks = max(1, triton.cdiv(w_a + w_b, BK))  # width 0: one split whose loop is empty
     heads = triton.cdiv(h, BLOCK_H)
     nsplit = max(1, min(total_blocks, TARGET_PROGRAMS // max(1, t * heads)))
     keys_per_split = triton.cdiv(total_blocks, nsplit) * BK
-    nsplit = triton.cdiv(w_a + w_b, keys_per_split)
+    nsplit = max(1, triton.cdiv(w_a + w_b, keys_per_split))
     direct = nsplit == 1
     part_o = part_ml = out  # unused when direct
     if not direct:
@@ -189,7 +190,7 @@ def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=N
         a_data, a_idx, a_len, a_page, a_idx.stride(0), w_a,
         b_data, b_idx if has_b else a_idx, b_len if has_b else a_len, b.data.stride(0) if has_b else 0,
         b_idx.stride(0) if has_b else 0, w_b,
-        h, n_kv, softmax_scale * LOG2E, keys_per_split,
+        h, n_kv, b.num_slots if has_b else 0, softmax_scale * LOG2E, keys_per_split,
         P_A=p_a, P_B=b.page_size if has_b else 1, FP8=fp8_source, FNUZ=fnuz, HAS_B=has_b,
         BLOCK_H=BLOCK_H, BK=BK, DIRECT=direct, DOT_F32=_DOT_F32, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])

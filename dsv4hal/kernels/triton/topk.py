@@ -4,7 +4,10 @@ Scores map to order-preserving 32-bit keys. Four histogram levels of 8 bits find
 k-th largest key T and how many keys equal to T must be taken; a collect pass then writes every index
 with key > T and the first `need` with key == T (ties broken by arrival order), applying the page
 transform on the way. Rows with n <= k get 0..n-1 in order, as the contract says. Every launch is a
-fixed grid over fixed-size buffers, with no host sync, so the op is CUDA-graph safe."""
+fixed grid over fixed-size buffers, with no host sync, so the op is CUDA-graph safe.
+
+Inputs checked mode refuses never read or write outside the buffers: a length past S selects among the S
+scores there are, and a position whose page is past the table gets page slot -1 (as in the reference)."""
 
 from __future__ import annotations
 
@@ -27,11 +30,12 @@ def _order_key(x):
 
 
 @triton.jit
-def _hist_kernel(scores_ptr, stride_s, len_ptr, state_ptr, hist_ptr, K, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                 SHIFT: tl.constexpr, BITS: tl.constexpr, PREFIX_SHIFT: tl.constexpr, FIRST: tl.constexpr):
+def _hist_kernel(scores_ptr, stride_s, len_ptr, state_ptr, hist_ptr, K, S, CHUNK: tl.constexpr,
+                 BLOCK: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr, PREFIX_SHIFT: tl.constexpr,
+                 FIRST: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    n = tl.load(len_ptr + row)
+    n = tl.minimum(tl.load(len_ptr + row), S)  # a length past S (refused in checked mode) reads no further
     if n > K:
         prefix = tl.load(state_ptr + row * 4).to(tl.uint32, bitcast=True)
         offs = tl.arange(0, BLOCK)
@@ -50,10 +54,11 @@ def _hist_kernel(scores_ptr, stride_s, len_ptr, state_ptr, hist_ptr, K, CHUNK: t
 
 
 @triton.jit
-def _resolve_kernel(len_ptr, state_ptr, hist_ptr, K, SHIFT: tl.constexpr, BITS: tl.constexpr, FIRST: tl.constexpr):
+def _resolve_kernel(len_ptr, state_ptr, hist_ptr, K, S, SHIFT: tl.constexpr, BITS: tl.constexpr,
+                    FIRST: tl.constexpr):
     """Pick the digit holding the need-th largest remaining key; record prefix and remaining need."""
     row = tl.program_id(0)
-    n = tl.load(len_ptr + row)
+    n = tl.minimum(tl.load(len_ptr + row), S)
     bins = tl.arange(0, NBINS_C)
     h = tl.load(hist_ptr + row * NBINS_C + bins)
     tl.store(hist_ptr + row * NBINS_C + bins, tl.zeros([NBINS_C], dtype=tl.int32))  # ready for the next level
@@ -72,23 +77,26 @@ def _resolve_kernel(len_ptr, state_ptr, hist_ptr, K, SHIFT: tl.constexpr, BITS: 
 
 
 @triton.jit
-def _collect_kernel(scores_ptr, stride_s, len_ptr, state_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, K,
+def _collect_kernel(scores_ptr, stride_s, len_ptr, state_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, K, S, P,
                     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    n = tl.load(len_ptr + row)
+    n_given = tl.load(len_ptr + row)
+    n = tl.minimum(n_given, S)
     offs = tl.arange(0, BLOCK)
     out_row = row.to(tl.int64) * K
     if n <= K:  # indices 0..n-1 in order, then -1 (scores ignored)
+        n = tl.minimum(n_given, K)  # the contract's n <= k rule needs no score, so a length past S stays
         for start in range(chunk * CHUNK, (chunk + 1) * CHUNK, BLOCK):
             p = start + offs
             m = p < K
             raw = tl.where(p < n, p, -1)
             tl.store(raw_ptr + out_row + p, raw, mask=m)
             if HAS_PT:
-                pg = tl.load(pt_ptr + row * stride_pt + (tl.maximum(raw, 0) >> PAGE_SHIFT), mask=m & (raw >= 0),
+                in_table = (raw >= 0) & ((tl.maximum(raw, 0) >> PAGE_SHIFT) < P)
+                pg = tl.load(pt_ptr + row * stride_pt + (tl.maximum(raw, 0) >> PAGE_SHIFT), mask=m & in_table,
                              other=0)
-                slot = tl.where(raw >= 0, (pg << PAGE_SHIFT) | (raw & ((1 << PAGE_SHIFT) - 1)), -1)
+                slot = tl.where(in_table, (pg << PAGE_SHIFT) | (raw & ((1 << PAGE_SHIFT) - 1)), -1)
                 tl.store(page_ptr + out_row + p, slot, mask=m)
     else:
         thr = tl.load(state_ptr + row * 4).to(tl.uint32, bitcast=True)
@@ -107,8 +115,10 @@ def _collect_kernel(scores_ptr, stride_s, len_ptr, state_ptr, raw_ptr, page_ptr,
             ok = gt | take_eq
             tl.store(raw_ptr + out_row + pos, j, mask=ok)
             if HAS_PT:
-                pg = tl.load(pt_ptr + row * stride_pt + (j >> PAGE_SHIFT), mask=ok, other=0)
-                tl.store(page_ptr + out_row + pos, (pg << PAGE_SHIFT) | (j & ((1 << PAGE_SHIFT) - 1)), mask=ok)
+                in_table = (j >> PAGE_SHIFT) < P
+                pg = tl.load(pt_ptr + row * stride_pt + (j >> PAGE_SHIFT), mask=ok & in_table, other=0)
+                slot = tl.where(in_table, (pg << PAGE_SHIFT) | (j & ((1 << PAGE_SHIFT) - 1)), -1)
+                tl.store(page_ptr + out_row + pos, slot, mask=ok)
 
 
 # Launch configuration; see bench/tune_triton.py
@@ -130,14 +140,14 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     nchunks = triton.cdiv(max(s, k), chunk)
     done = 32
     for i, (shift, bits) in enumerate(LEVELS):
-        _hist_kernel[(b, triton.cdiv(s, chunk))](scores, scores.stride(0), lengths, state, hist, k, CHUNK=chunk,
-                                                 BLOCK=block, SHIFT=shift, BITS=bits, PREFIX_SHIFT=done,
-                                                 FIRST=i == 0, num_warps=warps)
-        _resolve_kernel[(b,)](lengths, state, hist, k, SHIFT=shift, BITS=bits, FIRST=i == 0, num_warps=4)
+        _hist_kernel[(b, max(1, triton.cdiv(s, chunk)))](
+            scores, scores.stride(0), lengths, state, hist, k, s, CHUNK=chunk, BLOCK=block, SHIFT=shift, BITS=bits,
+            PREFIX_SHIFT=done, FIRST=i == 0, num_warps=warps)
+        _resolve_kernel[(b,)](lengths, state, hist, k, s, SHIFT=shift, BITS=bits, FIRST=i == 0, num_warps=4)
         done = shift
     pt = page_table if page_table is not None else raw
     _collect_kernel[(b, nchunks)](scores, scores.stride(0), lengths, state, raw, pages if pages is not None else raw,
-                                  pt, pt.stride(0), k, CHUNK=chunk, BLOCK=block,
+                                  pt, pt.stride(0), k, s, pt.shape[1], CHUNK=chunk, BLOCK=block,
                                   PAGE_SHIFT=page_size.bit_length() - 1, HAS_PT=page_table is not None,
                                   num_warps=warps)
     return raw, pages

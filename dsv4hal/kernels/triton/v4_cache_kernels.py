@@ -16,24 +16,26 @@ from dsv4hal.kernels.triton.fp8_codec import _decode_fp8, _encode_fp8, _pow2
 
 
 @triton.jit
-def _slot(loc_ptr, row, cache_ptr, page_bytes, P: tl.constexpr):
+def _slot(loc_ptr, row, cache_ptr, page_bytes, num_slots, P: tl.constexpr):
     """Page base pointer and in-page offset of row's slot, with masks: [8, 64] over the 7 nope tiles, [64]
-    over rope values, [8] over scale bytes. A negative location masks everything (the row is skipped)."""
+    over rope values, [8] over scale bytes. A location that is not a slot of the cache (-1, or an invalid
+    one unchecked mode let through) masks everything: the row is skipped, nothing outside the cache is touched."""
     loc = tl.load(loc_ptr + row).to(tl.int64)
     # validity as tensors: the interpreter rejects scalar-and-tensor masks
-    valid = (tl.zeros([8, 64], dtype=tl.int64) + loc) >= 0
-    valid_c = (tl.zeros([64], dtype=tl.int64) + loc) >= 0
-    valid_t = (tl.zeros([8], dtype=tl.int64) + loc) >= 0
-    loc = tl.maximum(loc, 0)
+    ok = (loc >= 0) & (loc < num_slots)
+    valid = (tl.zeros([8, 64], dtype=tl.int32) + ok.to(tl.int32)) != 0
+    valid_c = (tl.zeros([64], dtype=tl.int32) + ok.to(tl.int32)) != 0
+    valid_t = (tl.zeros([8], dtype=tl.int32) + ok.to(tl.int32)) != 0
+    loc = tl.where(ok, loc, 0)
     t = tl.arange(0, 8)
     return cache_ptr + (loc // P) * page_bytes, loc % P, (t[:, None] < 7) & valid, valid_c, (t < 7) & valid_t
 
 
 @triton.jit
-def _pack_store_kernel(k_ptr, loc_ptr, cache_ptr, stride_k, page_bytes, P: tl.constexpr, FP8_MAX_C: tl.constexpr,
-                       AMAX_FLOOR_C: tl.constexpr, FNUZ: tl.constexpr):
-    row = tl.program_id(0)
-    base, off, m2, valid_c, valid_t = _slot(loc_ptr, row, cache_ptr, page_bytes, P)
+def _pack_store_kernel(k_ptr, loc_ptr, cache_ptr, stride_k, page_bytes, num_slots, P: tl.constexpr,
+                       FP8_MAX_C: tl.constexpr, AMAX_FLOOR_C: tl.constexpr, FNUZ: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # row * stride_k passes 2**31 past 4M tokens
+    base, off, m2, valid_c, valid_t = _slot(loc_ptr, row, cache_ptr, page_bytes, num_slots, P)
     t = tl.arange(0, 8)
     c = tl.arange(0, 64)
     x = tl.load(k_ptr + row * stride_k + t[:, None] * 64 + c[None, :], mask=m2, other=0.0).to(tl.float32)
@@ -51,9 +53,10 @@ def _pack_store_kernel(k_ptr, loc_ptr, cache_ptr, stride_k, page_bytes, P: tl.co
 
 
 @triton.jit
-def _dequant_gather_kernel(cache_ptr, loc_ptr, out_ptr, page_bytes, P: tl.constexpr, FNUZ: tl.constexpr):
+def _dequant_gather_kernel(cache_ptr, loc_ptr, out_ptr, page_bytes, num_slots, P: tl.constexpr,
+                           FNUZ: tl.constexpr):
     row = tl.program_id(0)
-    base, off, m2, valid_c, valid_t = _slot(loc_ptr, row, cache_ptr, page_bytes, P)
+    base, off, m2, valid_c, valid_t = _slot(loc_ptr, row, cache_ptr, page_bytes, num_slots, P)
     t = tl.arange(0, 8)
     c = tl.arange(0, 64)
     b = tl.load(base + off * 576 + t[:, None] * 64 + c[None, :], mask=m2, other=0)
@@ -69,9 +72,10 @@ def _dequant_gather_kernel(cache_ptr, loc_ptr, out_ptr, page_bytes, P: tl.conste
 
 def pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> None:
     n = k.shape[0]
-    if n == 0:
+    if n == 0 or cache.num_slots == 0:
         return
-    _pack_store_kernel[(n,)](k, loc, cache.data, k.stride(0), cache.data.stride(0), P=cache.page_size,
+    _pack_store_kernel[(n,)](k, loc, cache.data, k.stride(0), cache.data.stride(0), cache.num_slots,
+                             P=cache.page_size,
                              FP8_MAX_C=FP8_MAX[cache.fp8], AMAX_FLOOR_C=AMAX_FLOOR, FNUZ=cache.fp8 == "e4m3fnuz",
                              num_warps=2)
 
@@ -79,8 +83,10 @@ def pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> None:
 def dequant_gather(cache: V4PagedCache, loc: torch.Tensor) -> torch.Tensor:
     m = loc.shape[0]
     out = torch.empty(m, NOPE_DIM + 64, dtype=torch.bfloat16, device=cache.data.device)
-    if m:
-        _dequant_gather_kernel[(m,)](cache.data, loc, out, cache.data.stride(0), P=cache.page_size,
+    if m and cache.num_slots == 0:  # nothing to read: every row is zero
+        out.zero_()
+    elif m:
+        _dequant_gather_kernel[(m,)](cache.data, loc, out, cache.data.stride(0), cache.num_slots, P=cache.page_size,
                                      FNUZ=cache.fp8 == "e4m3fnuz", num_warps=2)
     return out
 

@@ -1,0 +1,222 @@
+"""Portable Triton compressor (spec 4.1): the prefill form `compress` and the decode form `compress_decode`.
+
+One program per compressed row. It reads the window's kv and score halves once (HBM), adds the positional
+bias, pools with a per-channel online softmax over chunks of window rows, then RMSNorm, RoPE on the last 64
+dims at the group's first position and, for the indexer (hd 128), the Walsh-Hadamard transform, and writes
+the row once. The Hadamard transform uses H_128 = H_8 (x) H_16 on the row viewed as [8, 16] (3K FMAs instead
+of 16K).
+
+Decode: program b copies its kv_score row into its ring (state[slot, pos % ring], in place, as the contract
+says); when its token closes a group it pools the window, taking the newest row from kv_score and the older ones
+from the ring (the same values as reading back the ring row it writes), else it writes a zero row. Fixed grid,
+fixed-size output, no host sync: CUDA-graph safe. Rows that share a slot share a ring: as with the reference's
+scatter on a GPU, which of their writes lands is unspecified.
+
+Prefill: the output has sum_b L_b // ratio rows, a count that lives on the device; reading it is the one host
+sync (the prefill form runs eagerly, never inside a CUDA graph)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4hal.errors import InvalidArgumentError
+
+ROPE_PAIRS = 32
+HADAMARD_DIM = 128
+# globals a kernel reads must be constexpr (compiled Triton refuses other globals; the interpreter does not)
+_ROPE_PAIRS = tl.constexpr(ROPE_PAIRS)
+_NEG_INF = tl.constexpr(float("-inf"))
+
+
+@triton.jit
+def _sylvester(N: tl.constexpr, LOG: tl.constexpr):
+    """[N, N] +-1 Sylvester Hadamard matrix: (-1)^popcount(i & j)."""
+    v = tl.arange(0, N)[:, None] & tl.arange(0, N)[None, :]
+    parity = tl.zeros([N, N], dtype=tl.int32)
+    for bit in tl.static_range(LOG):
+        parity = parity ^ ((v >> bit) & 1)
+    return 1.0 - 2.0 * parity.to(tl.float32)
+
+
+@triton.jit
+def _hadamard128(y):
+    """Orthonormal Walsh-Hadamard of a [128] vector: index i = 16a + b, so H_128[i, k] = H_8[a, c] * H_16[b, d]."""
+    x = tl.reshape(y, [8, 16])
+    z = tl.sum(x[:, :, None] * _sylvester(16, 4)[None, :, :], axis=1)  # z[a, d] = sum_b x[a, b] H16[b, d]
+    o = tl.sum(_sylvester(8, 3)[:, :, None] * z[:, None, :], axis=0)  # o[c, d] = sum_a H8[a, c] z[a, d]
+    return tl.reshape(o, [128]) * 0.08838834764831845  # 128 ** -0.5
+
+
+@triton.jit
+def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, cu_ptr, ends_ptr, n_req, slots_ptr, pos_ptr, ape_ptr,
+                     w_ptr, cos_ptr, sin_ptr, stride_rope, out_ptr, eps,
+                     RATIO: tl.constexpr, WINDOW: tl.constexpr, HD: tl.constexpr, COFF: tl.constexpr,
+                     DECODE: tl.constexpr, HADAMARD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr,
+                     STAGES: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    width: tl.constexpr = 2 * COFF * HD
+    d = tl.arange(0, HD)
+    if DECODE:
+        slot = tl.load(slots_ptr + pid).to(tl.int64)
+        pos = tl.load(pos_ptr + pid).to(tl.int64)
+        row_ptr = ks_ptr + pid * stride_ks
+        ring_base = ring_ptr + slot * ring_len * width
+        # the new token's row, stored into its ring at the end: its ring row is outside the window's older rows
+        # (ring >= window), so the window's loads need not wait behind this store
+        wcols = tl.arange(0, width)
+        new_row = tl.load(row_ptr + wcols)
+        closes = (pos + 1) % RATIO == 0
+        first = pos + 1 - RATIO
+        out_row = pid
+        row0 = pid * 0  # unused by the decode loads
+    else:
+        # request b of group m: the number of requests whose groups all come before m (ends: inclusive cumsum)
+        m = pid.to(tl.int32)
+        req = tl.zeros([BLOCK_B], dtype=tl.int32)
+        for s0 in range(0, n_req, BLOCK_B):
+            j = s0 + tl.arange(0, BLOCK_B)
+            ends = tl.load(ends_ptr + j, mask=j < n_req, other=2147483647)
+            req += (ends <= m).to(tl.int32)
+        b = tl.sum(req, axis=0)
+        before = tl.load(ends_ptr + b - 1, mask=b > 0, other=0)
+        first = ((m - before) * RATIO).to(tl.int64)
+        row0 = tl.load(cu_ptr + b).to(tl.int64)
+        closes = first >= 0
+        out_row = pid
+        row_ptr = ks_ptr
+        ring_base = ring_ptr
+        pos = first
+    if closes:
+        m_i = tl.full([HD], _NEG_INF, tl.float32)
+        l_i = tl.zeros([HD], dtype=tl.float32)
+        acc = tl.zeros([HD], dtype=tl.float32)
+        for r0 in tl.range(0, WINDOW, BLOCK_R, num_stages=STAGES):  # C128: the next chunk loads meanwhile
+            r = r0 + tl.arange(0, BLOCK_R)
+            p = first + (RATIO - WINDOW) + r  # the window row's position in its request
+            valid = p >= 0  # C4's first group has no previous group
+            cur = r >= WINDOW - RATIO  # C4: rows 4..7 read the cur halves, rows 0..3 the ov halves
+            kv_col = tl.where(cur, (COFF - 1) * HD, 0)
+            sc_col = COFF * HD + kv_col
+            if DECODE:  # older rows from the ring; the newest joins after the loop, from kv_score
+                valid = valid & (r < WINDOW - 1)
+                ring_rows = ring_base + (tl.where(valid, p, 0) % ring_len)[:, None] * width
+                kv = tl.load(ring_rows + kv_col[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+                sc = tl.load(ring_rows + sc_col[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            else:
+                rows = ks_ptr + (row0 + tl.where(valid, p, 0))[:, None] * stride_ks
+                kv = tl.load(rows + kv_col[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+                sc = tl.load(rows + sc_col[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            ape = tl.load(ape_ptr + (r % RATIO)[:, None] * (COFF * HD) + kv_col[:, None] + d[None, :])
+            sc = tl.where(valid[:, None], sc + ape, _NEG_INF)
+            m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+            m_safe = tl.where(m_new == _NEG_INF, 0.0, m_new)  # a chunk of -inf scores adds nothing, never NaN
+            alpha = tl.exp(m_i - m_safe)
+            pexp = tl.exp(sc - m_safe[None, :])
+            l_i = l_i * alpha + tl.sum(pexp, axis=0)
+            acc = acc * alpha + tl.sum(pexp * kv, axis=0)
+            m_i = m_new
+        if DECODE:  # window row WINDOW - 1: this token, a cur half with the last ape row
+            last = (COFF - 1) * HD
+            kv_n = tl.load(row_ptr + last + d)
+            sc_n = tl.load(row_ptr + COFF * HD + last + d) + tl.load(ape_ptr + (RATIO - 1) * (COFF * HD) + last + d)
+            m_new = tl.maximum(m_i, sc_n)
+            m_safe = tl.where(m_new == _NEG_INF, 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            pexp = tl.exp(sc_n - m_safe)
+            l_i = l_i * alpha + pexp
+            acc = acc * alpha + pexp * kv_n
+        c = acc / l_i
+        y = c * tl.rsqrt(tl.sum(c * c, axis=0) / HD + eps) * tl.load(w_ptr + d)
+        re, im = tl.split(tl.reshape(y, [HD // 2, 2]))
+        k = tl.arange(0, HD // 2) - (HD // 2 - _ROPE_PAIRS)  # rope pair index; negative: NoPE
+        rope = k >= 0
+        cs = tl.load(cos_ptr + first * stride_rope + k, mask=rope, other=1.0)
+        sn = tl.load(sin_ptr + first * stride_rope + k, mask=rope, other=0.0)
+        y = tl.reshape(tl.join(re * cs - im * sn, re * sn + im * cs), [HD])
+        if HADAMARD:
+            y = _hadamard128(y)
+        tl.store(out_ptr + out_row * HD + d, y)
+    else:
+        tl.store(out_ptr + out_row * HD + d, tl.zeros([HD], dtype=tl.float32))
+    if DECODE:
+        tl.store(ring_base + (pos % ring_len) * width + wcols, new_row)
+
+
+def _config(ratio: int, hd: int) -> tuple[int, int, int, int]:
+    """(window rows, rows per chunk, warps, pipeline stages): C4 pools its 8 rows in one chunk; C128 streams
+    its 128 rows in chunks, loading the next while it pools the current one."""
+    if ratio == 4:
+        return 8, 8, (2 if hd == 128 else 4), 1
+    return ratio, (16 if hd == 512 else 32), (4 if hd == 128 else 8), 2
+
+
+def _unit_cols(t: torch.Tensor) -> torch.Tensor:
+    """Kernels take row strides; a column stride other than 1 is copied (a fixed-size copy: graph-safe)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _launch(grid: int, kv_score: torch.Tensor, ring: torch.Tensor, cu: torch.Tensor, ends: torch.Tensor,
+            slots: torch.Tensor, positions: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
+            cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, ratio: int, eps: float, hadamard: bool,
+            decode: bool) -> None:
+    hd = norm_weight.shape[0]
+    if hadamard and hd != HADAMARD_DIM:  # the contract refuses it too; the kernel's transform is 128 wide
+        raise InvalidArgumentError("compress_decode" if decode else "compress", "hadamard", f"False for hd {hd}",
+                                   "True", remedy="only the indexer compressor (hd 128) rotates")
+    window, block_r, warps, stages = _config(ratio, hd)
+    if cos.stride() != sin.stride():  # the kernel indexes both tables with one row stride
+        cos, sin = cos.contiguous(), sin.contiguous()
+    cos, sin = _unit_cols(cos), _unit_cols(sin)
+    coff = 2 if ratio == 4 else 1
+    _compress_kernel[(grid,)](
+        kv_score, kv_score.stride(0), ring, ring.shape[1] if decode else 1, cu, ends, ends.shape[0], slots,
+        positions, ape.contiguous(), norm_weight.contiguous(), cos, sin, cos.stride(0), out, float(eps),
+        RATIO=ratio, WINDOW=window, HD=hd, COFF=coff, DECODE=decode, HADAMARD=bool(hadamard), BLOCK_R=block_r,
+        BLOCK_B=256, STAGES=stages, num_warps=warps)
+
+
+def plan_groups(cu_seqlens: torch.Tensor, ratio: int) -> tuple[torch.Tensor, int]:
+    """(ends int32 [B]: inclusive cumsum of each request's group count, M = total groups). Reading M is the
+    prefill form's one host sync."""
+    cu = cu_seqlens.contiguous()
+    ends = torch.cumsum(torch.div(cu[1:] - cu[:-1], ratio, rounding_mode="floor"), 0, dtype=torch.int32)
+    return ends, int(ends[-1])
+
+
+def compress_into(out: torch.Tensor, ends: torch.Tensor, kv_score: torch.Tensor, cu_seqlens: torch.Tensor,
+                  ape: torch.Tensor, norm_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ratio: int,
+                  eps: float = 1e-6, hadamard: bool = False) -> None:
+    """The prefill kernel alone into out [M, hd], given plan_groups' ends: no sync (graph-safe) once planned."""
+    if out.shape[0]:
+        kv_score = _unit_cols(kv_score)
+        _launch(out.shape[0], kv_score, kv_score, cu_seqlens.contiguous(), ends, ends, ends, ape, norm_weight, cos,
+                sin, out, ratio, eps, hadamard, decode=False)
+
+
+def compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
+             cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float = 1e-6, hadamard: bool = False
+             ) -> torch.Tensor:
+    """fp32 [M, hd], M = sum_b L_b // ratio (contract: dsv4hal.ops.compress)."""
+    ends, total = plan_groups(cu_seqlens, ratio)
+    out = torch.empty(total, norm_weight.shape[0], dtype=torch.float32, device=kv_score.device)
+    compress_into(out, ends, kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard)
+    return out
+
+
+def compress_decode(kv_score: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                    ape: torch.Tensor, norm_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ratio: int,
+                    eps: float = 1e-6, hadamard: bool = False) -> torch.Tensor:
+    """fp32 [B, hd]; writes each row into its ring in place (contract: dsv4hal.ops.compress, decode form)."""
+    b, hd = kv_score.shape[0], norm_weight.shape[0]
+    out = torch.empty(b, hd, dtype=torch.float32, device=kv_score.device)
+    if b == 0:
+        return out
+    if not state.is_contiguous():  # the contract refuses it too: the ring is updated in place
+        raise InvalidArgumentError("compress_decode", "state", "a contiguous tensor", "a strided view",
+                                   remedy="keep the rings in one contiguous buffer (new_state)")
+    slots, positions = slots.contiguous(), positions.contiguous()
+    _launch(b, _unit_cols(kv_score), state, slots, slots, slots, positions, ape, norm_weight, cos, sin, out, ratio,
+            eps, hadamard, decode=True)
+    return out

@@ -1,0 +1,373 @@
+"""Portable Triton mHC: `mhc_pre`, `mhc_post`, `mhc_head` and the fused boundary `mhc_post_pre` (contracts:
+dsv4hal.ops.mhc). Two launches for the gated ops, one for mhc_post; fixed-size outputs and workspaces (by shape
+only) and no host sync: CUDA-graph safe.
+
+Gated ops (pre, head, post_pre):
+1. a split-K pre-norm GEMM: grid (token blocks, K splits) so that a few tokens still spread the [rows, 4d] fp32
+   weight read over the whole GPU. Each program writes its partial mixes [T, rows] and partial sums of squares
+   to a workspace [splits, T, ...] (no atomics: deterministic and nothing to zero first). For post_pre the
+   program first forms the new stream x' = post * f + comb^T x for its columns of all 4 streams, stores it
+   (bf16) and feeds the rounded values to the GEMM, so the stream is read once.
+2. one program per (token, d block): reduce the partials, r = rsqrt(sumsq / 4d + eps), the sigmoid gates, the
+   weighted sum of the 4 streams; the d block 0 program also writes post and the 4x4 Sinkhorn (in registers).
+
+Precision: the stream is bf16 (exact in TF32) and fn is split into a TF32-exact high part and the remainder,
+so two TF32 tensor-core dots give the fp32 product to ~2^-21 (plain TF32 would perturb the gate logits by
+~2^-11 relative, the size of the 1e-3 conformance bound after 20 Sinkhorn rounds)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+HC = 4
+MIX = 24
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few programs are enough to exercise the split
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _precision() -> str:
+    # the interpreter computes fp32 dots exactly; ROCm's fp32 MFMA is exact too; NVIDIA uses TF32 tensor cores
+    if _interpreting() or torch.version.hip is not None:
+        return "ieee"
+    return "tf32"
+
+
+@triton.jit
+def _to_bf16(v, INTERPRET: tl.constexpr):
+    """fp32 -> bf16 rounded to nearest even; the interpreter's cast truncates, so there it is done on the bits
+    first (finite values; the result is then exact in bf16)."""
+    if INTERPRET:
+        u = v.to(tl.uint32, bitcast=True)
+        u = (u + (((u >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        v = u.to(tl.float32, bitcast=True)
+    return v.to(tl.bfloat16)
+
+
+@triton.jit
+def _dot_split(x, fn, PRECISION: tl.constexpr):
+    """x [M, K] fp32 holding bf16 values (exact in TF32) times fn [K, N] fp32 to ~fp32 accuracy."""
+    hi = (fn.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)  # 10 mantissa bits
+    lo = fn - hi  # exact; its own TF32 rounding errs by 2^-11 of a value 2^-10 below fn
+    return tl.dot(x, hi, input_precision=PRECISION) + tl.dot(x, lo, input_precision=PRECISION)
+
+
+@triton.jit
+def _gemm_partials_kernel(x_ptr, fn_ptr, mix_ws, sq_ws, T, K, CHUNK,
+                          ROWS: tl.constexpr, NPAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                          PRECISION: tl.constexpr):
+    """Partial (x @ fn^T, sum x^2) over columns [split * CHUNK, +CHUNK) of the flat [T, K = 4d] stream."""
+    pid_t, pid_s = tl.program_id(0), tl.program_id(1)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    n = tl.arange(0, NPAD)
+    nmask = n < ROWS
+    t64 = t.to(tl.int64)
+    acc = tl.zeros([BLOCK_T, NPAD], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_T], dtype=tl.float32)
+    k_lo = pid_s * CHUNK
+    k_hi = tl.minimum(k_lo + CHUNK, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kmask = k < k_hi
+        x = tl.load(x_ptr + t64[:, None] * K + k[None, :], mask=tmask[:, None] & kmask[None, :], other=0.0)
+        x = x.to(tl.float32)
+        w = tl.load(fn_ptr + n[None, :].to(tl.int64) * K + k[:, None], mask=nmask[None, :] & kmask[:, None],
+                    other=0.0)
+        acc += _dot_split(x, w, PRECISION)
+        sq += tl.sum(x * x, axis=1)
+    ws = (pid_s * T + t64)
+    tl.store(mix_ws + ws[:, None] * NPAD + n[None, :], acc, mask=tmask[:, None])
+    tl.store(sq_ws + ws, sq, mask=tmask)
+
+
+@triton.jit
+def _new_stream(x0, x1, x2, x3, f, comb_ptr, post_ptr, t64, tmask, K: tl.constexpr):
+    """Target stream K of mhc_post for a [BLOCK_T, BLOCK_C] tile: post_K f + sum_j comb[j, K] x_j (fp32)."""
+    c0 = tl.load(comb_ptr + t64 * 16 + 0 * 4 + K, mask=tmask, other=0.0)
+    c1 = tl.load(comb_ptr + t64 * 16 + 1 * 4 + K, mask=tmask, other=0.0)
+    c2 = tl.load(comb_ptr + t64 * 16 + 2 * 4 + K, mask=tmask, other=0.0)
+    c3 = tl.load(comb_ptr + t64 * 16 + 3 * 4 + K, mask=tmask, other=0.0)
+    p = tl.load(post_ptr + t64 * 4 + K, mask=tmask, other=0.0)
+    mixed = c0[:, None] * x0 + c1[:, None] * x1 + c2[:, None] * x2 + c3[:, None] * x3
+    return p[:, None] * f + mixed
+
+
+@triton.jit
+def _store_and_mix(out, xo_ptr, fn_ptr, off, c, m2, acc, sq, n, nmask, cmask, D, K: tl.constexpr,
+                   PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """Store stream K of x' (bf16) and accumulate its columns into the GEMM as stored (rounded)."""
+    xb = _to_bf16(out, INTERPRET)
+    tl.store(xo_ptr + off + K * D, xb, mask=m2)
+    xr = xb.to(tl.float32)
+    w = tl.load(fn_ptr + n[None, :].to(tl.int64) * (4 * D) + K * D + c[:, None], mask=nmask[None, :] & cmask[:, None],
+                other=0.0)
+    return acc + _dot_split(xr, w, PRECISION), sq + tl.sum(xr * xr, axis=1)
+
+
+@triton.jit
+def _post_gemm_partials_kernel(x_ptr, f_ptr, post_ptr, comb_ptr, xo_ptr, fn_ptr, mix_ws, sq_ws, T, D, CHUNK,
+                               ROWS: tl.constexpr, NPAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                               BLOCK_C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """mhc_post for columns [split * CHUNK, +CHUNK) of all 4 streams, stored, and the next pre's partials."""
+    pid_t, pid_s = tl.program_id(0), tl.program_id(1)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    t64 = t.to(tl.int64)
+    n = tl.arange(0, NPAD)
+    nmask = n < ROWS
+    acc = tl.zeros([BLOCK_T, NPAD], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_T], dtype=tl.float32)
+    c_lo = pid_s * CHUNK
+    c_hi = tl.minimum(c_lo + CHUNK, D)
+    for c0 in range(c_lo, c_hi, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        cmask = c < c_hi
+        m2 = tmask[:, None] & cmask[None, :]
+        off = t64[:, None] * (4 * D) + c[None, :]
+        x0 = tl.load(x_ptr + off, mask=m2, other=0.0).to(tl.float32)
+        x1 = tl.load(x_ptr + off + D, mask=m2, other=0.0).to(tl.float32)
+        x2 = tl.load(x_ptr + off + 2 * D, mask=m2, other=0.0).to(tl.float32)
+        x3 = tl.load(x_ptr + off + 3 * D, mask=m2, other=0.0).to(tl.float32)
+        f = tl.load(f_ptr + t64[:, None] * D + c[None, :], mask=m2, other=0.0).to(tl.float32)
+        out = _new_stream(x0, x1, x2, x3, f, comb_ptr, post_ptr, t64, tmask, 0)
+        acc, sq = _store_and_mix(out, xo_ptr, fn_ptr, off, c, m2, acc, sq, n, nmask, cmask, D, 0, PRECISION,
+                                 INTERPRET)
+        out = _new_stream(x0, x1, x2, x3, f, comb_ptr, post_ptr, t64, tmask, 1)
+        acc, sq = _store_and_mix(out, xo_ptr, fn_ptr, off, c, m2, acc, sq, n, nmask, cmask, D, 1, PRECISION,
+                                 INTERPRET)
+        out = _new_stream(x0, x1, x2, x3, f, comb_ptr, post_ptr, t64, tmask, 2)
+        acc, sq = _store_and_mix(out, xo_ptr, fn_ptr, off, c, m2, acc, sq, n, nmask, cmask, D, 2, PRECISION,
+                                 INTERPRET)
+        out = _new_stream(x0, x1, x2, x3, f, comb_ptr, post_ptr, t64, tmask, 3)
+        acc, sq = _store_and_mix(out, xo_ptr, fn_ptr, off, c, m2, acc, sq, n, nmask, cmask, D, 3, PRECISION,
+                                 INTERPRET)
+    ws = (pid_s * T + t64)
+    tl.store(mix_ws + ws[:, None] * NPAD + n[None, :], acc, mask=tmask[:, None])
+    tl.store(sq_ws + ws, sq, mask=tmask)
+
+
+@triton.jit
+def _logit(mix_ws, row, smask, E: tl.constexpr, r, s2, base_ptr):
+    """Comb logit E (row-major [j, k]) of one token: its partial mixes summed over the splits, gated."""
+    m = tl.sum(tl.load(mix_ws + row + 8 + E, mask=smask, other=0.0), axis=0)
+    return m * r * s2 + tl.load(base_ptr + 8 + E)
+
+
+@triton.jit
+def _softmax4(a, b, c, d, eps):
+    top = tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
+    a, b, c, d = tl.exp(a - top), tl.exp(b - top), tl.exp(c - top), tl.exp(d - top)
+    inv = 1.0 / (a + b + c + d)
+    return a * inv + eps, b * inv + eps, c * inv + eps, d * inv + eps
+
+
+@triton.jit
+def _norm4(a, b, c, d, eps):
+    inv = 1.0 / (a + b + c + d + eps)
+    return a * inv, b * inv, c * inv, d * inv
+
+
+@triton.jit
+def _store4(ptr, a, b, c, d):
+    tl.store(ptr, a)
+    tl.store(ptr + 1, b)
+    tl.store(ptr + 2, c)
+    tl.store(ptr + 3, d)
+
+
+@triton.jit
+def _apply_kernel(x_ptr, mix_ws, sq_ws, base_ptr, scale_ptr, y_ptr, post_ptr, comb_ptr, T, D, S, rms_eps, hc_eps,
+                  iters, NPAD: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
+                  INTERPRET: tl.constexpr):
+    """One token, one block of d: gates from the reduced partials, y = sum_i pre_i x_i; post and the Sinkhorn
+    of comb once per token (d block 0)."""
+    t = tl.program_id(0).to(tl.int64)
+    pid_d = tl.program_id(1)
+    s = tl.arange(0, S_BLOCK)
+    smask = s < S
+    i4 = tl.arange(0, 4)
+    row = (s.to(tl.int64) * T + t) * NPAD  # [S_BLOCK] workspace rows of this token
+    sq = tl.sum(tl.load(sq_ws + s.to(tl.int64) * T + t, mask=smask, other=0.0), axis=0)
+    r = 1.0 / tl.sqrt(sq / (4 * D) + rms_eps)
+    m_pre = tl.sum(tl.load(mix_ws + row[:, None] + i4[None, :], mask=smask[:, None], other=0.0), axis=0) * r
+    pre = tl.sigmoid(m_pre * tl.load(scale_ptr) + tl.load(base_ptr + i4)) + hc_eps
+    if not HEAD:
+        if pid_d == 0:
+            m_post = tl.sum(tl.load(mix_ws + row[:, None] + 4 + i4[None, :], mask=smask[:, None], other=0.0),
+                            axis=0) * r
+            post = 2.0 * tl.sigmoid(m_post * tl.load(scale_ptr + 1) + tl.load(base_ptr + 4 + i4))
+            tl.store(post_ptr + t * 4 + i4, post)
+            # the 16 entries as scalars: every thread holds the whole matrix, so the 2 * iters normalisations
+            # need no cross-thread reduction (latency, not work, bounds this part)
+            s2 = tl.load(scale_ptr + 2)
+            c00, c01, c02, c03 = _softmax4(_logit(mix_ws, row, smask, 0, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 1, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 2, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 3, r, s2, base_ptr), hc_eps)
+            c10, c11, c12, c13 = _softmax4(_logit(mix_ws, row, smask, 4, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 5, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 6, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 7, r, s2, base_ptr), hc_eps)
+            c20, c21, c22, c23 = _softmax4(_logit(mix_ws, row, smask, 8, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 9, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 10, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 11, r, s2, base_ptr), hc_eps)
+            c30, c31, c32, c33 = _softmax4(_logit(mix_ws, row, smask, 12, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 13, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 14, r, s2, base_ptr),
+                                           _logit(mix_ws, row, smask, 15, r, s2, base_ptr), hc_eps)
+            c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps)  # columns first, as DeepSeek's reference
+            c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps)
+            c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps)
+            c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps)
+            for _ in range(iters - 1):
+                c00, c01, c02, c03 = _norm4(c00, c01, c02, c03, hc_eps)
+                c10, c11, c12, c13 = _norm4(c10, c11, c12, c13, hc_eps)
+                c20, c21, c22, c23 = _norm4(c20, c21, c22, c23, hc_eps)
+                c30, c31, c32, c33 = _norm4(c30, c31, c32, c33, hc_eps)
+                c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps)
+                c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps)
+                c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps)
+                c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps)
+            out = comb_ptr + t * 16
+            _store4(out, c00, c01, c02, c03)
+            _store4(out + 4, c10, c11, c12, c13)
+            _store4(out + 8, c20, c21, c22, c23)
+            _store4(out + 12, c30, c31, c32, c33)
+    d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < D
+    x = tl.load(x_ptr + t * 4 * D + i4[:, None] * D + d[None, :], mask=dmask[None, :], other=0.0).to(tl.float32)
+    y = tl.sum(pre[:, None] * x, axis=0)
+    tl.store(y_ptr + t * D + d, _to_bf16(y, INTERPRET), mask=dmask)
+
+
+@triton.jit
+def _post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, D, BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
+    """X'[k] = post_k f + sum_j comb[j, k] X[j] for one token and one block of d."""
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < D
+    i4 = tl.arange(0, 4)
+    comb = tl.load(comb_ptr + t * 16 + i4[:, None] * 4 + i4[None, :])  # [j, k]
+    post = tl.load(post_ptr + t * 4 + i4)
+    off = t * 4 * D + i4[:, None] * D + d[None, :]
+    x = tl.load(x_ptr + off, mask=dmask[None, :], other=0.0).to(tl.float32)  # [j, d]
+    f = tl.load(f_ptr + t * D + d, mask=dmask, other=0.0).to(tl.float32)
+    mixed = tl.sum(comb[:, :, None] * x[:, None, :], axis=0)  # [k, d]
+    out = post[:, None] * f[None, :] + mixed
+    tl.store(out_ptr + off, _to_bf16(out, INTERPRET), mask=dmask[None, :])
+
+
+# ---------------------------------------------------------------- launch parameters (by shape only)
+
+def _block_t(t: int) -> int:
+    # small token blocks keep the partial workspace small (splits x T x 32 fp32); large T re-reads fn per block
+    return 16 if t <= 128 else 64
+
+
+def _block_d(t: int) -> int:
+    return 256 if t <= 16 else 512 if t <= 256 else 1024
+
+
+def _splits(t_blocks: int, width: int, block: int, device: torch.device) -> tuple[int, int]:
+    """(splits, columns per split) so that token blocks x splits is about two programs per SM."""
+    target = 2 * _sm_count(device)
+    most = triton.cdiv(width, block)
+    s = max(1, min(most, triton.cdiv(target, t_blocks)))
+    chunk = triton.cdiv(triton.cdiv(width, s), block) * block
+    return triton.cdiv(width, chunk), chunk
+
+
+def _gated(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float,
+           hc_eps: float, iters: int, head: bool, fused: tuple[torch.Tensor, ...] | None
+           ) -> tuple[torch.Tensor, ...]:
+    t, _, d = x.shape
+    dev = x.device
+    rows = fn.shape[0]
+    npad = 16 if rows <= 16 else 32
+    y = torch.empty(t, d, dtype=torch.bfloat16, device=dev)
+    if head:  # no post or comb: y stands in for their (never written) pointers
+        post = comb = y
+    else:
+        post = torch.empty(t, HC, dtype=torch.float32, device=dev)
+        comb = torch.empty(t, HC, HC, dtype=torch.float32, device=dev)
+    stream = torch.empty_like(x) if fused is not None else x
+    if t == 0:
+        return stream, y, post, comb
+    fn, base, scale = fn.contiguous(), base.contiguous(), scale.contiguous()
+    bt = _block_t(t)
+    t_blocks = triton.cdiv(t, bt)
+    prec = _precision()
+    if fused is None:
+        bk = 128 if bt == 16 else 64
+        s, chunk = _splits(t_blocks, HC * d, bk, dev)
+        mix_ws = torch.empty(s, t, npad, dtype=torch.float32, device=dev)
+        sq_ws = torch.empty(s, t, dtype=torch.float32, device=dev)
+        _gemm_partials_kernel[(t_blocks, s)](x, fn, mix_ws, sq_ws, t, HC * d, chunk, ROWS=rows, NPAD=npad,
+                                             BLOCK_T=bt, BLOCK_K=bk, PRECISION=prec, num_warps=4)
+    else:
+        f, p, c = (v.contiguous() for v in fused)
+        bc = 64 if bt == 16 else 32
+        s, chunk = _splits(t_blocks, d, bc, dev)
+        mix_ws = torch.empty(s, t, npad, dtype=torch.float32, device=dev)
+        sq_ws = torch.empty(s, t, dtype=torch.float32, device=dev)
+        _post_gemm_partials_kernel[(t_blocks, s)](x, f, p, c, stream, fn, mix_ws, sq_ws, t, d, chunk, ROWS=rows,
+                                                  NPAD=npad, BLOCK_T=bt, BLOCK_C=bc, PRECISION=prec,
+                                                  INTERPRET=_interpreting(), num_warps=4)
+    bd = min(_block_d(t), triton.next_power_of_2(d))
+    _apply_kernel[(t, triton.cdiv(d, bd))](stream, mix_ws, sq_ws, base, scale, y, post, comb, t, d, s,
+                                           float(rms_eps), float(hc_eps), int(iters), NPAD=npad,
+                                           S_BLOCK=max(2, triton.next_power_of_2(s)), BLOCK_D=bd, HEAD=head,
+                                           INTERPRET=_interpreting(), num_warps=4)
+    return stream, y, post, comb
+
+
+# ---------------------------------------------------------------- ops
+
+def mhc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6,
+            hc_eps: float = 1e-6, sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y bf16 [T, d], post fp32 [T, 4], comb fp32 [T, 4, 4]) (contract: ops.mhc)."""
+    _, y, post, comb = _gated(x.contiguous(), fn, base, scale, rms_eps, hc_eps, sinkhorn_iters, False, None)
+    return y, post, comb
+
+
+def mhc_head(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6,
+             hc_eps: float = 1e-6) -> torch.Tensor:
+    """bf16 [T, d] (contract: ops.mhc)."""
+    return _gated(x.contiguous(), fn, base, scale, rms_eps, hc_eps, 1, True, None)[1]
+
+
+def mhc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
+                 base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
+                 sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x' bf16 [T, 4, d], y bf16 [T, d], post' fp32 [T, 4], comb' fp32 [T, 4, 4]) (contract: ops.mhc)."""
+    stream, y, post2, comb2 = _gated(x.contiguous(), fn, base, scale, rms_eps, hc_eps, sinkhorn_iters, False,
+                                     (f, post, comb))
+    return stream, y, post2, comb2
+
+
+def mhc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """bf16 [T, 4, d] (contract: ops.mhc)."""
+    t, _, d = x.shape
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    if t == 0 or d == 0:
+        return out
+    bd = min(_block_d(t), triton.next_power_of_2(d))
+    _post_kernel[(t, triton.cdiv(d, bd))](f.contiguous(), x, post.contiguous(), comb.contiguous(), out, d,
+                                          BLOCK_D=bd, INTERPRET=_interpreting(), num_warps=4)
+    return out

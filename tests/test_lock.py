@@ -1,0 +1,205 @@
+"""Measured dispatch: `dsv4hal tune` writes a lock, selection follows it (source "lock"), and a lock that does
+not match the machine, its libraries or the registry is refused with a typed error unless re-selection is
+asked for explicitly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import plugin_module, registry_with, run_cli
+
+from dsv4hal import hardware
+from dsv4hal.errors import BadOverrideError, LockError, LockMismatchError
+from dsv4hal.ops.buckets import bucket_of, missing_features
+from dsv4hal.override import from_env, overrides
+from dsv4hal.platform import select_platform
+from dsv4hal.registry import KernelImpl
+
+DEFAULT_TOPK = "k=512,page_transform=True,size=large"
+
+
+@pytest.fixture(scope="module")
+def lock_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The issue's command, run once through the CLI."""
+    out = tmp_path_factory.mktemp("lock") / "lock.json"
+    r = run_cli("tune", "--platform", "cpu", "--ops", "indexer_topk,pack_store", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "[indexer_topk 8/8]" in r.stderr and "[pack_store 6/6]" in r.stderr  # a line per (op, bucket)
+    return out
+
+
+def _edited(src: Path, dst: Path, edit) -> Path:  # noqa: ANN001
+    data = json.loads(src.read_text())
+    edit(data)
+    dst.write_text(json.dumps(data))
+    return dst
+
+
+def test_tune_writes_a_lock_with_reasons(lock_file: Path) -> None:
+    data = json.loads(lock_file.read_text())
+    assert data["format"] == "dsv4hal-lock/1" and data["platform"] == "cpu"
+    assert data["machine"]["arch"] == "cpu" and "torch" in data["libraries"] and data["dsv4hal"]
+    assert set(data["ops"]) == {"indexer_topk", "pack_store"}
+    topk = data["ops"]["indexer_topk"]["buckets"]
+    assert len(topk) == 8 and DEFAULT_TOPK in topk
+    for b in topk.values():
+        ref = b["candidates"]["torch_reference"]
+        assert b["chosen"] == "torch_reference" and ref["status"] == "measured" and ref["us"] > 0
+        assert ref["max_error"] == 0.0 and b["why"]
+        # Triton under the interpreter is listed, with why it was not timed (the tests run TRITON_INTERPRET=1)
+        assert b["candidates"]["triton_radix_topk"]["status"] == "not-timed"
+        assert "interpreter" in b["candidates"]["triton_radix_topk"]["reasons"][0]
+    assert len(data["ops"]["pack_store"]["buckets"]) == 6
+
+
+def test_explain_names_the_lock_with_measured_times(lock_file: Path) -> None:
+    r = run_cli("explain", "indexer_topk", env={"DSV4HAL_LOCK": str(lock_file)})
+    assert r.returncode == 0, r.stderr
+    assert "source lock" in r.stdout and str(lock_file) in r.stdout and "measured" in r.stdout
+    r = run_cli("info", env={"DSV4HAL_LOCK": str(lock_file)})
+    assert r.returncode == 0, r.stderr
+    assert f"lock: {lock_file}" in r.stdout and "in force" in r.stdout
+
+
+def test_selection_follows_the_lock(lock_file: Path, tmp_path: Path) -> None:
+    plain = select_platform("cpu")
+    assert plain.lock is None and plain.default_decisions["indexer_topk"].source == "auto"
+    p = select_platform("cpu", lock=lock_file)
+    d = p.explain("indexer_topk")
+    assert d.source == "lock" and d.measured["torch_reference"] > 0 and "triton_radix_topk" in d.measured
+    assert p.explain("moe_route").source == "auto"  # not tuned: static, and said so
+    assert "does not cover moe_route" in p.explain("moe_route").notes[0]
+    # the lock, not the priority, decides: a lock naming the Triton kernel (eligible under the interpreter)
+    forced = _edited(lock_file, tmp_path / "triton.json",
+                     lambda d: d["ops"]["indexer_topk"]["buckets"][DEFAULT_TOPK].update(chosen="triton_radix_topk"))
+    d = select_platform("cpu", lock=forced).explain("indexer_topk")
+    assert d.chosen.name == "triton_radix_topk" and d.source == "lock"
+    # a forced kernel still wins over the lock, and explain says so
+    with overrides(kernels={"indexer_topk": "torch_reference"}):
+        d = select_platform("cpu", lock=forced).explain("indexer_topk")
+    assert d.chosen.name == "torch_reference" and d.source == "api" and "wins over the lock" in d.notes[-1]
+
+
+def test_changed_library_version_is_a_typed_error(lock_file: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = _edited(lock_file, tmp_path / "old.json", lambda d: d["libraries"].update(torch="1.0.0"))
+    monkeypatch.setenv("DSV4HAL_LOCK", str(bad))
+    with pytest.raises(LockMismatchError, match=r"library torch version .* differs from the locked 1\.0\.0"):
+        select_platform()
+    r = run_cli("info", env={"DSV4HAL_LOCK": str(bad)})
+    assert r.returncode == 2 and "LockMismatch" not in r.stdout and "locked 1.0.0" in r.stderr
+    # re-selection only when asked, and recorded
+    p = select_platform(lock_mismatch="reselect")
+    d = p.explain("indexer_topk")
+    assert d.source == "auto" and "not applied" in d.notes[0] and "locked 1.0.0" in d.notes[0]
+    monkeypatch.setenv("DSV4HAL_LOCK_MISMATCH", "reselect")
+    assert not select_platform().lock.applied
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["ops"]["indexer_topk"]["buckets"][DEFAULT_TOPK].update(chosen="gone_kernel"),
+     "'gone_kernel' is not registered"),
+    (lambda d: d["machine"].update(device_name="other cpu"), "machine device_name"),
+    (lambda d: d.update(platform="cuda_sm90"), "the lock is for platform cuda_sm90"),
+    (lambda d: d.update(dsv4hal="0.0.0"), "dsv4hal version"),
+    (lambda d: d["libraries"].update(flash_mla="1.0"), "flash_mla 1.0 was in the lock but is not installed"),
+    (lambda d: d["ops"]["indexer_topk"]["buckets"].pop(DEFAULT_TOPK), "no measurement for indexer_topk bucket"),
+])
+def test_lock_mismatches_are_refused(lock_file: Path, tmp_path: Path, edit, message: str) -> None:  # noqa: ANN001
+    bad = _edited(lock_file, tmp_path / "bad.json", edit)
+    with pytest.raises(LockMismatchError, match=message):
+        select_platform("cpu", lock=bad)
+    d = select_platform("cpu", lock=bad, lock_mismatch="reselect").explain("indexer_topk")
+    assert d.source == "auto" and "lock_mismatch=reselect" in d.notes[0]
+
+
+def test_unreadable_locks_and_bad_policy(tmp_path: Path) -> None:
+    with pytest.raises(LockError, match="does not exist"):
+        select_platform("cpu", lock=tmp_path / "nope.json")
+    (tmp_path / "old.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(LockError, match="format"):
+        select_platform("cpu", lock=tmp_path / "old.json")
+    with pytest.raises(BadOverrideError):
+        from_env({"DSV4HAL_LOCK_MISMATCH": "maybe"})
+
+
+def test_simulated_other_machine_is_refused(lock_file: Path) -> None:
+    info = hardware.simulated("cpu", libraries=hardware.detect().libraries)
+    with pytest.raises(LockMismatchError, match="machine device_name is 'simulated cpu'"):
+        select_platform("cpu", info=info, lock=lock_file)
+
+
+def _wrong_topk(scores, lengths, k, page_table=None, page_size=64):  # noqa: ANN001, ANN202
+    raw = torch.arange(k, dtype=torch.int32).repeat(scores.shape[0], 1)  # ignores the scores: wrong beyond k
+    pages = None if page_table is None else raw.clone()
+    return raw, pages
+
+
+def _crashing_topk(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    raise RuntimeError("kernel exploded")
+
+
+def test_a_wrong_or_crashing_kernel_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsv4hal.tune import summary, tune
+
+    fakes = types.ModuleType("dsv4hal_tune_fakes")
+    fakes.wrong, fakes.crash = _wrong_topk, _crashing_topk  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dsv4hal_tune_fakes", fakes)
+
+    def register(registry) -> None:  # noqa: ANN001
+        for name, target, prio in (("fast_but_wrong", "wrong", 50), ("crashes", "crash", 40)):
+            registry.add_kernel(KernelImpl(op="indexer_topk", name=name, target=f"dsv4hal_tune_fakes:{target}",
+                                           platforms=("cpu",), priority=prio, requires=("torch",)))
+
+    reg = registry_with(("fakes", plugin_module("fakes", register)))
+    assert reg.kernels["indexer_topk"]["fast_but_wrong"].target == "dsv4hal_tune_fakes:wrong"
+    data = tune("cpu", ops=["indexer_topk"], registry=reg)
+    for label, b in data["ops"]["indexer_topk"]["buckets"].items():
+        assert b["static"] == "fast_but_wrong", label  # the static priority would have picked the wrong one
+        assert b["chosen"] == "torch_reference"
+        assert b["candidates"]["fast_but_wrong"]["status"] == "wrong"
+        assert "differ from the" in b["candidates"]["fast_but_wrong"]["reasons"][0]
+        assert b["candidates"]["crashes"]["status"] == "failed"
+        assert "kernel exploded" in b["candidates"]["crashes"]["reasons"][0]
+        assert "was wrong" in b["why"]
+    table = summary(data)  # the results-README table lists every bucket where measurement overruled priority
+    assert len(table) == 2 + 8 and "| fast_but_wrong (not measured) | torch_reference" in table[2]
+
+
+def test_update_adds_ops_of_the_same_machine_only(lock_file: Path, tmp_path: Path) -> None:
+    from dsv4hal.cli import main
+
+    out = tmp_path / "lock.json"
+    shutil.copy(lock_file, out)
+    args = ["tune", "--platform", "cpu", "--ops", "mhc_post", "--out", str(out), "--update"]
+    assert main(args) == 0  # mhc_post declares no samples: they come from its conformance cases
+    data = json.loads(out.read_text())
+    assert set(data["ops"]) == {"indexer_topk", "pack_store", "mhc_post"}
+    assert data["ops"]["mhc_post"]["buckets"]["(any case)"]["chosen"] == "torch_reference"
+    _edited(out, out, lambda d: d["machine"].update(device_name="another cpu"))
+    assert main(args) == 2
+
+
+def test_bucket_of_projects_on_declared_features() -> None:
+    assert bucket_of("indexer_topk", {"k": 1024, "page_transform": False, "size": "small", "extra": 1}) == \
+        "k=1024,page_transform=False,size=small"
+    assert bucket_of("pack_store", {"fp8": "e4m3fnuz", "page_size": 64, "size": "large"}) == "page_size=64,size=large"
+    # an op without a declaration is keyed on its whole case
+    assert bucket_of("compress", {"ratio": 4, "hd": 512, "hadamard": False}) == "hadamard=False,hd=512,ratio=4"
+    # a partial case (the catalog's typical case of moe_route) is not decided by the lock: said in explain
+    assert missing_features("moe_route", {"hash": False, "top_k": 6}) == ["tokens"]
+
+
+def test_declared_cpu_samples_land_in_their_buckets() -> None:
+    from dsv4hal.tune import declared_samples
+
+    info = hardware.detect()
+    got = declared_samples("dequant_gather", False, torch.device("cpu"), info)  # raises if a sample is misfiled
+    assert [label for label, _ in got] == [f"page_size={p},size={s}" for p in (256, 64, 2)
+                                          for s in ("small", "large")]

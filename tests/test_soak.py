@@ -1,0 +1,74 @@
+"""The soak's lifecycle on the CPU, and that its checker catches wrong results (fresh outputs and in-place
+writes alike)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import torch
+
+import dsv4hal
+from dsv4hal.soak import CheckingOps, SoakStats, run_soak
+from tests.conftest import run_cli
+
+
+def test_cpu_soak_runs_every_demo_op_and_checks_them() -> None:
+    res = run_soak(dsv4hal.select_platform("cpu"), 0.01, seed=3)
+    assert res["ok"], res["failures"] or res["crash_details"]
+    assert res["crashes"] == 0 and res["results_outside_tolerance"] == 0
+    # the first round checks every op the lifecycle calls against its reference
+    assert set(res["checked_by_op"]) == set(res["op_calls_by_op"])
+    for op in ("pack_store", "sparse_attention_decode", "sparse_attention_prefill", "dequant_gather", "compress",
+               "compress_decode", "indexer_logits", "indexer_topk", "moe_route", "moe_experts", "mhc_pre",
+               "mhc_post", "build_attention_metadata"):
+        assert res["op_calls_by_op"].get(op, 0) > 0, op
+    assert all(e == e for e in res["max_error_by_op"].values())  # no NaN
+
+
+class _Wrong:
+    """A platform whose ops are the CPU's, except one perturbed op."""
+
+    def __init__(self, platform: object, name: str, fn: object) -> None:
+        self.ops = type("Ops", (), {})()
+        for op in platform.ops:  # type: ignore[attr-defined]
+            setattr(self.ops, op.name, op)
+        setattr(self.ops, name, fn)
+
+
+def _mhc_inputs() -> tuple:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 64, generator=g).bfloat16()
+    return x, torch.randn(24, 256, generator=g) * 0.01, torch.zeros(24), torch.ones(3)
+
+
+def test_checker_catches_a_wrong_output() -> None:
+    cpu = dsv4hal.select_platform("cpu")
+
+    def off_by_one(*a: object, **k: object) -> object:
+        y, post, comb = cpu.ops.mhc_pre(*a, **k)
+        return y + 1, post, comb
+
+    stats = SoakStats()
+    ops = CheckingOps(_Wrong(cpu, "mhc_pre", off_by_one), stats, 1.0, random.Random(0), {})
+    ops.mhc_pre(*_mhc_inputs())
+    assert stats.checked["mhc_pre"] == 1 and stats.failures and "mhc_pre" in stats.failures[0]
+
+
+def test_checker_catches_a_missing_in_place_write() -> None:
+    cpu = dsv4hal.select_platform("cpu")
+    stats = SoakStats()
+    ops = CheckingOps(_Wrong(cpu, "pack_store", lambda k, loc, cache: None), stats, 1.0, random.Random(0), {})
+    cache = dsv4hal.V4PagedCache.empty(2, 256)
+    ops.pack_store(torch.randn(4, 512).bfloat16(), torch.tensor([0, 1, 300, 511]), cache)
+    assert stats.failures and "pack_store" in stats.failures[0]
+
+
+def test_cli_soak_writes_its_report(tmp_path) -> None:  # noqa: ANN001
+    out = tmp_path / "soak.json"
+    r = run_cli("soak", "--platform", "cpu", "--minutes", "0.01", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["crashes"] == 0 and data["op_calls"] > 0 and data["checked_calls"] > 0
+    bad = run_cli("soak", "--platform", "cpu", "--minutes", "0")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

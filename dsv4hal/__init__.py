@@ -32,8 +32,8 @@ _LAZY = {
     "OP_NAMES": "dsv4hal.ops.catalog",
     "errors": "dsv4hal.errors",
     "V4PagedCache": "dsv4hal.formats.v4_cache",
-    "ExpertWeights": "dsv4hal.reference.moe",
-    "quantize_experts": "dsv4hal.reference.moe",
+    "ExpertWeights": "dsv4hal.formats.experts",
+    "quantize_experts": "dsv4hal.formats.experts",
     "PreparedWeights": "dsv4hal.prepared",
 }
 

@@ -1,5 +1,6 @@
 """pluggy hook specifications. A plugin module (found through the `dsv4hal.platforms` entry-point
-group) implements `dsv4hal_register(registry)` and adds platforms and kernels to the registry.
+group) implements `dsv4hal_register(registry)`, marked with `hookimpl`, and adds platforms and kernels to
+the registry. dsv4hal calls each plugin's hook once, on its own, inside `registry.scope(plugin)`.
 Registration is metadata only: kernels are named by "module:function" strings, imported when bound."""
 
 from __future__ import annotations

@@ -3,13 +3,13 @@ per case class decided once and cached, and every decision explainable."""
 
 from __future__ import annotations
 
-import importlib
-import inspect
+import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from dsv4hal import hardware
 from dsv4hal import override as ov
@@ -37,7 +37,25 @@ from dsv4hal.selection import (
     select_platform_spec,
 )
 
+if TYPE_CHECKING:  # the typed facade (Ops) reads the op definitions; at run time they are imported when bound
+    from dsv4hal.ops import attention_metadata as _attention_metadata
+    from dsv4hal.ops import compress as _compress
+    from dsv4hal.ops import indexer_logits as _indexer_logits
+    from dsv4hal.ops import indexer_store as _indexer_store
+    from dsv4hal.ops import indexer_topk as _indexer_topk
+    from dsv4hal.ops import mhc as _mhc
+    from dsv4hal.ops import moe as _moe
+    from dsv4hal.ops import pack_store as _pack_store
+    from dsv4hal.ops import sparse_attention as _sparse_attention
+    from dsv4hal.ops.signatures import OpDefinition
+    from dsv4hal.step import decode_step
+
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+# Platforms by handle: the compiled path names its platform by an int (a custom op's argument) and finds it here.
+PLATFORMS: weakref.WeakValueDictionary[int, Platform] = weakref.WeakValueDictionary()
+_handles = itertools.count(1)
 
 _registries: dict[tuple[frozenset[str], bool], Registry] = {}
 _registry_lock = threading.Lock()
@@ -63,26 +81,43 @@ def load_registry(overrides: ov.Overrides | None = None) -> Registry:
     return _registry_cached(o.disabled_plugins, o.strict)
 
 
-class BoundOp:
-    """One op of a Platform. Calling it validates the arguments (cheap checks, no device sync unless
-    the platform is in checked mode), finds the case class, and calls the kernel chosen for it."""
+class BoundOp(Generic[P, R]):
+    """One op of a Platform, typed as its definition (dsv4hal/ops/<module>.py): inspect.signature and
+    typing.get_type_hints show the op's real parameters. Calling it validates the arguments (cheap checks, no
+    device sync unless the platform is in checked mode), finds the case class, and calls the kernel chosen for it.
+    Under torch.compile it calls the torch custom op dsv4hal::<op> instead (dsv4hal.custom_ops), one opaque node
+    whose eager implementation is this same call."""
 
     def __init__(self, platform: Platform, spec: OpSpec) -> None:
         self.platform, self.spec = platform, spec
-        contract = importlib.import_module(spec.contract)
-        self._validate: Callable[..., Any] = getattr(contract, spec.validate)
-        self._case: Callable[..., Mapping[str, object]] = getattr(contract, spec.case)
-        self._params = tuple(inspect.signature(self._case).parameters)  # to name positional arguments
-        from dsv4hal.ops.checks import check_materializable  # torch: imported when ops are bound, not before
+        d = spec.definition()
+        self.definition = d
+        self._validate: Callable[..., Any] = d.validate
+        self._case: Callable[..., Mapping[str, object]] = d.case
+        self._params = d.params  # to name positional arguments
+        # the typed facade: what inspect, typing and help() read
+        self.__signature__ = d.resolved_signature()
+        self.__annotations__ = dict(d.type_hints())
+        self.__doc__ = f"{spec.summary}\n\n{d.__doc__ or ''}"
+        self.__name__ = self.__qualname__ = spec.name
+        from dsv4hal import custom_ops  # torch: imported when ops are bound, not before
+        from dsv4hal.ops.checks import check_materializable
 
         self._materializable = check_materializable
+        self._compiling: Callable[[], bool] = custom_ops.is_compiling
+        self._traced = custom_ops.traced(spec.name)
         self._by_case: dict[tuple, tuple[Decision, Callable[..., Any]]] = {}
+        # validated argument metadata -> kernel (dsv4hal.ops.memo): a repeat call costs a key and a lookup
+        from dsv4hal.ops import memo
+
+        self._memo: dict[tuple, Callable[..., Any]] | None = {} if d.memo else None
+        self._memo_key = memo.metadata_key
+        self._memo_max = memo.MAX_ENTRIES
         self._weights_pos = -1
-        if spec.weights_arg:
-            params = list(inspect.signature(self._case).parameters)
-            self._weights_pos = params.index(spec.weights_arg)
-            self._validate_weights = getattr(contract, spec.weights_validate)
-            self._weights_case = getattr(contract, spec.weights_case)
+        if d.weights_arg:
+            self._weights_pos = self._params.index(d.weights_arg)
+            self._validate_weights: Callable[..., Any] = d.weights_validate  # type: ignore[assignment]
+            self._weights_case: Callable[..., Mapping[str, object]] = d.weights_case  # type: ignore[assignment]
             self._by_impl: dict[tuple, Callable[..., Any]] = {}
 
     @property
@@ -112,11 +147,13 @@ class BoundOp:
                                remedy=f"platform.ops.{self.name}(..., prepared_weights)")
         return self._resolve(case)[1]
 
-    def case_of(self, *args: Any, **kwargs: Any) -> Mapping[str, object]:
+    def case_of(self, *args: P.args, **kwargs: P.kwargs) -> Mapping[str, object]:
         return self._case(*args, **kwargs)
 
     def _resolve(self, case: Mapping[str, object]) -> tuple[Decision, Callable[..., Any]]:
-        key = tuple(sorted(case.items()))
+        # A case function builds its dict in one key order, so the items in order are the key: no sort per call.
+        # A mapping given to decide() in another order only makes a second entry for the same decision.
+        key = tuple(case.items())
         hit = self._by_case.get(key)
         if hit is None:
             p = self.platform
@@ -131,13 +168,31 @@ class BoundOp:
             self._by_case[key] = hit
         return hit
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.platform.validate:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._compiling():  # Dynamo is tracing: one opaque custom op (its eager body comes back here)
+            return self._traced(self.platform.handle, *args, **kwargs)
+        p = self.platform
+        if self._memo is not None and p.validate and not p.checked:
+            key = self._memo_key(args, kwargs)
+            if key is not None:
+                fn = self._memo.get(key)
+                if fn is None:  # first call with this metadata: validate and select, then remember the kernel
+                    self._materializable(self.name, args, kwargs, self._params)
+                    self._validate(*args, **kwargs, checked=False)
+                    fn = self._resolve(self._case(*args, **kwargs))[1]
+                    if len(self._memo) >= self._memo_max:
+                        self._memo.clear()
+                    self._memo[key] = fn
+                return fn(*args, **kwargs)
+        if p.validate:
             self._materializable(self.name, args, kwargs, self._params)  # expand views too large to copy
-            self._validate(*args, **kwargs, checked=self.platform.checked)
+            self._validate(*args, **kwargs, checked=p.checked)
         if self._weights_pos >= 0:
             return self._call_prepared(args, kwargs)
-        return self._resolve(self._case(*args, **kwargs))[1](*args, **kwargs)
+        hit = self._by_case.get(tuple(self._case(*args, **kwargs).items()))
+        if hit is None:
+            hit = self._resolve(self._case(*args, **kwargs))
+        return hit[1](*args, **kwargs)
 
     def prepare_weights(self, weights: Any) -> PreparedWeights:
         """Choose this op's kernel for these weights and lay them out for it, once, before serving."""
@@ -153,7 +208,11 @@ class BoundOp:
                 break
         log.info("%s on %s: weights prepared for %s for [%s]", self.name, p.name, impl.name, case_summary(case))
         payload = prepare(weights)
-        return PreparedWeights(self.name, impl.name, impl.layout, p.name, case, payload)
+        prepared = PreparedWeights(self.name, impl.name, impl.layout, p.name, case, payload)
+        from dsv4hal import custom_ops
+
+        custom_ops.remember_weights(prepared)  # a handle for the compiled path
+        return prepared
 
     def _call_prepared(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Run the implementation the weights were prepared for; never another one."""
@@ -170,7 +229,7 @@ class BoundOp:
                 remedy="prepare the weights again with this platform's prepare_weights (kernel choice fixes the "
                        "layout), or drop the override")
         case = self._case(*args, **kwargs)
-        key = (prepared.implementation, tuple(sorted(case.items())))
+        key = (prepared.implementation, tuple(case.items()))
         fn = self._by_impl.get(key)
         if fn is None:
             impl = p.registry.kernels.get(self.name, {}).get(prepared.implementation)
@@ -200,18 +259,41 @@ class BoundOp:
         return f"<dsv4hal op {self.spec.name} on {self.platform.name}>"
 
 
+def _typed(definition: OpDefinition[P, R]) -> BoundOp[P, R]:  # static typing only (see Ops)
+    raise NotImplementedError
+
+
 class Ops:
-    """Attribute access to the bound ops: platform.ops.sparse_attention_decode(...)."""
+    """Attribute access to the bound ops: platform.ops.sparse_attention_decode(...), typed as each op's
+    definition; platform.ops["name"] and iteration too."""
+
+    if TYPE_CHECKING:  # what IDEs and type checkers see; at run time __init__ sets the same names
+        pack_store = _typed(_pack_store.pack_store)
+        dequant_gather = _typed(_pack_store.dequant_gather)
+        sparse_attention_decode = _typed(_sparse_attention.sparse_attention_decode)
+        sparse_attention_prefill = _typed(_sparse_attention.sparse_attention_prefill)
+        indexer_topk = _typed(_indexer_topk.indexer_topk)
+        compress = _typed(_compress.compress)
+        compress_decode = _typed(_compress.compress_decode)
+        indexer_logits = _typed(_indexer_logits.indexer_logits)
+        indexer_store = _typed(_indexer_store.indexer_store)
+        moe_route = _typed(_moe.moe_route)
+        moe_experts = _typed(_moe.moe_experts)
+        mhc_pre = _typed(_mhc.mhc_pre)
+        mhc_post = _typed(_mhc.mhc_post)
+        mhc_post_pre = _typed(_mhc.mhc_post_pre)
+        mhc_head = _typed(_mhc.mhc_head)
+        build_attention_metadata = _typed(_attention_metadata.build_attention_metadata)
 
     def __init__(self, platform: Platform) -> None:
-        self._ops = {name: BoundOp(platform, OPS_BY_NAME[name]) for name in OP_NAMES}
+        self._ops: dict[str, BoundOp[..., Any]] = {name: BoundOp(platform, OPS_BY_NAME[name]) for name in OP_NAMES}
         for name, op in self._ops.items():
             setattr(self, name, op)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[BoundOp[..., Any]]:
         return iter(self._ops.values())
 
-    def __getitem__(self, name: str) -> BoundOp:
+    def __getitem__(self, name: str) -> BoundOp[..., Any]:
         op = self._ops.get(name) if isinstance(name, str) else None
         if op is None:
             raise UnknownNameError(f"unknown op {name!r}", remedy=f"valid ops: {', '.join(OP_NAMES)}")
@@ -226,6 +308,8 @@ class Platform:
         self.lock = lock  # a lock file in force (dsv4hal.lock), or None: static priorities
         self.platform_decision = decision
         self.validate, self.checked = validate, checked
+        self.handle = next(_handles)
+        PLATFORMS[self.handle] = self
         self.ops = Ops(self)
         # Bind now: each op's default case is decided at selection time, so a missing kernel or a bad
         # override surfaces here rather than at the first call in the middle of a forward pass.
@@ -239,8 +323,9 @@ class Platform:
     def device_type(self) -> str:
         return self.spec.device_type
 
-    def decode_step(self):  # type: ignore[no-untyped-def]
-        """Declare a decode step whose metadata is fixed: kernels may share plans inside (dsv4hal.step)."""
+    def decode_step(self) -> decode_step:
+        """Declare a decode step whose metadata is fixed: kernels may share plans inside (dsv4hal.step). A no-op
+        while torch.compile traces (enter it around the compiled call to share plans there)."""
         from dsv4hal.step import decode_step
 
         return decode_step()

@@ -1,5 +1,7 @@
 """Plugin loading: every module in the `dsv4hal.platforms` entry-point group is registered with
-pluggy and asked to fill the registry. The built-in platforms use the same path as a third party.
+pluggy and its `dsv4hal_register` hook is called through pluggy, one plugin at a time, inside the
+registry's scope for that plugin (which records what it registered and rolls it back if it fails). The
+built-in platforms use the same path as a third party.
 
 A faulty plugin is contained, never fatal (unless strict mode asks for that): an import or registration
 that raises (SystemExit included), a registration that makes a priority tie with kernels already
@@ -21,7 +23,7 @@ from typing import Any
 import pluggy
 
 from dsv4hal import hookspecs
-from dsv4hal.errors import PluginFaultError, PluginLoadError
+from dsv4hal.errors import PluginFaultError, PluginLoadError, RegistryError
 from dsv4hal.registry import KernelImpl, Registry
 
 # Loaded first, so that a third-party plugin that ties with a built-in kernel is the one refused.
@@ -88,28 +90,76 @@ class _Guarded:
         return list(got)
 
 
-def _guard(registry: Registry, name: str, before_platforms: set[str], before_kernels: set[tuple[str, str]]) -> None:
-    """Wrap the callables the plugin `name` just registered."""
-    for pname, spec in list(registry.platforms.items()):
-        if pname not in before_platforms and not isinstance(spec.claims, _Guarded):
+def _guard(registry: Registry, name: str) -> None:
+    """Wrap the callables the plugin `name` registered (registry.registered[name])."""
+    entries = registry.registered[name]
+    for pname in entries.platforms:
+        spec = registry.platforms[pname]
+        if not isinstance(spec.claims, _Guarded):
             registry.platforms[pname] = replace(
                 spec, claims=_Guarded(spec.claims, f"platform {pname!r}: claims()", name, registry))
-    for op, impls in registry.kernels.items():
-        for kname, impl in list(impls.items()):
-            if (op, kname) in before_kernels or impl.supports is None or isinstance(impl.supports, _Guarded):
-                continue
-            impls[kname] = replace(
+    for op, kname in entries.kernels:
+        impl = registry.kernels[op][kname]
+        if impl.supports is not None and not isinstance(impl.supports, _Guarded):
+            registry.kernels[op][kname] = replace(
                 impl, supports=_Guarded(impl.supports, f"kernel {kname!r} ({op}): supports()", name, registry))
+
+
+class _HookRaised(Exception):
+    """The plugin's own dsv4hal_register raised `cause` (told apart from a tie found when its scope closes)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _register_one(pm: pluggy.PluginManager, registry: Registry, name: str, module: object, strict: bool) -> bool:
+    """Register `module` with pluggy and call its dsv4hal_register hook alone, inside registry.scope(name).
+    False (recorded, warned, or raised in strict mode) when it is not a valid plugin or fails."""
+    try:
+        pm.register(module, name=name)
+        pm.check_pending()  # a hookimpl whose name no hookspec declares (a misspelt hook) is refused here
+    except _CONTAINED as exc:
+        if pm.is_registered(module):
+            pm.unregister(module)
+        _fail(registry, name, f"not a valid dsv4hal plugin: {type(exc).__name__}: {exc}", strict)
+        return False
+    others = [p for p in pm.get_plugins() if p is not module]
+    hook = pm.subset_hook_caller("dsv4hal_register", remove_plugins=others)
+    if not hook.get_hookimpls():
+        pm.unregister(module)
+        _fail(registry, name, "module has no dsv4hal_register(registry) hook (marked with dsv4hal.hookimpl)", strict)
+        return False
+    try:
+        with registry.scope(name):
+            try:
+                hook(registry=registry)
+            except _CONTAINED as exc:
+                raise _HookRaised(exc) from exc
+    except _HookRaised as raised:  # the scope rolled it back: a plugin that fails half-way leaves nothing
+        pm.unregister(module)
+        exc = raised.cause
+        _fail(registry, name, f"dsv4hal_register raised {type(exc).__name__}: {exc}", strict, cause=exc)
+        return False
+    except RegistryError as tie:  # the registry was tie-free before this plugin: it brought the tie
+        pm.unregister(module)
+        if strict:
+            raise
+        _fail(registry, name, f"its registration ties with registered kernels: {tie}", strict)
+        return False
+    return True
 
 
 def build_registry(*, disabled: Iterable[str] = (), strict: bool = False,
                    extra_modules: Iterable[tuple[str, object]] = ()) -> Registry:
     """Load the plugins and return a closed registry.
 
-    `extra_modules` are (name, module) pairs registered directly (tests), after the entry points. A plugin
-    that raises at import or registration, or whose registration ties with kernels registered before it,
-    is recorded in `registry.plugin_errors` and warned about, and leaves nothing behind; in strict mode it
-    raises PluginLoadError (RegistryError for a tie) instead."""
+    Each plugin is registered with pluggy and its dsv4hal_register hook is called on its own, inside
+    registry.scope(name), in a fixed order (built-ins first, then by name; pluggy's own call order never
+    decides anything). `extra_modules` are (name, module) pairs registered directly (tests), after the entry
+    points. A plugin that raises at import or registration, or whose registration ties with kernels
+    registered before it, is recorded in `registry.plugin_errors` and warned about, and leaves nothing
+    behind; in strict mode it raises PluginLoadError (RegistryError for a tie) instead."""
     disabled = set(disabled)
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
@@ -121,44 +171,25 @@ def build_registry(*, disabled: Iterable[str] = (), strict: bool = False,
         try:
             module = ep.load()
         except _CONTAINED as exc:  # a broken plugin must not break the others, nor exit the host
-            _fail(registry, ep.name, f"import of {ep.value!r} failed: {type(exc).__name__}: {exc}", strict)
+            _fail(registry, ep.name, f"import of {ep.value!r} failed: {type(exc).__name__}: {exc}", strict,
+                  cause=exc, stacklevel=3)
             continue
         sources.append((ep.name, module, _dist_version(ep)))
     sources.extend((name, mod, "direct") for name, mod in extra_modules if name not in disabled)
     for name, module, version in sources:
-        hook = getattr(module, "dsv4hal_register", None)
-        if hook is None:
-            _fail(registry, name, "module has no dsv4hal_register(registry) hook", strict)
-            continue
-        registry._current_plugin = name
-        saved = (dict(registry.platforms), {op: dict(k) for op, k in registry.kernels.items()})
-        try:
-            pm.register(module, name=name)
-            hook(registry=registry)
-            tie = registry.first_tie()
-        except _CONTAINED as exc:
-            # a plugin that fails half-way leaves nothing behind
-            registry.platforms, registry.kernels = saved[0], saved[1]
-            _fail(registry, name, f"dsv4hal_register raised {type(exc).__name__}: {exc}", strict)
-            continue
-        if tie is not None:  # the registry was tie-free before this plugin: it brought the tie
-            registry.platforms, registry.kernels = saved[0], saved[1]
-            if strict:
-                raise tie
-            _fail(registry, name, f"its registration ties with registered kernels: {tie}", strict)
-            continue
-        _guard(registry, name, set(saved[0]), {(op, k) for op, ks in saved[1].items() for k in ks})
-        registry.plugin_versions[name] = version
-    registry._current_plugin = ""
+        if _register_one(pm, registry, name, module, strict):
+            _guard(registry, name)
+            registry.plugin_versions[name] = version
     return registry.close()
 
 
-def _fail(registry: Registry, name: str, why: str, strict: bool) -> None:
+def _fail(registry: Registry, name: str, why: str, strict: bool, cause: BaseException | None = None,
+          stacklevel: int = 4) -> None:
     registry.plugin_errors[name] = why
     msg = f"dsv4hal plugin {name!r} did not load: {why}"
     if strict:
-        raise PluginLoadError(msg, remedy=_remedy(name))
-    warnings.warn(f"{msg}. {_remedy(name)}", PluginWarning, stacklevel=3)
+        raise PluginLoadError(msg, remedy=_remedy(name)) from cause
+    warnings.warn(f"{msg}. {_remedy(name)}", PluginWarning, stacklevel=stacklevel)
 
 
 def import_target(target: str):  # type: ignore[no-untyped-def]

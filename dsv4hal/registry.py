@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from dsv4hal.errors import RegistryError
@@ -27,6 +28,13 @@ class PlatformSpec:
     device_type: str  # torch device type its tensors live on: "cpu" or "cuda" (ROCm uses "cuda" too)
     archs: tuple[str, ...] = ("cpu",)  # the architectures it is built for (the first one is used to simulate it)
     plugin: str = ""
+    # capabilities kernels may ask for through KernelImpl.platform_capability (see Registry.add_platform):
+    # the platform compiles and runs Triton kernels natively, so dsv4hal's portable Triton kernels apply to it
+    runs_triton: bool = False
+
+    def has(self, capability: str) -> bool:
+        """Whether this platform declares `capability` (the name of one of its bool fields, e.g. runs_triton)."""
+        return getattr(self, capability, False) is True
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,9 @@ class KernelImpl:
     (import names or torch-op namespaces as PlatformInfo.libraries lists them). `supports(case, info)`
     returns the reasons it cannot run a case (empty: it can). `priority` is explicit data, optionally
     per platform; higher wins. `layout` names the weight or cache layout this kernel fixes, and `prepare`
-    the function that produces it."""
+    the function that produces it. `platform_capability` offers the kernel to every platform that declares
+    that capability (PlatformSpec.has), registered before or after it; the registry adds their names to
+    `platforms`, so a portable kernel names no vendor platform."""
 
     op: str
     name: str
@@ -55,6 +65,7 @@ class KernelImpl:
     prepare: str | None = None
     # set by dsv4hal when the kernel turned out broken (its target did not import): it is never chosen again
     fault: str = ""
+    platform_capability: str = ""
 
     def priority_on(self, platform: str) -> int:
         if isinstance(self.priority, Mapping):
@@ -65,9 +76,17 @@ class KernelImpl:
         return "*" in self.platforms or platform in self.platforms
 
 
+@dataclass(frozen=True)
+class PluginEntries:
+    """What one plugin registered: platform names and (op, kernel name) pairs."""
+
+    platforms: tuple[str, ...] = ()
+    kernels: tuple[tuple[str, str], ...] = ()
+
+
 @dataclass
 class Registry:
-    """Filled by plugins, then closed: closing checks names, ops and priority ties."""
+    """Filled by plugins, each inside its own scope(plugin), then closed: closing checks priority ties."""
 
     platforms: dict[str, PlatformSpec] = field(default_factory=dict)
     kernels: dict[str, dict[str, KernelImpl]] = field(default_factory=dict)  # op -> name -> impl
@@ -75,7 +94,33 @@ class Registry:
     plugin_errors: dict[str, str] = field(default_factory=dict)
     closed: bool = False
     strict: bool = False  # plugin faults found after loading raise instead of being recorded (plugins.py)
+    registered: dict[str, PluginEntries] = field(default_factory=dict)  # plugin -> what its scope added
     _current_plugin: str = ""
+
+    @contextmanager
+    def scope(self, plugin: str) -> Iterator[None]:
+        """Register as `plugin`: every entry added inside is attributed to it and, on success, recorded in
+        `registered[plugin]`. If the block raises, or leaves a priority tie (the registry had none before,
+        so this plugin brought it), everything it did is rolled back and the exception (for a tie, the
+        RegistryError of first_tie) propagates: a plugin that fails half-way leaves nothing behind."""
+        self._check_open()
+        if self._current_plugin:
+            raise RegistryError(f"scope({plugin!r}) opened inside scope({self._current_plugin!r})")
+        platforms, kernels = dict(self.platforms), {op: dict(k) for op, k in self.kernels.items()}
+        self._current_plugin = plugin
+        try:
+            yield
+            tie = self.first_tie()
+            if tie is not None:
+                raise tie
+        except BaseException:  # SystemExit from a plugin is rolled back too; the host decides what to do
+            self.platforms, self.kernels = platforms, kernels
+            raise
+        finally:
+            self._current_plugin = ""
+        self.registered[plugin] = PluginEntries(
+            tuple(n for n in self.platforms if n not in platforms),
+            tuple((op, n) for op, ks in self.kernels.items() for n in ks if n not in kernels.get(op, {})))
 
     def add_platform(self, spec: PlatformSpec) -> None:
         self._check_open()
@@ -84,6 +129,10 @@ class Registry:
             raise RegistryError(f"platform {spec.name!r} registered twice (by {other!r} and {self._current_plugin!r})",
                                 remedy="disable one of the plugins with DSV4HAL_DISABLE_PLUGINS")
         self.platforms[spec.name] = _with_plugin(spec, self._current_plugin)
+        for impls in self.kernels.values():  # kernels offered by capability apply to this platform too
+            for name, impl in impls.items():
+                if impl.platform_capability and spec.has(impl.platform_capability) and not impl.applies_to(spec.name):
+                    impls[name] = replace(impl, platforms=impl.platforms + (spec.name,))
 
     def add_kernel(self, impl: KernelImpl) -> None:
         self._check_open()
@@ -125,8 +174,6 @@ class Registry:
 
     def disable_kernel(self, impl: KernelImpl, why: str) -> None:
         """Mark a kernel broken (e.g. its target does not import): selection rejects it with `why` from now on."""
-        from dataclasses import replace
-
         by_name = self.kernels.get(impl.op, {})
         if impl.name in by_name:
             by_name[impl.name] = replace(by_name[impl.name], fault=why)
@@ -145,8 +192,6 @@ class Registry:
 def _with_plugin(obj: PlatformSpec | KernelImpl, plugin: str):  # type: ignore[no-untyped-def]
     if obj.plugin:
         return obj
-    from dataclasses import replace
-
     return replace(obj, plugin=plugin)
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from dsv4hal.demo import PAGE, DemoConfig, DemoModel, _NullTimer, _tensors, fill_random
+from dsv4hal.demo import PAGE, DemoConfig, DemoModel, NullTimer, fill_random, tensors_of
 from dsv4hal.prepared import PreparedWeights
 
 SOAK_SIZES = {
@@ -158,14 +158,15 @@ class CheckingOps:
     def _check(self, name: str, out: Any, args: tuple, kwargs: dict, ref_a: tuple, ref_k: dict) -> None:
         ref_a = tuple(self._weights.get(id(a), a) for a in ref_a)  # prepared weights -> the logical ones
         want = self._ref_of(name)(*ref_a, **ref_k)
-        pairs = list(zip(_tensors(out), _tensors(want), strict=False))
+        pairs = list(zip(tensors_of(out), tensors_of(want), strict=False))
         # in-place results: every argument after the fast call against its copy after the reference call
         # (prepared weights are the kernel's own layout: the reference had the logical ones)
         for got_arg, ref_arg in zip((*args, *kwargs.values()), (*ref_a, *ref_k.values()), strict=True):
             if not isinstance(got_arg, PreparedWeights):
                 pairs += list(zip(_state_tensors(got_arg), _state_tensors(ref_arg), strict=True))
-        if len(_tensors(out)) != len(_tensors(want)):
-            self._stats.failures.append(f"{name}: {len(_tensors(out))} outputs, reference has {len(_tensors(want))}")
+        n_got, n_want = len(tensors_of(out)), len(tensors_of(want))
+        if n_got != n_want:
+            self._stats.failures.append(f"{name}: {n_got} outputs, reference has {n_want}")
         worst = 0.0
         for got, ref in pairs:
             err, bound = _max_error(name, got, ref)
@@ -208,7 +209,7 @@ def run_soak(platform: Any, minutes: float, *, seed: int = 0, context: int = 204
         fill_random(model, bmax, context, seed)
         checking.sampling = True
         g = torch.Generator(dev).manual_seed(seed + 1)
-        rounds, pool = 0, None
+        rounds, pool, side = 0, None, None
         while True:
             rounds += 1
             if rounds == 1:  # check every op once at the largest shapes: the checker's copies are warm too
@@ -219,8 +220,10 @@ def run_soak(platform: Any, minutes: float, *, seed: int = 0, context: int = 204
             _eager_round(model, platform, sizes, context, g, stats, rng)
             _prefill(model, checking, context, g, stats, rng)
             if gpu:
-                pool = pool if pool is not None else torch.cuda.graph_pool_handle()  # one pool for the whole run
-                _graph_round(model, platform, sizes, context, g, stats, rng, replays_per_size, pool)
+                if pool is None:  # one pool and one capture stream for the whole run, as engines keep them (a
+                    # new stream each round would also get its own cuBLAS workspace, which is never returned)
+                    pool, side = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+                _graph_round(model, platform, sizes, context, g, stats, rng, replays_per_size, pool, side)
                 stats.memory.append({"round": rounds, "t_s": time.monotonic() - t0, **_memory()})
             say(f"round {rounds}: {sum(stats.op_calls.values()) + stats.replayed_op_calls} op calls, "
                 f"{stats.captures} captures, {stats.replays} replays, {sum(stats.checked.values())} checked, "
@@ -248,7 +251,7 @@ def _step_inputs(model: DemoModel, b: int, context: int, g: torch.Generator) -> 
 
 def _eager_round(model: DemoModel, platform: Any, sizes: tuple[int, ...], context: int, g: torch.Generator,
                  stats: SoakStats, rng: random.Random) -> None:
-    null = _NullTimer()
+    null = NullTimer()
     for b in rng.sample(list(sizes), k=min(len(sizes), 4)):
         x, req, pos = _step_inputs(model, b, context, g)
         with platform.decode_step():
@@ -268,7 +271,7 @@ def _prefill(model: DemoModel, ops: CheckingOps, context: int, g: torch.Generato
     req = torch.full((n,), b, device=dev)
     pos = torch.arange(n, device=dev)
     x = (torch.randn(n, model.cfg.hidden, generator=g, device=dev) * 0.5).bfloat16()
-    model.forward(x, req, pos, _NullTimer())
+    model.forward(x, req, pos, NullTimer())
     w = model.layers[0]
     kv = ops.dequant_gather(w["swa"], model.loc(req, pos))
     width = 128  # a causal window over the request's own rows, -1 beyond its start
@@ -281,14 +284,13 @@ def _prefill(model: DemoModel, ops: CheckingOps, context: int, g: torch.Generato
 
 
 def _graph_round(model: DemoModel, platform: Any, sizes: tuple[int, ...], context: int, g: torch.Generator,
-                 stats: SoakStats, rng: random.Random, replays: int, pool: Any) -> None:
+                 stats: SoakStats, rng: random.Random, replays: int, pool: Any, side: Any) -> None:
     """Capture the decode step for every batch size on a side stream into one pool, replay each with new
     positions and inputs, re-run a few replays eagerly and compare, then drop the graphs."""
-    null = _NullTimer()
+    null = NullTimer()
     raw_ops = model.ops
     counting = _CountingOps(platform.ops)
     model.ops = counting
-    side = torch.cuda.Stream()
     graphs = []
     try:
         for b in sizes:

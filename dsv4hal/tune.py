@@ -39,11 +39,11 @@ from dsv4hal.ops.catalog import OP_NAMES, OPS_BY_NAME, OpSpec
 from dsv4hal.platform import Platform, load_registry, select_platform
 from dsv4hal.plugins import import_target
 from dsv4hal.prepared import PreparedWeights
+from dsv4hal.progress import Progress
 from dsv4hal.registry import KernelImpl, Registry
 from dsv4hal.selection import select_kernel
 
 DEFAULT_MARGIN = 0.03
-Progress = Callable[[str], None]
 
 
 @dataclasses.dataclass
@@ -243,7 +243,7 @@ def _candidates(registry: Registry, op: str, case: Mapping[str, object], platfor
 
 def tune(platform_name: str | None = None, *, ops: Iterable[str] | None = None, registry: Registry | None = None,
          info: PlatformInfo | None = None, interpreted: bool = False, margin: float = DEFAULT_MARGIN,
-         progress: Progress | None = None) -> dict[str, Any]:
+         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure and return the lock's data (write it with write_lock). Runs on this machine's platform: a
     platform that does not fit raises PlatformNotFoundError. DSV4HAL_LOCK and forced kernels are ignored."""
     o = dataclasses.replace(ov.current(), kernels={}, lock=None)
@@ -350,7 +350,7 @@ def check(path: str, platform_name: str | None = None) -> list[str]:
 
 
 def main(args: Any) -> int:
-    """`dsv4hal tune`: one plain progress line per (op, bucket) on stderr, the lock at --out."""
+    """`dsv4hal tune`: progress per (op, bucket) on stderr, the lock at --out."""
     if args.check:
         diffs = check(args.check, args.platform)
         if diffs:
@@ -360,8 +360,8 @@ def main(args: Any) -> int:
         print(f"lock {args.check} matches this machine, its libraries and their files")
         return 0
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
-    data = tune(args.platform, ops=ops, interpreted=args.interpreted, margin=args.margin,
-                progress=lambda line: print(line, file=sys.stderr, flush=True))
+    with Progress(None, "tune") as bar:  # a bar on a terminal (tqdm), plain lines otherwise
+        data = tune(args.platform, ops=ops, interpreted=args.interpreted, margin=args.margin, progress=bar.update)
     if args.update and Path(args.out).exists():
         data = merge(json.loads(Path(args.out).read_text()), data)
     write_lock(data, args.out)

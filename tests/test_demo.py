@@ -69,17 +69,17 @@ def test_demo_graph_needs_a_gpu() -> None:
 
 def test_floor_bytes_count_what_a_step_must_move_and_plots_render(tmp_path) -> None:  # noqa: ANN001
     from dsv4hal.bench.plot import plot
-    from dsv4hal.demo import DemoConfig, DemoModel, _floor_bytes, _NullTimer, fill_random, plot_breakdown
+    from dsv4hal.demo import DemoConfig, DemoModel, NullTimer, fill_random, floor_bytes, plot_breakdown
 
     platform = dsv4hal.select_platform("cpu")
     model = DemoModel(platform, DemoConfig(max_pages=2), 2)
     fill_random(model, 2, 300)
     tape = Tape(platform.ops)
     model.ops = tape
-    model.forward(torch.randn(2, 256).bfloat16(), torch.arange(2), torch.full((2,), 300), _NullTimer(), decode=True)
+    model.forward(torch.randn(2, 256).bfloat16(), torch.arange(2), torch.full((2,), 300), NullTimer(), decode=True)
     floors = {}
     for name, args, kwargs, out in tape.calls:
-        floors[name] = floors.get(name, 0) + _floor_bytes(name, args, kwargs, out)
+        floors[name] = floors.get(name, 0) + floor_bytes(name, args, kwargs, out)
     # attention reads 584 bytes per index (SWA 128 + the extra indices of each row); pack_store writes 584 a row
     q, swa_idx = next((a[0], a[2]) for n, a, _, _ in tape.calls if n == "sparse_attention_decode")
     assert floors["sparse_attention_decode"] > 3 * swa_idx.numel() * 584
@@ -91,3 +91,21 @@ def test_floor_bytes_count_what_a_step_must_move_and_plots_render(tmp_path) -> N
     rows = [{"format": f, "T": t, "us": {"a": 1.0 * t, "b": 2.0 * t}} for f in ("mxfp4", "fp8_block") for t in (1, 64)]
     plot({"moe": rows, "device": "cpu", "command": "test"}, str(tmp_path / "moe.png"))
     assert (tmp_path / "demo.png").stat().st_size > 10_000 and (tmp_path / "moe.png").stat().st_size > 10_000
+
+
+def test_demo_package_reaches_dsv4hal_reference_only_through_its_engine_helpers() -> None:
+    """The demo is an engine on the public API: the engine-side math it borrows from dsv4hal's references (RoPE,
+    Hadamard, empty compressor rings, expert sizes) comes through one adapter module, nothing else imports them."""
+    import ast
+    from pathlib import Path
+
+    import dsv4hal.demo
+
+    importers = set()
+    for path in Path(dsv4hal.demo.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(n == "dsv4hal.reference" or n.startswith("dsv4hal.reference.") for n in names):
+                importers.add(path.name)
+    assert importers == {"engine_helpers.py"}

@@ -1,5 +1,5 @@
 """indexer_logits fast paths on the CPU: the portable Triton kernel under the interpreter against the reference,
-and the DeepGEMM paged-MQA-logits binding (dsv4hal_cuda_sm90.deepgemm_indexer, reused by SM100) against a fake
+and the DeepGEMM paged-MQA-logits binding (dsv4hal.kernels.deepgemm_indexer, shared by SM90 and SM100) against a fake
 `deep_gemm` whose two functions check the host contract of DeepGEMM 891d57b (csrc/apis/attention.hpp: 2-D int32
 contiguous lengths, block_kv 64, fused uint8 cache [blocks, 64, 1, 132] with stride(1) == 132 and stride(0) % 4,
 e4m3fn q [B, next_n, 64, 128] contiguous, fp32 weights [B*next_n, 64], int32 block table with stride(1) == 1,
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dsv4hal_cuda_sm90 import deepgemm_indexer
-from dsv4hal_cuda_sm100 import deepgemm_indexer as sm100_indexer
+from dsv4hal_cuda_sm90 import kernels as sm90_kernels
+from dsv4hal_cuda_sm100 import kernels as sm100_kernels
 from vendor_fakes import fake_module, install_modules, simulated_info
 
 import dsv4hal
@@ -19,6 +19,7 @@ from dsv4hal.conformance import cases_indexer_logits as cases
 from dsv4hal.conformance.types import CaseSpec, compare_close
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.indexer_cache import IndexerPagedCache
+from dsv4hal.kernels import deepgemm_indexer
 from dsv4hal.kernels.triton.indexer_logits import indexer_logits as triton_logits
 from dsv4hal.kernels.triton.indexer_logits import mask_tail_
 from dsv4hal.reference.indexer_logits import indexer_logits as reference
@@ -170,7 +171,8 @@ def test_cache_view_is_zero_copy() -> None:
 def test_schedule_per_call_and_per_step(fake_dg: FakeDeepGemm) -> None:
     fx = _fixture((70, 5))
     p = dsv4hal.select_platform(info=simulated_info("sm90", **LIBS))
-    assert p.ops.indexer_logits.decide(p.ops.indexer_logits.case_of(**fx.args)).chosen.name == deepgemm_indexer.NAME
+    chosen = p.ops.indexer_logits.decide(p.ops.indexer_logits.case_of(**fx.args)).chosen
+    assert chosen.name == sm90_kernels.DEEPGEMM_INDEXER
     p.ops.indexer_logits(**fx.args)
     p.ops.indexer_logits(**fx.args)
     assert len(fake_dg.meta_calls) == 2  # outside a declared step: one plan per call
@@ -207,12 +209,13 @@ def test_empty_shapes_need_no_library() -> None:
 
 def test_supports_reasons() -> None:
     info = simulated_info("sm90", **LIBS)
-    assert deepgemm_indexer.supports({"fp8": "e4m3fn"}, info) == []
-    assert "e4m3fn" in deepgemm_indexer.supports({"fp8": "e4m3fnuz"}, info)[0]
+    supports = sm90_kernels.deepgemm_indexer_supports
+    assert supports({"fp8": "e4m3fn"}, info) == []
+    assert "e4m3fn" in supports({"fp8": "e4m3fnuz"}, info)[0]
     old = simulated_info("sm90", deep_gemm="2.1.0")
-    assert "2.2.0" in deepgemm_indexer.supports({"fp8": "e4m3fn"}, old)[0]
-    assert sm100_indexer.supports({"fp8": "e4m3fn"}, simulated_info("sm100", **LIBS)) == []
-    for arch, name in (("sm90", deepgemm_indexer.NAME), ("sm100", sm100_indexer.NAME)):
+    assert "2.2.0" in supports({"fp8": "e4m3fn"}, old)[0]
+    assert sm100_kernels.deepgemm_indexer_supports({"fp8": "e4m3fn"}, simulated_info("sm100", **LIBS)) == []
+    for arch, name in (("sm90", sm90_kernels.DEEPGEMM_INDEXER), ("sm100", sm100_kernels.DEEPGEMM_INDEXER)):
         p = dsv4hal.select_platform(info=simulated_info(arch, **LIBS))
         assert p.ops.indexer_logits.decide({"fp8": "e4m3fn"}).chosen.name == name
         assert p.ops.indexer_logits.decide({"fp8": "e4m3fnuz"}).chosen.name == "triton_indexer_logits"

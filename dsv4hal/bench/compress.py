@@ -4,7 +4,7 @@ its bandwidth floor, and the prefill form over 32K tokens as a fraction of copy 
 Decode configurations: the C4 main compressor (hd 512), the C4 layer's indexer compressor (hd 128, Hadamard) and
 the C128 main compressor (hd 512); each at a step where every row closes a group (the most work: the window is
 read) and at one where none does (only the ring write). The floor counts bytes as the demo does
-(`dsv4hal.demo._floor_bytes`): kv_score in, each row's whole ring, the output. Decode calls are timed as CUDA
+(`dsv4hal.demo.floor_bytes`): kv_score in, each row's whole ring, the output. Decode calls are timed as CUDA
 graphs. The prefill form reads its row count on the host (one sync), so a graph cannot hold the op: the bound
 op is timed eagerly, and the Triton kernel alone (after planning) as a graph."""
 

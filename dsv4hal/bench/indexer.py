@@ -82,7 +82,7 @@ def _direct_deepgemm(inputs: list[dict[str, Any]]) -> Any:
         import deep_gemm
     except ImportError:
         return None
-    from dsv4hal_cuda_sm90.deepgemm_indexer import BLOCK_KV, fused_cache_view
+    from dsv4hal.kernels.deepgemm_indexer import BLOCK_KV, fused_cache_view
 
     prepared = []
     for a in inputs:

@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dsv4hal.formats.experts import ExpertWeights
     from dsv4hal.hardware import PlatformInfo
-    from dsv4hal.reference.moe import ExpertWeights
     from dsv4hal.registry import KernelImpl
 
 

@@ -35,6 +35,7 @@ import torch
 
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.ops.checks import check_alloc, check_choice, check_same_device, check_tensor, describe
+from dsv4hal.ops.signatures import define
 
 OP = "build_attention_metadata"
 PAGE = 256
@@ -121,3 +122,32 @@ def _check_values(pos: torch.Tensor, pt: torch.Tensor, f2s: torch.Tensor) -> Non
 
 def case(positions, page_table, full_to_swa, index_topk=512, out=None) -> dict[str, object]:  # noqa: ANN001
     return {"index_topk": int(index_topk), "in_place": out is not None}
+
+
+@define(validate=validate, case=case)
+def build_attention_metadata(positions: torch.Tensor, page_table: torch.Tensor, full_to_swa: torch.Tensor,
+                             index_topk: int = 512, out: AttentionMetadata | None = None) -> AttentionMetadata:
+    """Per-query-row attention metadata of every layer type (SWA-only, C4, C128) from the page tables, once per
+    step (spec 3.1). C4 page indices come from indexer_topk, not from here.
+
+    Arguments:
+        positions: (T,), torch.int32, contiguous: each query row's position (L = pos + 1).
+        page_table: (T, P), torch.int32, unit stride along P: full-pool page ids (256-token pages) of the row's
+            request.
+        full_to_swa: (S,), torch.int32 or torch.int64, contiguous: full-pool slot -> SWA slot (-1 = none).
+        index_topk: 512 or 1024 (an int): the C4 top-k width.
+        out: an AttentionMetadata of the shapes below, contiguous, to write into (CUDA-graph replays); or None.
+
+    Returns:
+        AttentionMetadata (`out` itself when given, mutated):
+            swa_indices (T, 128) int32: the k-th newest key's SWA slot, -1 before the start;
+            swa_lengths (T,) int32 = min(L, 128); c4_lengths_raw (T,) int32 = L // 4;
+            c4_lengths (T,) int32 = clamp(L // 4, 1, index_topk);
+            c128_indices (T, pad64(2P)) int32: j < L // 128 -> page_table[j // 2] * 2 + j % 2, else -1;
+            c128_lengths (T,) int32 = max(L // 128, 1);
+            c4_out_loc, c128_out_loc (T,) int64: the compressed slot a row closing a group writes, else 0.
+
+    Rejected (InvalidArgumentError): other dtypes, shapes or devices, index_topk not 512/1024, an `out` of other
+    shapes. Checked mode also refuses negative positions, a page table too narrow or with a negative used page,
+    page ids < -1, window slots past full_to_swa and full_to_swa entries < -1.
+    """

@@ -40,8 +40,9 @@ import math
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.formats.compressor_state import window_rows
 from dsv4hal.ops.checks import check_choice, check_finite, check_same_device, check_tensor, describe
-from dsv4hal.reference.compress import window_rows
+from dsv4hal.ops.signatures import define
 
 OP = "compress"
 RATIOS = (4, 128)
@@ -183,7 +184,7 @@ def validate_decode(
     window = window_rows(ratio)
     if st.shape[1] < window:
         raise InvalidArgumentError(op, "state", f"a ring of at least {window} rows for ratio {ratio}", describe(st),
-                                   remedy="make it with dsv4hal.reference.compress.new_state")
+                                   remedy="make it with dsv4hal.formats.compressor_state.new_state")
     tensors["slots"] = check_tensor(op, "slots", slots, dtype=torch.int32, shape=(b,))
     tensors["positions"] = check_tensor(op, "positions", positions, dtype=torch.int32, shape=(b,))
     check_same_device(op, {"state": st, **tensors}, kv_score.device, "kv_score")
@@ -222,3 +223,59 @@ def case_decode(kv_score, state, slots, positions, ape, norm_weight, cos, sin, r
                 hadamard=False) -> dict[str, object]:
     return {"ratio": int(ratio), "hd": int(norm_weight.shape[0]), "hadamard": bool(hadamard),
             "ring": int(state.shape[1])}
+
+
+@define(validate=validate, case=case, memo=False)  # validation reads cu_seqlens when it is on the CPU
+def compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
+             cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float = 1e-6, hadamard: bool = False
+             ) -> torch.Tensor:
+    """The C4 (overlapping windows) and C128 compressors over whole requests from position 0 (prefill form),
+    with RMSNorm, RoPE and, for the indexer, a Hadamard rotation; fp32 throughout (spec 4.1).
+
+    Arguments:
+        kv_score: (N, 2 * coff * hd), torch.float32: x @ wkv_gate^T of all requests packed; ratio 4 (coff 2):
+            [kv_ov | kv_cur | score_ov | score_cur], ratio 128 (coff 1): [kv | score], each hd wide.
+        cu_seqlens: (B + 1,), torch.int32: 0 = cu[0] <= ... <= cu[B] = N; request b owns rows cu[b]:cu[b+1].
+        ape: (ratio, coff * hd), torch.float32: positional bias of the scores.
+        norm_weight: (hd,), torch.float32: RMSNorm weight; hd in {512 (main), 128 (indexer)}.
+        cos, sin: (max_pos, 32), torch.float32: the layer's RoPE table.
+        ratio: 4 or 128 (an int).
+        eps: RMSNorm epsilon, a positive finite float.
+        hadamard: True only with hd 128 (the indexer compressor).
+
+    Returns:
+        (M, hd), torch.float32, M = sum_b L_b // ratio: request b's groups in order, requests concatenated. Group
+        i pools positions [i*ratio, i*ratio + ratio) (C4: 8 rows, the previous group's from the ov halves, masked
+        for group 0) by a per-channel softmax of score + ape, then RMSNorm * norm_weight, RoPE on the last 64
+        dims at position i*ratio, and the scaled Walsh-Hadamard transform if hadamard.
+
+    Rejected (InvalidArgumentError): other dtypes, shapes or devices, widths not 2*coff*hd, hadamard with hd 512,
+    cu_seqlens not from 0 to N or decreasing, a RoPE table shorter than the last group's position (cu_seqlens is
+    read when on the CPU or in checked mode). Checked mode also refuses non-finite inputs.
+    """
+
+
+@define(validate=validate_decode, case=case_decode)
+def compress_decode(kv_score: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                    ape: torch.Tensor, norm_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ratio: int,
+                    eps: float = 1e-6, hadamard: bool = False) -> torch.Tensor:
+    """The compressors' decode form: one new token per row, each request's last kv_score rows kept in a ring.
+    Fixed shapes, no host sync: CUDA-graph safe.
+
+    Arguments:
+        kv_score: (B, 2 * coff * hd), torch.float32: the new tokens' projections (as compress).
+        state: (S, ring, 2 * coff * hd), torch.float32, contiguous; ring >= 8 for C4, >= 128 for C128
+            (dsv4hal.formats.compressor_state.new_state makes one: kv 0, score -inf). Mutated: row b writes its
+            kv_score into state[slots[b], positions[b] % ring].
+        slots: (B,), torch.int32: each row's ring; rows sharing a ring give unspecified results.
+        positions: (B,), torch.int32: each new token's position.
+        ape, norm_weight, cos, sin, ratio, eps, hadamard: as compress.
+
+    Returns:
+        (B, hd), torch.float32: for a row whose token closes a group ((positions[b] + 1) % ratio == 0) the value
+        compress gives for that group; 0 for other rows.
+
+    Rejected (InvalidArgumentError): as compress, and a ring shorter than the window. Checked mode also refuses
+    slots outside [0, S), positions outside the RoPE table, non-finite inputs and addressed rings holding NaN or
+    +inf.
+    """

@@ -24,6 +24,7 @@ from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.fp8 import fp8_dtype
 from dsv4hal.formats.indexer_cache import INDEX_DIM, PAGE_SIZE, IndexerPagedCache
 from dsv4hal.ops.checks import check_finite, check_same_device, check_tensor, describe
+from dsv4hal.ops.signatures import define
 
 OP = "indexer_logits"
 INDEX_HEADS = 64
@@ -88,3 +89,26 @@ def case(
 ) -> dict[str, object]:
     """Hashable features for kernel selection: the FP8 flavour of q and the cache."""
     return {"fp8": cache.fp8}
+
+
+@define(validate=validate, case=case)
+def indexer_logits(q: torch.Tensor, weights: torch.Tensor, cache: IndexerPagedCache, context_lens: torch.Tensor,
+                   block_table: torch.Tensor) -> torch.Tensor:
+    """Index scores of the lightning indexer over the FP8 indexer cache (DeepGEMM fp8_paged_mqa_logits).
+
+    Arguments:
+        q: (T, 64, 128), the cache's FP8 dtype (float8_e4m3fn or float8_e4m3fnuz): rotated, Hadamard-transformed,
+            per-(token, head) quantized index queries.
+        weights: (T, 64), torch.float32: head weights with the q scale and 128^-0.5 * 64^-0.5 folded in.
+        cache: IndexerPagedCache.
+        context_lens: (T,), torch.int32: compressed entries token t sees (L_t // 4), 0 <= ctx <= P * 64.
+        block_table: (T, P), torch.int32: the cache page of each 64-entry block of token t; entries past
+            ceil(ctx / 64) are never read.
+
+    Returns:
+        (T, P * 64), torch.float32: sum_h weights[t, h] * relu(<q[t, h], k_j> * ks_j) for j < context_lens[t],
+        -inf beyond; fp32 accumulation.
+
+    Rejected (InvalidArgumentError): other dtypes, shapes or devices. Checked mode also refuses context lengths
+    outside [0, P * 64], used block-table entries outside the cache, and non-finite q or weights.
+    """

@@ -27,6 +27,7 @@ import torch
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.indexer_cache import INDEX_DIM, SCALE_MODES, IndexerPagedCache
 from dsv4hal.ops.checks import check_choice, check_finite, check_tensor, describe
+from dsv4hal.ops.signatures import define
 
 OP = "indexer_store"
 K_DTYPES = (torch.float32, torch.bfloat16)
@@ -65,3 +66,23 @@ def validate(k: object, loc: object, cache: object, scale: object = "amax", *, c
 def case(k: torch.Tensor, loc: torch.Tensor, cache: IndexerPagedCache, scale: str = "amax") -> dict[str, object]:
     """Hashable features for kernel selection: the cache's FP8 flavour and the scale rule."""
     return {"fp8": cache.fp8, "scale": scale}
+
+
+@define(validate=validate, case=case)
+def indexer_store(k: torch.Tensor, loc: torch.Tensor, cache: IndexerPagedCache, scale: str = "amax") -> None:
+    """Quantize index keys into the 132-byte FP8 rows of the C4 indexer cache, in place (bit-exact).
+
+    Arguments:
+        k: (N, 128), torch.float32 or torch.bfloat16: the indexer compressor's rows (RMSNorm, RoPE, Hadamard done).
+        loc: (N,), torch.int32 or torch.int64, on the cache's device: slot ids (page loc // 64, offset loc % 64);
+            -1 skips the row.
+        cache: IndexerPagedCache (pages of 64 rows of 128 FP8 bytes + an fp32 scale). Mutated.
+        scale: "amax" (s = amax / FP8_MAX, SGLang's writer, the default) or "pow2" (s rounded up to a power of
+            two, vLLM's ue8m0 writer).
+
+    Returns:
+        None. Slot loc[i] holds fp8(clamp(k[i] / s, +-FP8_MAX)) and s as fp32, amax = max(max|k[i]|, 1e-4).
+
+    Rejected (InvalidArgumentError): other dtypes, shapes or devices, an unknown scale rule. Checked mode also
+    refuses loc < -1 or loc >= cache.num_slots and non-finite k; unchecked, such rows are skipped.
+    """

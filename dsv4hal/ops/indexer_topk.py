@@ -22,6 +22,7 @@ import torch
 
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_tensor, describe
+from dsv4hal.ops.signatures import define
 
 OP = "indexer_topk"
 K_CHOICES = (512, 1024)
@@ -67,3 +68,28 @@ def validate(scores, lengths, k, page_table=None, page_size=64, *, checked: bool
 def case(scores, lengths, k, page_table=None, page_size=64) -> dict[str, object]:  # noqa: ANN001
     return {"k": int(k), "page_transform": page_table is not None,
             "size": "large" if scores.shape[1] > 16384 else "small"}
+
+
+@define(validate=validate, case=case)
+def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
+                 page_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Top-k of the indexer's scores per row, with per-row lengths and the optional page transform (the
+    "Lightning TopK" of spec 4.3).
+
+    Arguments:
+        scores: (B, S), torch.float32, unit stride along S (the row stride is free).
+        lengths: (B,), torch.int32, contiguous: n_b candidates of row b, n_b <= S.
+        k: 512 or 1024 (an int).
+        page_table: (B, P), torch.int32, unit stride along P: the C4 pool pages of row b's request; or None.
+        page_size: a power-of-two int (64 for the C4 pool).
+
+    Returns:
+        raw: (B, k), torch.int32. n_b <= k: 0..n_b-1 then -1 (scores ignored); n_b > k: the indices of the k
+            largest scores among [0, n_b), any order, ties at the threshold broken arbitrarily.
+        pages: (B, k), torch.int32, page_table[b, i // page_size] * page_size + i % page_size for raw i >= 0,
+            -1 elsewhere; None when page_table is None.
+
+    Rejected (InvalidArgumentError): other dtypes, shapes or devices, k not 512/1024, page_size not a power of
+    two. Checked mode also refuses non-finite scores, lengths outside [0, S], and a used page id < 0 or any page
+    id < -1; unchecked, such inputs give unspecified indices, never an out-of-bounds read.
+    """

@@ -46,6 +46,7 @@ import torch
 
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.ops.checks import check_finite, check_same_device, check_tensor, describe
+from dsv4hal.ops.signatures import define
 
 OP_PRE = "mhc_pre"
 OP_POST = "mhc_post"
@@ -195,3 +196,76 @@ def case_mhc_post_pre(
 ) -> dict[str, object]:
     """Hashable features for kernel selection: hidden size d and the Sinkhorn iteration count."""
     return {"hidden": int(x.shape[2]), "sinkhorn_iters": int(sinkhorn_iters)}
+
+
+@define(validate=validate_mhc_pre, case=case_mhc_pre)
+def mhc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6,
+            hc_eps: float = 1e-6, sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hyper-connection pre-mix: the gates of the 4 streams from their RMS-normalised mixes, the Sinkhorn-balanced
+    combination matrix, and the sublayer input (module docstring: the formulas).
+
+    Arguments:
+        x: (T, 4, d), torch.bfloat16, d >= 1: the residual streams.
+        fn: (24, 4d), torch.float32; base: (24,), torch.float32; scale: (3,), torch.float32.
+        rms_eps, hc_eps: positive finite floats; sinkhorn_iters: an int >= 1 (20 in V4).
+
+    Returns:
+        y: (T, d), torch.bfloat16 (sum_i pre_i * x[:, i]); post: (T, 4), torch.float32; comb: (T, 4, 4),
+        torch.float32.
+
+    Rejected (InvalidArgumentError): other dtypes, shapes or devices, d = 0, eps <= 0 (they give NaN). Checked
+    mode also refuses non-finite inputs.
+    """
+
+
+@define(validate=validate_mhc_post, case=case_mhc_post)
+def mhc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """Hyper-connection post-mix: X'[:, k] = post_k * f + sum_j comb[j, k] * x[:, j], fp32, rounded once.
+
+    Arguments:
+        f: (T, d), torch.bfloat16: the sublayer output.
+        x: (T, 4, d), torch.bfloat16: the residual streams.
+        post: (T, 4), torch.float32; comb: (T, 4, 4), torch.float32 (from mhc_pre).
+
+    Returns:
+        (T, 4, d), torch.bfloat16.
+
+    Rejected (InvalidArgumentError): other dtypes, shapes or devices. Checked mode also refuses non-finite inputs.
+    """
+
+
+@define(validate=validate_mhc_post_pre, case=case_mhc_post_pre)
+def mhc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
+                 base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
+                 sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The boundary between two sublayers in one pass: x' = mhc_post(f, x, post, comb) (rounded to bf16) and
+    (y, post', comb') = mhc_pre(x', fn, base, scale, ...) of the next sublayer.
+
+    Arguments:
+        f, x, post, comb: as mhc_post; fn, base, scale, rms_eps, hc_eps, sinkhorn_iters: as mhc_pre.
+
+    Returns:
+        x': (T, 4, d), torch.bfloat16; y: (T, d), torch.bfloat16; post': (T, 4), torch.float32;
+        comb': (T, 4, 4), torch.float32.
+
+    Rejected (InvalidArgumentError): as mhc_post and mhc_pre.
+    """
+
+
+@define(validate=validate_mhc_head, case=case_mhc_head)
+def mhc_head(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6,
+             hc_eps: float = 1e-6) -> torch.Tensor:
+    """Hyper-connection head: the 4 streams to one before the final norm, y = sum_i pre_i * x[:, i] with
+    pre_i = sigmoid(m_i * scale + base_i) + hc_eps.
+
+    Arguments:
+        x: (T, 4, d), torch.bfloat16, d >= 1.
+        fn: (4, 4d), torch.float32; base: (4,), torch.float32; scale: (1,), torch.float32.
+        rms_eps: a positive finite float; hc_eps: a non-negative finite float.
+
+    Returns:
+        (T, d), torch.bfloat16.
+
+    Rejected (InvalidArgumentError): other dtypes, shapes or devices, d = 0, rms_eps <= 0. Checked mode also
+    refuses non-finite inputs.
+    """

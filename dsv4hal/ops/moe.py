@@ -20,12 +20,13 @@ from typing import Any
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.formats.experts import EXPERT_FORMATS, ExpertWeights
 from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
 from dsv4hal.formats.mxfp4 import GROUP as MXFP4_GROUP
 from dsv4hal.formats.mxfp4 import NAN_SCALE_BYTE
 from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_tensor, describe
+from dsv4hal.ops.signatures import define
 from dsv4hal.prepared import PreparedWeights
-from dsv4hal.reference.moe import EXPERT_FORMATS, ExpertWeights
 
 ROUTE_OP = "moe_route"
 EXPERTS_OP = "moe_experts"
@@ -151,7 +152,7 @@ def _expected_weight_specs(w: ExpertWeights, e: int, h: int, i: int) -> dict[str
 def _check_expert_weights(w: object, h: int, device: torch.device) -> ExpertWeights:
     if not isinstance(w, ExpertWeights):
         raise InvalidArgumentError(EXPERTS_OP, "weights", "an ExpertWeights", describe(w),
-                                   remedy="build it with dsv4hal.reference.moe.quantize_experts")
+                                   remedy="build it with dsv4hal.quantize_experts")
     check_choice(EXPERTS_OP, "weights.format", w.format, EXPERT_FORMATS)
     check_choice(EXPERTS_OP, "weights.fp8", w.fp8, FP8_FLAVORS)
     w13 = check_tensor(EXPERTS_OP, "weights.w13", w.w13, shape=(None, None, None))
@@ -277,3 +278,51 @@ def case_moe_experts(
 ) -> dict[str, Any]:
     """Hashable features of a moe_experts call (what kernels declare support for)."""
     return {**weights.case, "top_k": topk_ids.shape[1], "tokens": token_class(x.shape[0])}
+
+
+@define(validate=validate_moe_route, case=case_moe_route)
+def moe_route(router_logits: torch.Tensor, bias: torch.Tensor | None = None, top_k: int = 6,
+              routed_scaling_factor: float = 1.5, hash_table: torch.Tensor | None = None,
+              input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """V4's router: sqrt(softplus(logits)) scores, top-k chosen on score + bias (or read from a hash table for
+    hash layers), weights renormalised and times routed_scaling_factor.
+
+    Arguments:
+        router_logits: (T, E), torch.float32.
+        bias: (E,), torch.float32, the selection bias; or None.
+        top_k: an int in [1, E] (6 in V4).
+        routed_scaling_factor: a positive finite float (1.5 in V4).
+        hash_table: (vocab, top_k), torch.int32, expert ids per token id (hash layers); None with input_ids None.
+        input_ids: (T,), torch.int32 or torch.int64; given iff hash_table is.
+
+    Returns:
+        topk_ids: (T, k), torch.int32; topk_weights: (T, k), torch.float32 (k = hash_table's width or top_k).
+
+    Rejected (InvalidArgumentError): other dtypes, shapes or devices, top_k outside [1, E], only one of
+    hash_table/input_ids. Checked mode also refuses non-finite logits or bias and out-of-range table entries.
+    """
+
+
+@define(validate=validate_moe_experts, case=case_moe_experts,
+        weights=("weights", validate_expert_weights, case_expert_weights))
+def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: PreparedWeights,
+                swiglu_limit: float = 10.0) -> torch.Tensor:
+    """The routed experts: SwiGLU (clamped at swiglu_limit) MLPs with MXFP4 or FP8 128x128 block weights, summed
+    with the routing weights. The caller adds the shared expert.
+
+    Arguments:
+        x: (T, H), torch.bfloat16.
+        topk_ids: (T, k), torch.int32, k >= 1: expert ids; every negative id is a dropped route (expert
+            parallelism).
+        topk_weights: (T, k), torch.float32.
+        weights: PreparedWeights from platform.ops.moe_experts.prepare_weights(ExpertWeights), on x's device: the
+            kernel was chosen then, and these calls run it.
+        swiglu_limit: a positive float (inf disables the clamp).
+
+    Returns:
+        (T, H), torch.bfloat16.
+
+    Rejected: InvalidArgumentError for other dtypes, shapes or devices, unprepared weights or a hidden size other
+    than the weights'; PreparedWeightsMismatchError for weights prepared on another platform or for another
+    kernel than a forced one. Checked mode also refuses ids >= E and non-finite x or topk_weights.
+    """

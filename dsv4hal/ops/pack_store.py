@@ -28,6 +28,7 @@ import torch
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
 from dsv4hal.ops.checks import check_alloc, check_finite, check_tensor, describe
+from dsv4hal.ops.signatures import define
 
 OP_PACK_STORE = "pack_store"
 OP_DEQUANT_GATHER = "dequant_gather"
@@ -93,3 +94,40 @@ def case_pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> 
 def case_dequant_gather(cache: V4PagedCache, loc: torch.Tensor) -> dict[str, object]:
     """Hashable features for kernel selection: fp8 flavour, page size, size class of M."""
     return _features(cache, int(loc.shape[0]))
+
+
+@define(validate=validate_pack_store, case=case_pack_store)
+def pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> None:
+    """Quantize bf16 keys into the 584-byte V4 paged cache, in place (bit-exact with the reference).
+
+    Arguments:
+        k: (N, 512), torch.bfloat16, contiguous. 448 nope values then 64 post-RoPE rope values per token.
+        loc: (N,), torch.int32 or torch.int64, contiguous, on the cache's device. Slot ids (page loc // P, offset
+            loc % P); -1 skips the row.
+        cache: V4PagedCache, any positive page size P (production: 256 SWA, 64 C4, 2 C128). Mutated.
+
+    Returns:
+        None. Slot loc[i] holds, per 64-element nope tile, the UE8M0 exponent byte e + 127 with
+        e = ceil(log2(max(max|x|, 1e-4) / FP8_MAX)) and fp8(x * 2**-e) (round to nearest even, clamped to
+        +-FP8_MAX: 448 e4m3fn, 240 e4m3fnuz); rope copied as bf16 bits. Pad bytes and other slots are untouched;
+        duplicate locations leave one of the rows.
+
+    Rejected (InvalidArgumentError): other dtypes or shapes, strided views, tensors on another device. Checked
+    mode also refuses loc < -1 or loc >= cache.num_slots and non-finite k; unchecked, such rows are skipped.
+    """
+
+
+@define(validate=validate_dequant_gather, case=case_dequant_gather)
+def dequant_gather(cache: V4PagedCache, loc: torch.Tensor) -> torch.Tensor:
+    """Read V4 cache slots back to bf16 (the sparse-prefill workspace); pack_store's inverse, exact in bf16.
+
+    Arguments:
+        cache: V4PagedCache.
+        loc: (M,), torch.int32 or torch.int64, contiguous, on the cache's device. Slot ids; -1 gives a zero row.
+
+    Returns:
+        (M, 512), torch.bfloat16: row i is slot loc[i], fp8 value * 2**(byte - 127) per tile, rope as stored.
+
+    Rejected (InvalidArgumentError): as pack_store, and an output that cannot fit the device. Checked mode
+    refuses invalid slot ids; unchecked, their rows are zero.
+    """

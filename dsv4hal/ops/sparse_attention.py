@@ -39,6 +39,7 @@ from dsv4hal.ops.checks import (
     check_tensor,
     describe,
 )
+from dsv4hal.ops.signatures import define
 
 H_Q_CHOICES = (64, 128)
 INDEX_ALIGN = 64
@@ -149,3 +150,54 @@ def validate_prefill(q, kv, indices, lengths, sink, softmax_scale, *, checked: b
 
 def case_prefill(q, kv, indices, lengths, sink, softmax_scale) -> dict[str, object]:  # noqa: ANN001
     return {"h_q": int(q.shape[1]), "width": int(indices.shape[1])}
+
+
+@define(validate=validate_decode, case=case_decode)
+def sparse_attention_decode(q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
+                            swa_lengths: torch.Tensor, sink: torch.Tensor, softmax_scale: float,
+                            extra_cache: V4PagedCache | None = None, extra_indices: torch.Tensor | None = None,
+                            extra_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MQA decode over the FP8 V4 cache: the SWA window plus an optional C4/C128 compressed cache, with an
+    attention sink. V = K (all 512 dims). Every query token is its own row (s_q = 1).
+
+    Arguments:
+        q: (T, h_q, 512), torch.bfloat16, contiguous; h_q in {64, 128} (pad heads to 64).
+        swa_cache: V4PagedCache with 256-token pages (the SWA pool), on q's device.
+        swa_indices: (T, W), torch.int32, unit stride along W; W % 64 == 0. Slots of swa_cache, newest first;
+            -1 = unused.
+        swa_lengths: (T,), torch.int32, contiguous; entries k >= swa_lengths[t] are ignored.
+        sink: (h_q,), torch.float32, contiguous. Per-head sink logit (value vector 0).
+        softmax_scale: a positive finite float (not a bool).
+        extra_cache: the layer's C4 (page 64, ratio 4) or C128 (page 2, ratio 128) V4PagedCache, same FP8
+            flavour as swa_cache; or None (SWA-only layer).
+        extra_indices: (T, W_x), torch.int32, as swa_indices, into extra_cache; None iff extra_cache is None.
+        extra_lengths: (T,), torch.int32; None iff extra_cache is None.
+
+    Returns:
+        out: (T, h_q, 512), torch.bfloat16.
+        lse: (T, h_q), torch.float32, natural log before the sink; +inf for a row with no key.
+
+    Rejected (InvalidArgumentError): other dtypes, shapes, page sizes or devices, strided views, some but not
+    all of the extra_* arguments. Checked mode also refuses indices < -1 or past their cache, lengths outside
+    [0, W] and non-finite q or sink; unchecked, such entries' contributions are unspecified.
+    """
+
+
+@define(validate=validate_prefill, case=case_prefill)
+def sparse_attention_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
+                             sink: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MQA over a bf16 workspace of dequantized cache rows (dequant_gather), by indices, with a sink.
+
+    Arguments:
+        q: (T, h_q, 512), torch.bfloat16, contiguous; h_q in {64, 128}.
+        kv: (S, 512), torch.bfloat16, contiguous; the workspace.
+        indices: (T, W), torch.int32, unit stride along W, W % 64 == 0; rows of kv, -1 = unused.
+        lengths: (T,), torch.int32, contiguous; entries k >= lengths[t] are ignored.
+        sink: (h_q,), torch.float32, contiguous.
+        softmax_scale: a positive finite float.
+
+    Returns:
+        out: (T, h_q, 512), torch.bfloat16; lse: (T, h_q), torch.float32 (as sparse_attention_decode).
+
+    Rejected (InvalidArgumentError): as sparse_attention_decode; checked mode also reads kv (finite).
+    """

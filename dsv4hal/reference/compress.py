@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import torch
 
+# The compressor state is a format the engine holds (formats/compressor_state.py); re-exported here.
+from dsv4hal.formats.compressor_state import OVERLAP_RATIO, coff_for, new_state, window_rows  # noqa: F401
 from dsv4hal.reference.rope import apply_rope
-
-OVERLAP_RATIO = 4  # the only ratio whose window reaches into the previous group
-
-
-def coff_for(ratio: int) -> int:
-    """Window width in groups: C4 looks at the previous group too (overlap), C128 only at its own."""
-    return 2 if ratio == OVERLAP_RATIO else 1
 
 
 def compression_positions(cu_seqlens: torch.Tensor, ratio: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,21 +99,6 @@ def _pool_norm_rope(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tens
     out = rms_norm(pooled, norm_weight.float(), eps)
     out = apply_rope(out, cos[positions], sin[positions])
     return hadamard_transform(out) if hadamard else out
-
-
-def window_rows(ratio: int) -> int:
-    """Rows one compressed entry pools: 8 for C4 (two overlapping groups of 4), else the ratio."""
-    return 2 * OVERLAP_RATIO if ratio == OVERLAP_RATIO else ratio
-
-
-def new_state(num_slots: int, ratio: int, width: int, device: torch.device | str = "cpu",
-              ring: int | None = None) -> torch.Tensor:
-    """Compressor state rings fp32 [num_slots, ring, width]: kv halves 0, score halves -inf (spec 2.4).
-    Ring 8 for C4 and 128 for C128 (16 and 256 with speculative decoding)."""
-    ring = ring or window_rows(ratio)
-    state = torch.zeros(num_slots, ring, width, dtype=torch.float32, device=device)
-    state[..., width // 2:] = float("-inf")
-    return state
 
 
 def compress_decode(

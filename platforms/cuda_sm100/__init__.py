@@ -26,7 +26,7 @@ def claims(info: PlatformInfo) -> list[str]:
 def dsv4hal_register(registry: Registry) -> None:
     registry.add_platform(PlatformSpec(
         name=PLATFORM, description="NVIDIA Blackwell SM100 family: FlashMLA SM100, FlashInfer TRTLLM-Gen, DeepGEMM",
-        priority=100, claims=claims, device_type="cuda", archs=ARCHS))
+        priority=100, claims=claims, device_type="cuda", archs=ARCHS, runs_triton=True))
     from dsv4hal_cuda_sm100 import kernels
 
     kernels.register(registry)

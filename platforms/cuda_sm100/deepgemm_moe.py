@@ -19,9 +19,8 @@ from dsv4hal.prepared import ExpertTensors
 if TYPE_CHECKING:
     import torch
 
+    from dsv4hal.formats.experts import ExpertWeights
     from dsv4hal.hardware import PlatformInfo
-    from dsv4hal.reference.moe import ExpertWeights
-    from dsv4hal.registry import Registry
 
 NAME = "deepgemm_fp8_fp4_sm100"
 LAYOUT = "deepgemm-fp4-sm100"
@@ -47,15 +46,6 @@ def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
 
     return expert_case_reasons(case, info, kernel="DeepGEMM", fmt="mxfp4", shape_reasons=shape_reasons,
                                fmt_reason="this DeepGEMM SM100 binding runs MXFP4 weights (FP8 x FP4)")
-
-
-def register_deepgemm_fp4(registry: Registry) -> None:
-    from dsv4hal.kernels.moe_support import moe_kernel
-
-    registry.add_kernel(moe_kernel(
-        NAME, "dsv4hal_cuda_sm100.deepgemm_moe", "cuda_sm100", 290, ("deep_gemm",), LAYOUT, supports,
-        "DeepGEMM m_grouped_fp8_fp4_gemm_nt_contiguous (FP8 1x128 x MXFP4), dsv4hal's Triton glue; not run here "
-        "(no Blackwell GPU)"))
 
 
 def _deep_gemm() -> Any:

@@ -22,9 +22,8 @@ from dsv4hal.prepared import ExpertTensors
 if TYPE_CHECKING:
     import torch
 
+    from dsv4hal.formats.experts import ExpertWeights
     from dsv4hal.hardware import PlatformInfo
-    from dsv4hal.reference.moe import ExpertWeights
-    from dsv4hal.registry import Registry
 
 NAME = "flashinfer_trtllm_mxfp4"
 LAYOUT = "trtllm-gen-mxfp4"
@@ -50,15 +49,6 @@ def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
 
     return expert_case_reasons(case, info, kernel="TRTLLM-Gen", fmt="mxfp4", shape_reasons=shape_reasons,
                                fmt_reason="this TRTLLM-Gen binding runs MXFP4 weights (MXFP8 x MXFP4)")
-
-
-def register_flashinfer_moe(registry: Registry) -> None:
-    from dsv4hal.kernels.moe_support import moe_kernel
-
-    registry.add_kernel(moe_kernel(
-        NAME, "dsv4hal_cuda_sm100.flashinfer_moe", "cuda_sm100", 300, ("flashinfer",), LAYOUT, supports,
-        "FlashInfer trtllm_fp4_block_scale_routed_moe (MXFP8 x MXFP4, TRTLLM-Gen); not run here (no Blackwell "
-        "GPU)"))
 
 
 def prepare_weights(weights: ExpertWeights) -> TrtllmMoeWeights:

@@ -3,9 +3,9 @@
 The Python entry points are the same `flash_mla.flash_mla_interface` functions as on Hopper, and for the
 V4 (584-byte) format they take the same arguments: sgl-flash-mla 1.0.0 keeps V4 only in its legacy
 library, which has sm_100/sm_103 code, so `use_legacy=True` is right on SM100 too (the non-legacy library
-serves V4.1 only). The argument marshalling is therefore the Hopper plugin's own, called here rather than
-copied: `dsv4hal_cuda_sm90.flashmla.sparse_attention_{decode,prefill}_sgl` (use_legacy=True, the lazily
-planned FlashMLASchedMeta shared inside a declared decode step, lse returned as [T, h_q]).
+serves V4.1 only). The argument marshalling is therefore the one Hopper uses too, in a core module:
+`dsv4hal.kernels.flashmla_glue.{decode,prefill}("sgl", ...)` (use_legacy=True, the lazily planned
+FlashMLASchedMeta shared inside a declared decode step, lse returned as [T, h_q]).
 
 What SM100 adds, and this module takes care of before delegating:
 - decode asserts q.stride(0) % q.stride(1) == 0 for the [T, 1, h_q, 512] view: q is made contiguous
@@ -17,10 +17,10 @@ What SM100 adds, and this module takes care of before delegating:
 from __future__ import annotations
 
 import torch
-from dsv4hal_cuda_sm90 import flashmla as hopper
 
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.v4_cache import RECORD_BYTES, V4PagedCache
+from dsv4hal.kernels import flashmla_glue
 
 USE_LEGACY = True  # V4 (584 B) is served by sgl-flash-mla's legacy library on SM100 as on SM90
 CACHE_BASE_ALIGN = 16  # bytes; FlashMLA SM100 TMA descriptors
@@ -54,11 +54,10 @@ def sparse_attention_decode(q: torch.Tensor, swa_cache: V4PagedCache, swa_indice
     _check_cache(swa_cache, "swa_cache")
     if extra_cache is not None:
         _check_cache(extra_cache, "extra_cache")
-    return hopper.sparse_attention_decode_sgl(_decode_q(q), swa_cache, swa_indices, swa_lengths, sink,
-                                              softmax_scale, extra_cache=extra_cache, extra_indices=extra_indices,
-                                              extra_lengths=extra_lengths)
+    return flashmla_glue.decode("sgl", _decode_q(q), swa_cache, swa_indices, swa_lengths, sink, softmax_scale,
+                                extra_cache=extra_cache, extra_indices=extra_indices, extra_lengths=extra_lengths)
 
 
 def sparse_attention_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
                              sink: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return hopper.sparse_attention_prefill_sgl(q, kv, indices, lengths, sink, softmax_scale)
+    return flashmla_glue.prefill("sgl", q, kv, indices, lengths, sink, softmax_scale)

@@ -1,4 +1,5 @@
-"""Kernel registrations of the cuda_sm100 plugin (metadata and supports() only: no torch, no vendor import).
+"""Every KernelImpl of the cuda_sm100 plugin (metadata and supports() only: no torch, no vendor import; the
+targets are imported when an op is bound). Priorities are named below with the reason for each.
 
 FlashMLA's SM100 sparse kernels for the V4 (584-byte, "MODEL1") cache, reached through sgl-flash-mla
 (`flash_mla`). Facts the choices below rest on (docs/vendor-apis.md sections 1.1, 1.3, 1.4, 1.7 and
@@ -14,19 +15,37 @@ deepseek-ai/FlashMLA @9241ae3 csrc/api/sparse_{decode,fwd}.h, csrc/sm100/...):
 - SM100 prefill: h_q=64 runs a kernel with B_TOPK=64 (topk % 64); h_q=128 runs the small-topk kernel
   (B_TOPK=64) when topk <= 1280, else the regular head128 kernel (B_TOPK=128, topk % 128). SM90 instead
   needs topk % 128 for both head counts.
+
+indexer_logits runs dsv4hal.kernels.deepgemm_indexer, the binding Hopper uses: DeepGEMM 891d57b dispatches the
+same `fp8_paged_mqa_logits` entry to its SM100 kernel with the same host checks (csrc/apis/attention.hpp: FP8 q
+e4m3fn, 32/64 heads, fused cache [blocks, block_kv, 1, D+4] SoA per block, 2-D context lengths). What SM100 adds
+is not used: block_kv 32 (dsv4hal's indexer pages are 64); the FP4 indexer (`fp8_fp4_paged_mqa_logits`, a
+68-byte cache row of D/2 packed nibbles + UE8M0 scales: another cache format than this contract's 132-byte FP8
+rows); bf16 logits (the contract returns fp32). The output is DeepGEMM's own buffer (row stride aligned to 256
+entries), so its alignment needs nothing from the caller. Not run here (no Blackwell GPU).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from dsv4hal_cuda_sm100 import deepgemm_moe, flashinfer_moe
+
 from dsv4hal.hardware import PlatformInfo, version_before
+from dsv4hal.kernels import deepgemm_indexer
+from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, Registry
 
 PLATFORM = "cuda_sm100"
 LIBRARY = "flash_mla"  # import name of sgl-flash-mla
-PRIORITY = 300  # above the portable Triton kernels (100) and the reference (0)
 _MOD = "dsv4hal_cuda_sm100.flashmla"
+
+PRIORITY = 300  # FlashMLA attention: above the portable Triton kernels (100) and the reference (0)
+FLASHINFER_MOE_PRIORITY = 300  # TRTLLM-Gen MXFP4 experts: Blackwell's own MoE kernels, preferred
+DEEPGEMM_MOE_PRIORITY = 290  # DeepGEMM FP8 x FP4 experts with dsv4hal's Triton glue: when FlashInfer is missing
+DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
+DEEPGEMM_INDEXER = "deepgemm_paged_mqa_logits_sm100"
+DEEPGEMM_BLOCK_KVS = (32, 64)  # SM100 fp8_paged_mqa_logits: block_kv == 32 or 64
 
 H_Q = (64, 128)
 MIN_VERSION = (1, 0, 0)  # first sgl-flash-mla with the use_legacy switch (pyproject pins >= 1.0.0)
@@ -86,6 +105,10 @@ def prefill_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str
     return reasons
 
 
+def deepgemm_indexer_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    return deepgemm_indexer.supports(case, info, arch="SM100", block_kvs=DEEPGEMM_BLOCK_KVS)
+
+
 def register(registry: Registry) -> None:
     common = dict(platforms=(PLATFORM,), priority=PRIORITY, tier="vendor", requires=(LIBRARY,))
     registry.add_kernel(KernelImpl(
@@ -98,10 +121,20 @@ def register(registry: Registry) -> None:
         supports=prefill_supports,
         description="FlashMLA SM100 sparse prefill over the bf16 workspace (sgl-flash-mla, use_legacy=True)",
         **common))
-    from dsv4hal_cuda_sm100.deepgemm_indexer import register_deepgemm_indexer
-    from dsv4hal_cuda_sm100.deepgemm_moe import register_deepgemm_fp4  # these import no torch at registration
-    from dsv4hal_cuda_sm100.flashinfer_moe import register_flashinfer_moe
-
-    register_flashinfer_moe(registry)
-    register_deepgemm_fp4(registry)
-    register_deepgemm_indexer(registry)
+    registry.add_kernel(moe_kernel(
+        flashinfer_moe.NAME, "dsv4hal_cuda_sm100.flashinfer_moe", PLATFORM, FLASHINFER_MOE_PRIORITY,
+        ("flashinfer",), flashinfer_moe.LAYOUT, flashinfer_moe.supports,
+        "FlashInfer trtllm_fp4_block_scale_routed_moe (MXFP8 x MXFP4, TRTLLM-Gen); not run here (no Blackwell "
+        "GPU)"))
+    registry.add_kernel(moe_kernel(
+        deepgemm_moe.NAME, "dsv4hal_cuda_sm100.deepgemm_moe", PLATFORM, DEEPGEMM_MOE_PRIORITY, ("deep_gemm",),
+        deepgemm_moe.LAYOUT, deepgemm_moe.supports,
+        "DeepGEMM m_grouped_fp8_fp4_gemm_nt_contiguous (FP8 1x128 x MXFP4), dsv4hal's Triton glue; not run here "
+        "(no Blackwell GPU)"))
+    registry.add_kernel(KernelImpl(
+        op="indexer_logits", name=DEEPGEMM_INDEXER, target="dsv4hal.kernels.deepgemm_indexer:indexer_logits",
+        platforms=(PLATFORM,), priority=DEEPGEMM_INDEXER_PRIORITY, tier="vendor",
+        requires=(deepgemm_indexer.LIBRARY, "triton"), supports=deepgemm_indexer_supports,
+        layout="indexer-132-e4m3fn",
+        description="DeepGEMM fp8_paged_mqa_logits (SM100 kernel) over a zero-copy view of the 132-byte cache "
+                    "(next_n 1), Triton -inf tail"))

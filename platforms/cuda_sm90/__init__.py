@@ -22,7 +22,7 @@ def claims(info: PlatformInfo) -> list[str]:
 def dsv4hal_register(registry: Registry) -> None:
     registry.add_platform(PlatformSpec(
         name=PLATFORM, description="NVIDIA Hopper (sm90a): FlashMLA SM90, DeepGEMM, Marlin, Triton",
-        priority=100, claims=claims, device_type="cuda", archs=ARCHS))
+        priority=100, claims=claims, device_type="cuda", archs=ARCHS, runs_triton=True))
     from dsv4hal_cuda_sm90 import kernels
 
     kernels.register(registry)

@@ -24,9 +24,8 @@ from dsv4hal.prepared import ExpertTensors
 if TYPE_CHECKING:
     import torch
 
+    from dsv4hal.formats.experts import ExpertWeights
     from dsv4hal.hardware import PlatformInfo
-    from dsv4hal.reference.moe import ExpertWeights
-    from dsv4hal.registry import Registry
 
 NAME = "deepgemm_fp8_sm90"
 LAYOUT = "deepgemm-fp8-nt"
@@ -54,17 +53,6 @@ def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     return expert_case_reasons(case, info, kernel="DeepGEMM", fmt="fp8_block", shape_reasons=shape_reasons,
                                fmt_reason="DeepGEMM's SM90 grouped GEMM takes FP8 weights only (FP4 operands are "
                                           "SM100-only)")
-
-
-def register_deepgemm(registry: Registry) -> None:
-    from dsv4hal.kernels.moe_support import moe_kernel
-
-    registry.add_kernel(moe_kernel(
-        NAME, "dsv4hal_cuda_sm90.deepgemm_moe", "cuda_sm90",
-        290,  # H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
-        (LIBRARY,), LAYOUT, supports,
-        "DeepGEMM m_grouped_fp8_gemm_nt_contiguous (FP8 1x128 activations x 128x128-block weights), Triton "
-        "gather+quant and clamped SwiGLU+quant between the GEMMs"))
 
 
 def _deep_gemm() -> Any:

@@ -1,41 +1,91 @@
-"""Kernel registrations of the cuda_sm90 plugin (metadata only; targets are imported when bound)."""
+"""Every KernelImpl of the cuda_sm90 plugin (metadata and supports() only: no torch, no vendor import; the
+targets are imported when an op is bound). Priorities are named below with the reason for each; the portable
+Triton kernels sit at 100 and the PyTorch reference at 0 on every platform."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from dsv4hal_cuda_sm90 import deepgemm_moe, marlin_moe, vllm_router
+
+from dsv4hal.hardware import PlatformInfo
+from dsv4hal.kernels import deepgemm_indexer
+from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, Registry
 
-_MOD = "dsv4hal_cuda_sm90.flashmla"
+PLATFORM = "cuda_sm90"
+_FLASHMLA = "dsv4hal_cuda_sm90.flashmla"
+
+FLASHMLA_SGL_PRIORITY = 300  # sgl-flash-mla is FlashMLA's own build: preferred when both are installed
+FLASHMLA_VLLM_PRIORITY = 290  # vLLM's bundled FlashMLA: the same kernels, used when only vLLM is installed
+MARLIN_PRIORITY = 300  # MXFP4 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
+DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
+ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (same file)
+DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
+
+FLASHMLA_H_Q = (64, 128)
+PREFILL_TOPK_ALIGN = 128  # SM90 sparse prefill asserts topk % 128 == 0 for h64 and h128
+DEEPGEMM_INDEXER = "deepgemm_paged_mqa_logits_sm90"
+DEEPGEMM_BLOCK_KVS = (64,)  # SM90 fp8_paged_mqa_logits: block_kv == 64
+
+
+def flashmla_decode_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    reasons = []
+    if case.get("fp8") != "e4m3fn":
+        reasons.append(f"FlashMLA reads e4m3fn caches only (this cache is {case.get('fp8')}); convert it with "
+                       "dsv4hal.formats.v4_cache.convert_cache or use triton")
+    if case.get("h_q") not in FLASHMLA_H_Q:
+        reasons.append(f"FlashMLA SM90 decode needs h_q 64 or 128, got {case.get('h_q')}")
+    return reasons
+
+
+def flashmla_prefill_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    reasons = []
+    if case.get("h_q") not in FLASHMLA_H_Q:
+        reasons.append(f"FlashMLA SM90 prefill needs h_q 64 or 128, got {case.get('h_q')}")
+    width = int(case.get("width", 0))  # type: ignore[arg-type]
+    if width % PREFILL_TOPK_ALIGN:
+        reasons.append(f"FlashMLA SM90 sparse prefill needs an index width that is a multiple of "
+                       f"{PREFILL_TOPK_ALIGN}, got {width}: pad the indices with -1")
+    return reasons
+
+
+def deepgemm_indexer_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    return deepgemm_indexer.supports(case, info, arch="SM90", block_kvs=DEEPGEMM_BLOCK_KVS)
 
 
 def register(registry: Registry) -> None:
-    for flavour, lib, prio in (("sgl", "flash_mla", 300), ("vllm", "vllm", 290)):
+    for flavour, lib, prio in (("sgl", "flash_mla", FLASHMLA_SGL_PRIORITY),
+                               ("vllm", "vllm", FLASHMLA_VLLM_PRIORITY)):
         registry.add_kernel(KernelImpl(
-            op="sparse_attention_decode", name=f"flashmla_sm90_{flavour}", target=f"{_MOD}:sparse_attention_decode_"
-            f"{flavour}", platforms=("cuda_sm90",), priority=prio, tier="vendor", requires=(lib,),
-            supports=_decode_supports, layout="v4-584-e4m3fn",
+            op="sparse_attention_decode", name=f"flashmla_sm90_{flavour}",
+            target=f"{_FLASHMLA}:sparse_attention_decode_{flavour}", platforms=(PLATFORM,), priority=prio,
+            tier="vendor", requires=(lib,), supports=flashmla_decode_supports, layout="v4-584-e4m3fn",
             description=f"FlashMLA legacy SM90 sparse decode ({lib})"))
         registry.add_kernel(KernelImpl(
-            op="sparse_attention_prefill", name=f"flashmla_sm90_{flavour}", target=f"{_MOD}:sparse_attention_prefill_"
-            f"{flavour}", platforms=("cuda_sm90",), priority=prio, tier="vendor", requires=(lib,),
-            supports=_prefill_supports, description=f"FlashMLA legacy SM90 sparse prefill ({lib})"))
-    from dsv4hal_cuda_sm90.deepgemm_indexer import register_deepgemm_indexer
-    from dsv4hal_cuda_sm90.deepgemm_moe import register_deepgemm  # these import no torch at registration
-    from dsv4hal_cuda_sm90.marlin_moe import register_marlin
-    from dsv4hal_cuda_sm90.vllm_router import register_router
-
-    register_marlin(registry)
-    register_deepgemm(registry)
-    register_router(registry)
-    register_deepgemm_indexer(registry)
-
-
-def _decode_supports(case, info):  # noqa: ANN001, ANN202
-    from dsv4hal_cuda_sm90.flashmla import decode_supports
-
-    return decode_supports(case, info)
-
-
-def _prefill_supports(case, info):  # noqa: ANN001, ANN202
-    from dsv4hal_cuda_sm90.flashmla import prefill_supports
-
-    return prefill_supports(case, info)
+            op="sparse_attention_prefill", name=f"flashmla_sm90_{flavour}",
+            target=f"{_FLASHMLA}:sparse_attention_prefill_{flavour}", platforms=(PLATFORM,), priority=prio,
+            tier="vendor", requires=(lib,), supports=flashmla_prefill_supports,
+            description=f"FlashMLA legacy SM90 sparse prefill ({lib})"))
+    registry.add_kernel(KernelImpl(
+        op="moe_experts", name=marlin_moe.NAME, target="dsv4hal_cuda_sm90.marlin_moe:moe_experts",
+        prepare="dsv4hal_cuda_sm90.marlin_moe:prepare_weights", platforms=(PLATFORM,), priority=MARLIN_PRIORITY,
+        tier="vendor", requires=(), supports=marlin_moe.supports, layout=marlin_moe.LAYOUT,
+        description=f"vLLM 0.24 Marlin MoE (W4A16 MXFP4, torch.ops.{marlin_moe.OP_NAMESPACE}.{marlin_moe.OP_NAME}; "
+                    f"library from {marlin_moe.ENV_LIB})"))
+    registry.add_kernel(moe_kernel(
+        deepgemm_moe.NAME, "dsv4hal_cuda_sm90.deepgemm_moe", PLATFORM, DEEPGEMM_MOE_PRIORITY,
+        (deepgemm_moe.LIBRARY,), deepgemm_moe.LAYOUT, deepgemm_moe.supports,
+        "DeepGEMM m_grouped_fp8_gemm_nt_contiguous (FP8 1x128 activations x 128x128-block weights), Triton "
+        "gather+quant and clamped SwiGLU+quant between the GEMMs"))
+    registry.add_kernel(KernelImpl(
+        op="moe_route", name=vllm_router.NAME, target="dsv4hal_cuda_sm90.vllm_router:moe_route",
+        platforms=(PLATFORM,), priority=ROUTER_PRIORITY, tier="vendor", supports=vllm_router.supports,
+        description=f"vLLM 0.24 torch.ops._moe_C.{vllm_router.OP_NAME} (library from {vllm_router.lib.ENV_LIB})"))
+    registry.add_kernel(KernelImpl(
+        op="indexer_logits", name=DEEPGEMM_INDEXER, target="dsv4hal.kernels.deepgemm_indexer:indexer_logits",
+        platforms=(PLATFORM,), priority=DEEPGEMM_INDEXER_PRIORITY, tier="vendor",
+        requires=(deepgemm_indexer.LIBRARY, "triton"), supports=deepgemm_indexer_supports,
+        layout="indexer-132-e4m3fn",
+        description="DeepGEMM fp8_paged_mqa_logits over a zero-copy view of the 132-byte cache (next_n 1), "
+                    "Triton -inf tail"))

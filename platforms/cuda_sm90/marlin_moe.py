@@ -31,9 +31,8 @@ from dsv4hal.prepared import ExpertTensors
 if TYPE_CHECKING:
     import torch
 
+    from dsv4hal.formats.experts import ExpertWeights
     from dsv4hal.hardware import PlatformInfo
-    from dsv4hal.reference.moe import ExpertWeights
-    from dsv4hal.registry import Registry
 
 ENV_LIB, LIBRARY_KEY, OP_NAMESPACE = lib.ENV_LIB, lib.LIBRARY_KEY, lib.NAMESPACE
 OP_NAME = "moe_wna16_marlin_gemm"
@@ -83,18 +82,6 @@ def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     reasons = expert_case_reasons(case, info, kernel="Marlin", fmt="mxfp4", shape_reasons=shape_reasons,
                                   fmt_reason="Marlin MoE here runs MXFP4 weights only (W4A16)")
     return reasons + availability_reasons(info)
-
-
-def register_marlin(registry: Registry) -> None:
-    from dsv4hal.registry import KernelImpl
-
-    registry.add_kernel(KernelImpl(
-        op="moe_experts", name=NAME, target="dsv4hal_cuda_sm90.marlin_moe:moe_experts",
-        prepare="dsv4hal_cuda_sm90.marlin_moe:prepare_weights", platforms=("cuda_sm90",),
-        priority=300,  # H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
-        tier="vendor", requires=(), supports=supports, layout=LAYOUT,
-        description=f"vLLM 0.24 Marlin MoE (W4A16 MXFP4, torch.ops.{OP_NAMESPACE}.{OP_NAME}; library from "
-                    f"{ENV_LIB})"))
 
 
 # ---------------------------------------------------------------- weights

@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     import torch
 
     from dsv4hal.hardware import PlatformInfo
-    from dsv4hal.registry import Registry
 
 OP_NAME = "topk_softplus_sqrt"
 NAME = "vllm_topk_softplus_sqrt"
@@ -26,16 +25,6 @@ def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     if case.get("E") not in SUPPORTED_E:
         reasons.append(f"topk_softplus_sqrt is built for E in {sorted(SUPPORTED_E)}, not {case.get('E')}")
     return reasons + lib.availability_reasons(info, OP_NAME)
-
-
-def register_router(registry: Registry) -> None:
-    from dsv4hal.registry import KernelImpl
-
-    registry.add_kernel(KernelImpl(
-        op="moe_route", name=NAME, target="dsv4hal_cuda_sm90.vllm_router:moe_route", platforms=("cuda_sm90",),
-        priority=300,  # H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
-        tier="vendor", supports=supports,
-        description=f"vLLM 0.24 torch.ops._moe_C.{OP_NAME} (library from {lib.ENV_LIB})"))
 
 
 def moe_route(router_logits: torch.Tensor, bias: torch.Tensor | None = None, top_k: int = 6,

@@ -48,7 +48,7 @@ def convert_cache(cache: V4PagedCache, dst: FP8Flavor) -> V4PagedCache:
 def dsv4hal_register(registry: Registry) -> None:
     registry.add_platform(PlatformSpec(
         name=PLATFORM, description="AMD Instinct gfx942/gfx950: aiter where it has the kernel, Triton otherwise",
-        priority=100, claims=claims, device_type="cuda", archs=ARCHS))
+        priority=100, claims=claims, device_type="cuda", archs=ARCHS, runs_triton=True))
     from dsv4hal_rocm import kernels
 
     kernels.register(registry)

@@ -24,9 +24,8 @@ from dsv4hal.prepared import ExpertTensors
 if TYPE_CHECKING:
     import torch
 
+    from dsv4hal.formats.experts import ExpertWeights
     from dsv4hal.hardware import PlatformInfo
-    from dsv4hal.reference.moe import ExpertWeights
-    from dsv4hal.registry import Registry
 
 NAME = "aiter_fused_moe_mxfp4"
 LAYOUT = "aiter-a8w4-gugu"
@@ -60,15 +59,6 @@ def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
                        f"that drop the SwiGLU clamp (set it before the process starts; detection records it as "
                        f"the library key {ALL_TOKENS_FP8})")
     return reasons
-
-
-def register_aiter_moe(registry: Registry) -> None:
-    from dsv4hal.kernels.moe_support import moe_kernel
-
-    registry.add_kernel(moe_kernel(
-        NAME, "dsv4hal_rocm.aiter_moe", "rocm", 300, ("aiter",), LAYOUT, supports,
-        "aiter fused_moe a8w4 (FP8 activations x MXFP4, FlyDSL, gate/up interleaved), Silu with swiglu_limit; "
-        "not run here (no AMD GPU)"))
 
 
 def _fp4(t: torch.Tensor) -> torch.Tensor:

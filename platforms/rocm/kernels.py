@@ -1,4 +1,5 @@
-"""Kernel registrations of the rocm plugin (metadata and supports() only: no torch, no vendor import).
+"""Every KernelImpl of the rocm plugin (metadata and supports() only: no torch, no vendor import; the targets
+are imported when an op is bound). Priorities are named below with the reason for each.
 
 indexer_topk -> `torch.ops.sgl_kernel.deepseek_v4_topk_transform_512` (HIP build of sgl-kernel; SGLang's
     DSV4 HIP radix backend calls it). Schema (sgl-project/sglang, kernels/aot/csrc/common_extension_rocm.cc):
@@ -17,7 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from dsv4hal_rocm import aiter_moe
+
 from dsv4hal.hardware import PlatformInfo
+from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, Registry
 
 PLATFORM = "rocm"
@@ -25,6 +29,7 @@ SGL_KERNEL = "sgl_kernel"  # import name; importing it registers torch.ops.sgl_k
 AITER = "aiter"
 TOPK_PRIORITY = 250  # above the portable Triton radix top-k (100)
 DECODE_PRIORITY = 300  # above the portable Triton attention (100)
+MOE_PRIORITY = 300  # aiter's a8w4 MXFP4 experts: above the portable triton_fused_moe (100)
 TOPK_MAX_K = 1024  # the HIP op's kMaxTopK
 AITER_DECODE_ARCHS = ("gfx950",)  # pa_decode_sparse's packed-cache (Gluon) path asserts gfx950
 AITER_HEAD_TILE = 16  # BLOCK_M of the Gluon kernel: heads are processed 16 at a time
@@ -67,6 +72,7 @@ def register(registry: Registry) -> None:
         tier="vendor", requires=(AITER, "triton"), supports=decode_supports, layout="v4-584-e4m3fn",
         description="aiter pa_decode_sparse (gfx950 Gluon, packed V4 cache, SWA + extra two-loop); "
                     "split-K partials combined here to return lse"))
-    from dsv4hal_rocm.aiter_moe import register_aiter_moe  # imports no torch at registration
-
-    register_aiter_moe(registry)
+    registry.add_kernel(moe_kernel(
+        aiter_moe.NAME, "dsv4hal_rocm.aiter_moe", PLATFORM, MOE_PRIORITY, (AITER,), aiter_moe.LAYOUT,
+        aiter_moe.supports, "aiter fused_moe a8w4 (FP8 activations x MXFP4, FlyDSL, gate/up interleaved), Silu with "
+        "swiglu_limit; not run here (no AMD GPU)"))

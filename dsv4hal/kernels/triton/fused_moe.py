@@ -35,11 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv4hal.formats.experts import ExpertWeights
 from dsv4hal.kernels.moe_align import align_routes
 from dsv4hal.kernels.triton.fp8_codec import _decode_fp8
 from dsv4hal.ops.moe import DECODE_MAX_TOKENS
 from dsv4hal.prepared import ExpertTensors
-from dsv4hal.reference.moe import ExpertWeights
 
 LAYOUT = "triton-moe-v1"
 # Triton's interpreter computes tl.dot on bf16 operands wrongly: upcast them to fp32 there.

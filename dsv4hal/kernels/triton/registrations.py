@@ -1,6 +1,7 @@
-"""KernelImpl entries for the portable Triton kernels: every GPU platform below its vendor kernels, and
-the CPU only under Triton's interpreter (TRITON_INTERPRET=1, for tests) below the reference, so there
-they run only when forced."""
+"""KernelImpl entries for the portable Triton kernels. They are offered by capability: every platform whose
+PlatformSpec says `runs_triton` (registered before or after this plugin) gets them below its vendor kernels;
+no vendor platform is named here. The CPU platform gets them only under Triton's interpreter
+(TRITON_INTERPRET=1, for tests), below the reference, so there they run only when forced."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from collections.abc import Mapping
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.registry import KernelImpl, Registry
 
-GPU_PLATFORMS = ("cuda_sm90", "cuda_sm100", "rocm")
-PRIORITY = {"cuda_sm90": 100, "cuda_sm100": 100, "rocm": 100, "cpu": -10}
+CAPABILITY = "runs_triton"  # PlatformSpec.runs_triton: the platform compiles Triton kernels natively
+NATIVE_PRIORITY = 100  # below every vendor kernel (>= 250), above the reference (0)
+INTERPRETED_PRIORITY = -10  # the CPU under TRITON_INTERPRET=1: below the reference, so only when forced
+PRIORITY = {"*": NATIVE_PRIORITY, "cpu": INTERPRETED_PRIORITY}
 _MOD = "dsv4hal.kernels.triton"
 
 
@@ -30,8 +33,8 @@ def _route_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]
 
 
 def register(registry: Registry) -> None:
-    common = dict(platforms=GPU_PLATFORMS + ("cpu",), priority=PRIORITY, tier="portable", requires=("triton",),
-                  supports=interpreter_on_cpu)
+    common = dict(platforms=("cpu",), platform_capability=CAPABILITY, priority=PRIORITY, tier="portable",
+                  requires=("triton",), supports=interpreter_on_cpu)
     registry.add_kernel(KernelImpl(op="pack_store", name="triton_pack_store",
                                    target=f"{_MOD}.v4_cache_kernels:pack_store", layout="v4-584",
                                    description="one program per token, bit-identical to the reference", **common))
@@ -39,7 +42,9 @@ def register(registry: Registry) -> None:
                                    target=f"{_MOD}.v4_cache_kernels:dequant_gather", layout="v4-584",
                                    description="cache rows to the bf16 prefill workspace", **common))
     registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_radix_topk", target=f"{_MOD}.topk:indexer_topk",
-                                   description="3-level radix select (11/11/10 bits) and a collect pass", **common))
+                                   description="radix select on order-preserving 32-bit keys (4 histogram levels "
+                                               "of 8 bits find the k-th key), then an atomic collect pass with the "
+                                               "page transform", **common))
     registry.add_kernel(KernelImpl(op="sparse_attention_decode", name="triton_sparse_decode",
                                    target=f"{_MOD}.sparse_attention:sparse_attention_decode",
                                    layout="v4-584 (e4m3fn or e4m3fnuz)",

@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4hal.formats.v4_cache import V4PagedCache
+from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
+from dsv4hal.kernels.triton.v4_layout import HEAD, NOPE, NTILES, RECORD, SCALES, TILE_W
 
 LOG2E = 1.4426950408889634
 # Triton's interpreter computes tl.dot on bf16 operands wrongly: upcast them to fp32 there.
@@ -29,20 +30,20 @@ _DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
 @triton.jit
 def _fp8_block(base_ptr, off, valid, d, P: tl.constexpr, FNUZ: tl.constexpr, BK: tl.constexpr):
     """[BK, 512] bf16 keys from the 584-byte records at (page base, offset) of each key."""
-    is_nope = d[None, :] < 448
-    raw = tl.load(base_ptr[:, None] + off[:, None] * 576 + d[None, :], mask=valid[:, None] & is_nope, other=0)
+    is_nope = d[None, :] < NOPE
+    raw = tl.load(base_ptr[:, None] + off[:, None] * RECORD + d[None, :], mask=valid[:, None] & is_nope, other=0)
     v = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     if FNUZ:  # same bits, half the value; 0x7F/0xFF are +-240 (NaN in e4m3fn)
         v = v * 0.5
         v = tl.where((raw & 0x7F) == 0x7F, tl.where(raw >= 0x80, -240.0, 240.0), v)
-    tile = tl.arange(0, 8)
-    s = tl.load(base_ptr[:, None] + P * 576 + off[:, None] * 8 + tile[None, :],
-                mask=valid[:, None] & (tile[None, :] < 7), other=127).to(tl.int32)
+    tile = tl.arange(0, SCALES)
+    s = tl.load(base_ptr[:, None] + P * RECORD + off[:, None] * SCALES + tile[None, :],
+                mask=valid[:, None] & (tile[None, :] < NTILES), other=127).to(tl.int32)
     scale8 = (s << 23).to(tl.float32, bitcast=True)  # UE8M0: 2**(s - 127), 8 loads a key rather than 448
-    scale = tl.reshape(tl.broadcast_to(scale8[:, :, None], (BK, 8, 64)), (BK, 512))
+    scale = tl.reshape(tl.broadcast_to(scale8[:, :, None], (BK, SCALES, TILE_W)), (BK, HEAD))
     nope = v * scale
-    rope_ptr = (base_ptr[:, None] + off[:, None] * 576 + 448).to(tl.pointer_type(tl.bfloat16))
-    rope = tl.load(rope_ptr + (d[None, :] - 448), mask=valid[:, None] & (d[None, :] >= 448), other=0.0)
+    rope_ptr = (base_ptr[:, None] + off[:, None] * RECORD + NOPE).to(tl.pointer_type(tl.bfloat16))
+    rope = tl.load(rope_ptr + (d[None, :] - NOPE), mask=valid[:, None] & (d[None, :] >= NOPE), other=0.0)
     return tl.where(is_nope, nope, rope.to(tl.float32)).to(tl.bfloat16)
 
 
@@ -79,11 +80,11 @@ def _sparse_attn_kernel(
     split = tl.program_id(2)
     nsplit = tl.num_programs(2)
     h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    d = tl.arange(0, 512)
-    q = tl.load(q_ptr + (t * H + h[:, None]) * 512 + d[None, :])
+    d = tl.arange(0, HEAD)
+    q = tl.load(q_ptr + (t * H + h[:, None]) * HEAD + d[None, :])
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, 512], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD], tl.float32)
     a_len = tl.load(a_len_ptr + t)
     total = W_A
     b_len = 0
@@ -103,7 +104,7 @@ def _sparse_attn_kernel(
                 k = _fp8_block(a_ptr + (safe // P_A) * a_page_bytes, safe % P_A, valid, d, P_A, FNUZ, BK)
             else:
                 safe = tl.where(valid, idx, 0).to(tl.int64)
-                k = tl.load(a_ptr + safe[:, None] * 512 + d[None, :], mask=valid[:, None], other=0.0)
+                k = tl.load(a_ptr + safe[:, None] * HEAD + d[None, :], mask=valid[:, None], other=0.0)
         else:
             pb = pos - W_A
             idx = tl.load(b_idx_ptr + t * b_stride_idx + pb, mask=pb < W_B, other=-1)
@@ -116,11 +117,11 @@ def _sparse_attn_kernel(
         sink = tl.load(sink_ptr + h) * 1.4426950408889634
         empty = l_i == 0.0
         factor = tl.where(empty, 0.0, 1.0 / (l_i * (1.0 + tl.math.exp2(sink - lse2))))
-        tl.store(out_ptr + (t * H + h[:, None]) * 512 + d[None, :], (acc * factor[:, None]).to(tl.bfloat16))
+        tl.store(out_ptr + (t * H + h[:, None]) * HEAD + d[None, :], (acc * factor[:, None]).to(tl.bfloat16))
         tl.store(lse_ptr + t * H + h, tl.where(empty, float("inf"), lse2 * 0.6931471805599453))
     else:
         row = (t * H + h) * nsplit + split
-        tl.store(part_o_ptr + row[:, None] * 512 + d[None, :], acc)
+        tl.store(part_o_ptr + row[:, None] * HEAD + d[None, :], acc)
         tl.store(part_ml_ptr + row * 2, m_i)
         tl.store(part_ml_ptr + row * 2 + 1, l_i)
 
@@ -138,14 +139,14 @@ def _combine_kernel(part_o_ptr, part_ml_ptr, sink_ptr, out_ptr, lse_ptr, H, NSPL
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.math.exp2(m - m_safe)
     l_tot = tl.sum(l * w, axis=0)
-    d = tl.arange(0, 512)
-    o = tl.load(part_o_ptr + (row * NSPLIT + s[:, None]) * 512 + d[None, :], mask=ms[:, None], other=0.0)
+    d = tl.arange(0, HEAD)
+    o = tl.load(part_o_ptr + (row * NSPLIT + s[:, None]) * HEAD + d[None, :], mask=ms[:, None], other=0.0)
     o = tl.sum(o * w[:, None], axis=0)
     lse2 = m_safe + tl.math.log2(l_tot)
     sink = tl.load(sink_ptr + h) * 1.4426950408889634
     empty = l_tot == 0.0
     factor = tl.where(empty, 0.0, 1.0 / (l_tot * (1.0 + tl.math.exp2(sink - lse2))))
-    tl.store(out_ptr + row * 512 + d, (o * factor).to(tl.bfloat16))
+    tl.store(out_ptr + row * HEAD + d, (o * factor).to(tl.bfloat16))
     tl.store(lse_ptr + row, tl.where(empty, float("inf"), lse2 * 0.6931471805599453))
 
 
@@ -161,7 +162,7 @@ def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=N
     BLOCK_H, BK = cfg["block_h"], cfg["bk"]  # noqa: N806
     t, h, _ = q.shape
     dev = q.device
-    out = torch.empty(t, h, 512, dtype=torch.bfloat16, device=dev)
+    out = torch.empty(t, h, HEAD_DIM, dtype=torch.bfloat16, device=dev)
     lse = torch.empty(t, h, dtype=torch.float32, device=dev)
     if t == 0:
         return out, lse
@@ -175,7 +176,7 @@ def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=N
     direct = nsplit == 1
     part_o = part_ml = out  # unused when direct
     if not direct:
-        part_o = torch.empty(t * h * nsplit, 512, dtype=torch.float32, device=dev)
+        part_o = torch.empty(t * h * nsplit, HEAD_DIM, dtype=torch.float32, device=dev)
         part_ml = torch.empty(t * h * nsplit, 2, dtype=torch.float32, device=dev)
     if fp8_source:
         a_data, a_page, p_a, fnuz = a.data, a.data.stride(0), a.page_size, a.fp8 == "e4m3fnuz"

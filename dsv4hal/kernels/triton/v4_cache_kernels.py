@@ -11,24 +11,30 @@ import triton
 import triton.language as tl
 
 from dsv4hal.formats.fp8 import FP8_MAX
-from dsv4hal.formats.v4_cache import AMAX_FLOOR, NOPE_DIM, RECORD_BYTES, V4PagedCache
+from dsv4hal.formats.v4_cache import (
+    AMAX_FLOOR,
+    HEAD_DIM,
+    V4PagedCache,
+)
 from dsv4hal.kernels.triton.fp8_codec import _decode_fp8, _encode_fp8, _pow2
+from dsv4hal.kernels.triton.v4_layout import HEAD, NOPE, NTILES, RECORD, SCALES, TILE_W
 
 
 @triton.jit
 def _slot(loc_ptr, row, cache_ptr, page_bytes, num_slots, P: tl.constexpr):
     """Page base pointer and in-page offset of row's slot, with masks: [8, 64] over the 7 nope tiles, [64]
-    over rope values, [8] over scale bytes. A location that is not a slot of the cache (-1, or an invalid
+    over rope values, [8] over the 7 scale bytes. A location that is not a slot of the cache (-1, or an invalid
     one unchecked mode let through) masks everything: the row is skipped, nothing outside the cache is touched."""
     loc = tl.load(loc_ptr + row).to(tl.int64)
     # validity as tensors: the interpreter rejects scalar-and-tensor masks
     ok = (loc >= 0) & (loc < num_slots)
-    valid = (tl.zeros([8, 64], dtype=tl.int32) + ok.to(tl.int32)) != 0
-    valid_c = (tl.zeros([64], dtype=tl.int32) + ok.to(tl.int32)) != 0
-    valid_t = (tl.zeros([8], dtype=tl.int32) + ok.to(tl.int32)) != 0
+    valid = (tl.zeros([SCALES, TILE_W], dtype=tl.int32) + ok.to(tl.int32)) != 0
+    valid_c = (tl.zeros([TILE_W], dtype=tl.int32) + ok.to(tl.int32)) != 0
+    valid_t = (tl.zeros([SCALES], dtype=tl.int32) + ok.to(tl.int32)) != 0
     loc = tl.where(ok, loc, 0)
-    t = tl.arange(0, 8)
-    return cache_ptr + (loc // P) * page_bytes, loc % P, (t[:, None] < 7) & valid, valid_c, (t < 7) & valid_t
+    t = tl.arange(0, SCALES)
+    return (cache_ptr + (loc // P) * page_bytes, loc % P, (t[:, None] < NTILES) & valid, valid_c,
+            (t < NTILES) & valid_t)
 
 
 @triton.jit
@@ -36,20 +42,20 @@ def _pack_store_kernel(k_ptr, loc_ptr, cache_ptr, stride_k, page_bytes, num_slot
                        FP8_MAX_C: tl.constexpr, AMAX_FLOOR_C: tl.constexpr, FNUZ: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # row * stride_k passes 2**31 past 4M tokens
     base, off, m2, valid_c, valid_t = _slot(loc_ptr, row, cache_ptr, page_bytes, num_slots, P)
-    t = tl.arange(0, 8)
-    c = tl.arange(0, 64)
-    x = tl.load(k_ptr + row * stride_k + t[:, None] * 64 + c[None, :], mask=m2, other=0.0).to(tl.float32)
+    t = tl.arange(0, SCALES)
+    c = tl.arange(0, TILE_W)
+    x = tl.load(k_ptr + row * stride_k + t[:, None] * TILE_W + c[None, :], mask=m2, other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR_C)
     q = tl.math.div_rn(amax, FP8_MAX_C)  # IEEE division, as the reference's fp32 amax / FP8_MAX
     bits = q.to(tl.int32, bitcast=True)
     e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # ceil(log2 q)
     inv = _pow2(-e)
     y = tl.minimum(tl.maximum(x * inv[:, None], -FP8_MAX_C), FP8_MAX_C)
-    tl.store(base + off * 576 + t[:, None] * 64 + c[None, :], _encode_fp8(y, FNUZ), mask=m2)
-    r = tl.load(k_ptr + row * stride_k + 448 + c, mask=valid_c)
-    rope_ptr = (base + off * 576 + 448).to(tl.pointer_type(tl.bfloat16))
+    tl.store(base + off * RECORD + t[:, None] * TILE_W + c[None, :], _encode_fp8(y, FNUZ), mask=m2)
+    r = tl.load(k_ptr + row * stride_k + NOPE + c, mask=valid_c)
+    rope_ptr = (base + off * RECORD + NOPE).to(tl.pointer_type(tl.bfloat16))
     tl.store(rope_ptr + c, r, mask=valid_c)
-    tl.store(base + P * 576 + off * 8 + t, (e + 127).to(tl.uint8), mask=valid_t)
+    tl.store(base + P * RECORD + off * SCALES + t, (e + 127).to(tl.uint8), mask=valid_t)
 
 
 @triton.jit
@@ -57,17 +63,18 @@ def _dequant_gather_kernel(cache_ptr, loc_ptr, out_ptr, page_bytes, num_slots, P
                            FNUZ: tl.constexpr):
     row = tl.program_id(0)
     base, off, m2, valid_c, valid_t = _slot(loc_ptr, row, cache_ptr, page_bytes, num_slots, P)
-    t = tl.arange(0, 8)
-    c = tl.arange(0, 64)
-    b = tl.load(base + off * 576 + t[:, None] * 64 + c[None, :], mask=m2, other=0)
-    s = tl.load(base + P * 576 + off * 8 + t, mask=valid_t, other=127).to(tl.int32)
+    t = tl.arange(0, SCALES)
+    c = tl.arange(0, TILE_W)
+    b = tl.load(base + off * RECORD + t[:, None] * TILE_W + c[None, :], mask=m2, other=0)
+    s = tl.load(base + P * RECORD + off * SCALES + t, mask=valid_t, other=127).to(tl.int32)
     scale = _pow2(s - 127)
     v = _decode_fp8(b, FNUZ) * scale[:, None]
-    out_row = out_ptr + row.to(tl.int64) * 512
-    tl.store(out_row + t[:, None] * 64 + c[None, :], v.to(tl.bfloat16), mask=(t[:, None] < 7) & (c[None, :] < 64))
-    rope_ptr = (base + off * 576 + 448).to(tl.pointer_type(tl.bfloat16))
+    out_row = out_ptr + row.to(tl.int64) * HEAD
+    tl.store(out_row + t[:, None] * TILE_W + c[None, :], v.to(tl.bfloat16),
+             mask=(t[:, None] < NTILES) & (c[None, :] < TILE_W))
+    rope_ptr = (base + off * RECORD + NOPE).to(tl.pointer_type(tl.bfloat16))
     r = tl.load(rope_ptr + c, mask=valid_c, other=0.0)
-    tl.store(out_row + 448 + c, r)
+    tl.store(out_row + NOPE + c, r)
 
 
 def pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> None:
@@ -82,7 +89,7 @@ def pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> None:
 
 def dequant_gather(cache: V4PagedCache, loc: torch.Tensor) -> torch.Tensor:
     m = loc.shape[0]
-    out = torch.empty(m, NOPE_DIM + 64, dtype=torch.bfloat16, device=cache.data.device)
+    out = torch.empty(m, HEAD_DIM, dtype=torch.bfloat16, device=cache.data.device)
     if m and cache.num_slots == 0:  # nothing to read: every row is zero
         out.zero_()
     elif m:
@@ -90,5 +97,3 @@ def dequant_gather(cache: V4PagedCache, loc: torch.Tensor) -> torch.Tensor:
                                      FNUZ=cache.fp8 == "e4m3fnuz", num_warps=2)
     return out
 
-
-assert RECORD_BYTES == 576  # the kernels hard-code the record geometry

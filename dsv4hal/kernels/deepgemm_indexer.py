@@ -1,5 +1,7 @@
-"""indexer_logits through DeepGEMM's paged MQA logits (Hopper; the SM100 plugin reuses it), behind dsv4hal's
-contract. DeepGEMM as vLLM 0.24 bundles it (deepseek-ai/DeepGEMM 891d57b, 2.5.0; docs/vendor-apis.md 2.4):
+"""indexer_logits through DeepGEMM's paged MQA logits, behind dsv4hal's contract: the binding the cuda_sm90 and
+cuda_sm100 plugins share (DeepGEMM dispatches the same `fp8_paged_mqa_logits` entry to its SM90 or SM100 kernel
+from the device, with the same host checks; each plugin registers it with its arch's block sizes). DeepGEMM as
+vLLM 0.24 bundles it (deepseek-ai/DeepGEMM 891d57b, 2.5.0; docs/vendor-apis.md 2.4):
 `get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)` then
 `fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits)`.
 
@@ -38,14 +40,12 @@ if TYPE_CHECKING:
 
     from dsv4hal.formats.indexer_cache import IndexerPagedCache
     from dsv4hal.hardware import PlatformInfo
-    from dsv4hal.registry import Registry
 
 LIBRARY = "deep_gemm"
-NAME = "deepgemm_paged_mqa_logits_sm90"
 MIN_VERSION = (2, 2, 0)
 HEADS = (32, 64)  # DG_HOST_ASSERT(num_heads == 32 or num_heads == 64), FP8 path
 HEAD_DIMS = (32, 64, 128)
-BLOCK_KV = 64  # SM90: block_kv == 64 (SM100: 32 or 64)
+BLOCK_KV = 64  # the indexer cache's page size; SM90 takes block_kv == 64, SM100 32 or 64
 SMEM_CAPACITY = 232448  # SM90ArchSpec / SM100ArchSpec smem_capacity: bounds the schedule kernel's batch
 MAX_TOKENS = ((SMEM_CAPACITY // 4 - 1) // 3) // 32 * 32  # 19360 query tokens per schedule
 TMA_ALIGN = 16  # bytes: TMA descriptors need 16-byte aligned base addresses
@@ -59,8 +59,8 @@ def version_reasons(info: PlatformInfo) -> list[str]:
     return []
 
 
-def supports(case: Mapping[str, object], info: PlatformInfo, *, arch: str = "SM90",
-             block_kvs: tuple[int, ...] = (BLOCK_KV,)) -> list[str]:
+def supports(case: Mapping[str, object], info: PlatformInfo, *, arch: str, block_kvs: tuple[int, ...]) -> list[str]:
+    """Reasons DeepGEMM's paged MQA logits on `arch` (taking blocks of `block_kvs`) cannot run this case."""
     from dsv4hal.formats.indexer_cache import INDEX_DIM, PAGE_SIZE
     from dsv4hal.ops.indexer_logits import INDEX_HEADS
 
@@ -75,17 +75,6 @@ def supports(case: Mapping[str, object], info: PlatformInfo, *, arch: str = "SM9
     if PAGE_SIZE not in block_kvs:
         reasons.append(f"DeepGEMM {arch} paged MQA logits take blocks of {block_kvs}, not {PAGE_SIZE}")
     return reasons + version_reasons(info)
-
-
-def register_deepgemm_indexer(registry: Registry) -> None:
-    from dsv4hal.registry import KernelImpl
-
-    registry.add_kernel(KernelImpl(
-        op="indexer_logits", name=NAME, target="dsv4hal_cuda_sm90.deepgemm_indexer:indexer_logits",
-        platforms=("cuda_sm90",), priority=300, tier="vendor", requires=(LIBRARY, "triton"), supports=supports,
-        layout="indexer-132-e4m3fn",
-        description="DeepGEMM fp8_paged_mqa_logits over a zero-copy view of the 132-byte cache (next_n 1), "
-                    "Triton -inf tail"))
 
 
 def _deep_gemm() -> Any:

@@ -1,0 +1,448 @@
+"""Every op as a torch custom op, `torch.ops.dsv4hal.<op>`, so that torch.compile(fullgraph=True) sees each bound
+op as one opaque node whatever kernel runs inside (vendor, Triton or the reference, whose data-dependent
+`.tolist()` Dynamo could not trace).
+
+How an engine uses it: nothing changes. `platform.ops.X(...)` checks torch.compiler.is_compiling(); while Dynamo
+traces, it calls `torch.ops.dsv4hal.X` with the arguments flattened to tensors and scalars (below), and the
+custom op's eager implementation rebuilds them and calls the same bound op, which validates and dispatches as in
+eager mode. Each op has a fake implementation giving exact output shapes and dtypes (compress's row count is
+data dependent: an unbacked size). Ops that write in place declare what they mutate: pack_store `cache`,
+indexer_store `cache`, compress_decode `state`, build_attention_metadata the tensors of `out`.
+
+Flattened arguments (the custom ops take tensors, ints, floats, strs, bools):
+    V4PagedCache        -> data (uint8 tensor), page_size, fp8
+    IndexerPagedCache   -> data, fp8
+    PreparedWeights     -> its payload's tensors (so the graph sees them) and an int handle naming the object
+    AttentionMetadata   -> its 8 tensors (build_attention_metadata_out, which mutates them)
+    the platform        -> an int handle (Platform.handle)
+
+Imported when a platform binds its ops (it imports torch); `import dsv4hal` stays free of torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.library import custom_op
+
+from dsv4hal.errors import Dsv4HalError
+from dsv4hal.formats.indexer_cache import IndexerPagedCache
+from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
+from dsv4hal.ops.attention_metadata import WINDOW, AttentionMetadata, c128_width
+from dsv4hal.prepared import PreparedWeights
+
+is_compiling: Callable[[], bool] = torch.compiler.is_compiling
+NAMESPACE = "dsv4hal"
+
+_weights: weakref.WeakValueDictionary[int, PreparedWeights] = weakref.WeakValueDictionary()
+_weight_handles = itertools.count(1)
+
+
+def remember_weights(prepared: PreparedWeights) -> None:
+    """Give prepared weights a handle and the tuple of their payload's tensors: the compiled moe_experts passes
+    both (the object itself cannot be a custom op argument)."""
+    payload = prepared.payload
+    fields = dataclasses.fields(payload) if dataclasses.is_dataclass(payload) else ()
+    tensors = tuple(t for f in fields if isinstance(t := getattr(payload, f.name), torch.Tensor))
+    handle = next(_weight_handles)
+    object.__setattr__(prepared, "_handle", handle)  # frozen dataclass: set once, here
+    object.__setattr__(prepared, "_tensors", tensors)
+    _weights[handle] = prepared
+
+
+def _op(platform: int, name: str) -> Any:
+    from dsv4hal.platform import PLATFORMS
+
+    p = PLATFORMS.get(platform)
+    if p is None:
+        raise Dsv4HalError(f"{name}: the platform this graph was compiled for (handle {platform}) no longer exists",
+                           remedy="keep the Platform alive as long as functions compiled with its ops run")
+    return p.ops[name]
+
+
+def _v4(data: torch.Tensor, page_size: int, fp8: str) -> V4PagedCache:
+    # A new object each call (a dataclass, ~1 us): remembering them would keep freed cache buffers alive. The
+    # compiled path is for CUDA graphs, where this host time is not spent on replays.
+    return V4PagedCache(data, page_size, fp8)  # type: ignore[arg-type]
+
+
+def _empty_like_none(t: torch.Tensor) -> torch.Tensor:
+    return t.new_empty(0)
+
+
+# ---------------------------------------------------------------- the custom ops (eager bodies and fakes)
+
+@custom_op(f"{NAMESPACE}::pack_store", mutates_args=("cache",))
+def _pack_store(k: torch.Tensor, loc: torch.Tensor, cache: torch.Tensor, page_size: int, fp8: str,
+                platform: int) -> None:
+    _op(platform, "pack_store")(k, loc, _v4(cache, page_size, fp8))
+
+
+@_pack_store.register_fake
+def _(k, loc, cache, page_size, fp8, platform):  # noqa: ANN001, ANN202
+    return None
+
+
+@custom_op(f"{NAMESPACE}::dequant_gather", mutates_args=())
+def _dequant_gather(cache: torch.Tensor, page_size: int, fp8: str, loc: torch.Tensor,
+                    platform: int) -> torch.Tensor:
+    return _op(platform, "dequant_gather")(_v4(cache, page_size, fp8), loc)
+
+
+@_dequant_gather.register_fake
+def _(cache, page_size, fp8, loc, platform):  # noqa: ANN001, ANN202
+    return cache.new_empty(loc.shape[0], HEAD_DIM, dtype=torch.bfloat16)
+
+
+@custom_op(f"{NAMESPACE}::sparse_attention_decode", mutates_args=())
+def _sparse_attention_decode(q: torch.Tensor, swa_cache: torch.Tensor, swa_page_size: int, swa_fp8: str,
+                             swa_indices: torch.Tensor, swa_lengths: torch.Tensor, sink: torch.Tensor,
+                             softmax_scale: float, extra_cache: torch.Tensor | None, extra_page_size: int,
+                             extra_fp8: str, extra_indices: torch.Tensor | None, extra_lengths: torch.Tensor | None,
+                             platform: int) -> tuple[torch.Tensor, torch.Tensor]:
+    extra = None if extra_cache is None else _v4(extra_cache, extra_page_size, extra_fp8)
+    return _op(platform, "sparse_attention_decode")(q, _v4(swa_cache, swa_page_size, swa_fp8), swa_indices,
+                                                     swa_lengths, sink, softmax_scale, extra, extra_indices,
+                                                     extra_lengths)
+
+
+def _attention_fake(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(q), q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
+
+
+@_sparse_attention_decode.register_fake
+def _(q, *args):  # noqa: ANN001, ANN002, ANN202
+    return _attention_fake(q)
+
+
+@custom_op(f"{NAMESPACE}::sparse_attention_prefill", mutates_args=())
+def _sparse_attention_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
+                              sink: torch.Tensor, softmax_scale: float,
+                              platform: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _op(platform, "sparse_attention_prefill")(q, kv, indices, lengths, sink, softmax_scale)
+
+
+@_sparse_attention_prefill.register_fake
+def _(q, *args):  # noqa: ANN001, ANN002, ANN202
+    return _attention_fake(q)
+
+
+@custom_op(f"{NAMESPACE}::indexer_topk", mutates_args=())
+def _indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None,
+                  page_size: int, platform: int) -> tuple[torch.Tensor, torch.Tensor]:
+    raw, pages = _op(platform, "indexer_topk")(scores, lengths, k, page_table, page_size)
+    return raw, _empty_like_none(raw) if pages is None else pages  # no page table: an empty stand-in for None
+
+
+@_indexer_topk.register_fake
+def _(scores, lengths, k, page_table, page_size, platform):  # noqa: ANN001, ANN202
+    raw = scores.new_empty(scores.shape[0], k, dtype=torch.int32)
+    return raw, _empty_like_none(raw) if page_table is None else torch.empty_like(raw)
+
+
+@custom_op(f"{NAMESPACE}::compress", mutates_args=())
+def _compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
+              cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float, hadamard: bool,
+              platform: int) -> torch.Tensor:
+    return _op(platform, "compress")(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard)
+
+
+@_compress.register_fake
+def _(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard, platform):  # noqa: ANN001, ANN202
+    rows = torch.library.get_ctx().new_dynamic_size()  # sum_b L_b // ratio: read from cu_seqlens
+    return kv_score.new_empty(rows, norm_weight.shape[0])
+
+
+@custom_op(f"{NAMESPACE}::compress_decode", mutates_args=("state",))
+def _compress_decode(kv_score: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                     ape: torch.Tensor, norm_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ratio: int,
+                     eps: float, hadamard: bool, platform: int) -> torch.Tensor:
+    return _op(platform, "compress_decode")(kv_score, state, slots, positions, ape, norm_weight, cos, sin, ratio,
+                                            eps, hadamard)
+
+
+@_compress_decode.register_fake
+def _(kv_score, state, slots, positions, ape, norm_weight, *args):  # noqa: ANN001, ANN002, ANN202
+    return kv_score.new_empty(kv_score.shape[0], norm_weight.shape[0])
+
+
+@custom_op(f"{NAMESPACE}::indexer_logits", mutates_args=())
+def _indexer_logits(q: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor, fp8: str,
+                    context_lens: torch.Tensor, block_table: torch.Tensor, platform: int) -> torch.Tensor:
+    return _op(platform, "indexer_logits")(q, weights, IndexerPagedCache(cache, fp8), context_lens,  # type: ignore[arg-type]
+                                           block_table)
+
+
+@_indexer_logits.register_fake
+def _(q, weights, cache, fp8, context_lens, block_table, platform):  # noqa: ANN001, ANN202
+    from dsv4hal.formats.indexer_cache import PAGE_SIZE
+
+    return weights.new_empty(q.shape[0], block_table.shape[1] * PAGE_SIZE)
+
+
+@custom_op(f"{NAMESPACE}::indexer_store", mutates_args=("cache",))
+def _indexer_store(k: torch.Tensor, loc: torch.Tensor, cache: torch.Tensor, fp8: str, scale: str,
+                   platform: int) -> None:
+    _op(platform, "indexer_store")(k, loc, IndexerPagedCache(cache, fp8), scale)  # type: ignore[arg-type]
+
+
+@_indexer_store.register_fake
+def _(k, loc, cache, fp8, scale, platform):  # noqa: ANN001, ANN202
+    return None
+
+
+@custom_op(f"{NAMESPACE}::moe_route", mutates_args=())
+def _moe_route(router_logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, routed_scaling_factor: float,
+               hash_table: torch.Tensor | None, input_ids: torch.Tensor | None,
+               platform: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _op(platform, "moe_route")(router_logits, bias, top_k, routed_scaling_factor, hash_table, input_ids)
+
+
+@_moe_route.register_fake
+def _(router_logits, bias, top_k, routed_scaling_factor, hash_table, input_ids, platform):  # noqa: ANN001, ANN202
+    k = top_k if hash_table is None else hash_table.shape[1]
+    t = router_logits.shape[0]
+    return router_logits.new_empty(t, k, dtype=torch.int32), router_logits.new_empty(t, k)
+
+
+@custom_op(f"{NAMESPACE}::moe_experts", mutates_args=())
+def _moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 weight_tensors: Sequence[torch.Tensor], weights: int, swiglu_limit: float,
+                 platform: int) -> torch.Tensor:
+    # weight_tensors are the prepared payload's own tensors, passed so the graph sees them; the object is found
+    # by its handle
+    prepared = _weights.get(weights)
+    if prepared is None:
+        raise Dsv4HalError("moe_experts: the prepared weights this graph was compiled with no longer exist",
+                           remedy="keep the PreparedWeights alive as long as functions compiled with them run")
+    return _op(platform, "moe_experts")(x, topk_ids, topk_weights, prepared, swiglu_limit)
+
+
+@_moe_experts.register_fake
+def _(x, *args):  # noqa: ANN001, ANN002, ANN202
+    return torch.empty_like(x)
+
+
+@custom_op(f"{NAMESPACE}::mhc_pre", mutates_args=())
+def _mhc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float,
+             hc_eps: float, sinkhorn_iters: int, platform: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _op(platform, "mhc_pre")(x, fn, base, scale, rms_eps, hc_eps, sinkhorn_iters)
+
+
+def _pre_fake(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    t, n, d = x.shape
+    return x.new_empty(t, d), x.new_empty(t, n, dtype=torch.float32), x.new_empty(t, n, n, dtype=torch.float32)
+
+
+@_mhc_pre.register_fake
+def _(x, *args):  # noqa: ANN001, ANN002, ANN202
+    return _pre_fake(x)
+
+
+@custom_op(f"{NAMESPACE}::mhc_post", mutates_args=())
+def _mhc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+              platform: int) -> torch.Tensor:
+    return _op(platform, "mhc_post")(f, x, post, comb)
+
+
+@_mhc_post.register_fake
+def _(f, x, *args):  # noqa: ANN001, ANN002, ANN202
+    return torch.empty_like(x)
+
+
+@custom_op(f"{NAMESPACE}::mhc_post_pre", mutates_args=())
+def _mhc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
+                  base: torch.Tensor, scale: torch.Tensor, rms_eps: float, hc_eps: float, sinkhorn_iters: int,
+                  platform: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _op(platform, "mhc_post_pre")(f, x, post, comb, fn, base, scale, rms_eps, hc_eps, sinkhorn_iters)
+
+
+@_mhc_post_pre.register_fake
+def _(f, x, *args):  # noqa: ANN001, ANN002, ANN202
+    return (torch.empty_like(x), *_pre_fake(x))
+
+
+@custom_op(f"{NAMESPACE}::mhc_head", mutates_args=())
+def _mhc_head(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float,
+              hc_eps: float, platform: int) -> torch.Tensor:
+    return _op(platform, "mhc_head")(x, fn, base, scale, rms_eps, hc_eps)
+
+
+@_mhc_head.register_fake
+def _(x, *args):  # noqa: ANN001, ANN002, ANN202
+    return x.new_empty(x.shape[0], x.shape[2])
+
+
+_METADATA_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionMetadata))
+
+
+@custom_op(f"{NAMESPACE}::build_attention_metadata", mutates_args=())
+def _build_attention_metadata(positions: torch.Tensor, page_table: torch.Tensor, full_to_swa: torch.Tensor,
+                              index_topk: int, platform: int) -> list[torch.Tensor]:
+    m = _op(platform, "build_attention_metadata")(positions, page_table, full_to_swa, index_topk, None)
+    return [getattr(m, name) for name in _METADATA_FIELDS]
+
+
+@_build_attention_metadata.register_fake
+def _(positions, page_table, full_to_swa, index_topk, platform):  # noqa: ANN001, ANN202
+    t, p = positions.shape[0], page_table.shape[1]
+    i32 = dict(dtype=torch.int32)
+    return [positions.new_empty(t, WINDOW, **i32), *(positions.new_empty(t, **i32) for _ in range(3)),
+            positions.new_empty(t, c128_width(p), **i32), positions.new_empty(t, **i32),
+            positions.new_empty(t, dtype=torch.int64), positions.new_empty(t, dtype=torch.int64)]
+
+
+@custom_op(f"{NAMESPACE}::build_attention_metadata_out", mutates_args=("out",))
+def _build_attention_metadata_out(positions: torch.Tensor, page_table: torch.Tensor, full_to_swa: torch.Tensor,
+                                  index_topk: int, out: list[torch.Tensor], platform: int) -> None:
+    _op(platform, "build_attention_metadata")(positions, page_table, full_to_swa, index_topk,
+                                              AttentionMetadata(*out))
+
+
+@_build_attention_metadata_out.register_fake
+def _(positions, page_table, full_to_swa, index_topk, out, platform):  # noqa: ANN001, ANN202
+    return None
+
+
+# ---------------------------------------------------------------- what platform.ops.X calls while Dynamo traces
+# _flat_<op>(platform handle, the op's own arguments) -> (custom op name, its arguments); _post_<op> turns the custom
+# op's outputs back into the op's return value where they differ.
+
+Flat = tuple[str, tuple[Any, ...]]
+
+
+def _flat_pack_store(h: int, k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> Flat:
+    return "pack_store", (k, loc, cache.data, cache.page_size, cache.fp8, h)
+
+
+def _flat_dequant_gather(h: int, cache: V4PagedCache, loc: torch.Tensor) -> Flat:
+    return "dequant_gather", (cache.data, cache.page_size, cache.fp8, loc, h)
+
+
+def _flat_sparse_attention_decode(h: int, q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
+                                  swa_lengths: torch.Tensor, sink: torch.Tensor, softmax_scale: float,
+                                  extra_cache: V4PagedCache | None = None, extra_indices: torch.Tensor | None = None,
+                                  extra_lengths: torch.Tensor | None = None) -> Flat:
+    if extra_cache is None:
+        xdata, xpage, xfp8 = None, 0, swa_cache.fp8
+    else:
+        xdata, xpage, xfp8 = extra_cache.data, extra_cache.page_size, extra_cache.fp8
+    return "sparse_attention_decode", (q, swa_cache.data, swa_cache.page_size, swa_cache.fp8, swa_indices,
+                                       swa_lengths, sink, float(softmax_scale), xdata, xpage, xfp8, extra_indices,
+                                       extra_lengths, h)
+
+
+def _flat_sparse_attention_prefill(h: int, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+                                   lengths: torch.Tensor, sink: torch.Tensor, softmax_scale: float) -> Flat:
+    return "sparse_attention_prefill", (q, kv, indices, lengths, sink, float(softmax_scale), h)
+
+
+def _flat_indexer_topk(h: int, scores: torch.Tensor, lengths: torch.Tensor, k: int,
+                       page_table: torch.Tensor | None = None, page_size: int = 64) -> Flat:
+    return "indexer_topk", (scores, lengths, k, page_table, page_size, h)
+
+
+def _post_indexer_topk(out: tuple[torch.Tensor, torch.Tensor], scores: torch.Tensor, lengths: torch.Tensor, k: int,
+                       page_table: torch.Tensor | None = None,
+                       page_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return out[0], None if page_table is None else out[1]
+
+
+def _flat_compress(h: int, kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor,
+                   norm_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float = 1e-6,
+                   hadamard: bool = False) -> Flat:
+    return "compress", (kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, float(eps), hadamard, h)
+
+
+def _flat_compress_decode(h: int, kv_score: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
+                          positions: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor, ratio: int, eps: float = 1e-6, hadamard: bool = False) -> Flat:
+    return "compress_decode", (kv_score, state, slots, positions, ape, norm_weight, cos, sin, ratio, float(eps),
+                               hadamard, h)
+
+
+def _flat_indexer_logits(h: int, q: torch.Tensor, weights: torch.Tensor, cache: IndexerPagedCache,
+                         context_lens: torch.Tensor, block_table: torch.Tensor) -> Flat:
+    return "indexer_logits", (q, weights, cache.data, cache.fp8, context_lens, block_table, h)
+
+
+def _flat_indexer_store(h: int, k: torch.Tensor, loc: torch.Tensor, cache: IndexerPagedCache,
+                        scale: str = "amax") -> Flat:
+    return "indexer_store", (k, loc, cache.data, cache.fp8, scale, h)
+
+
+def _flat_moe_route(h: int, router_logits: torch.Tensor, bias: torch.Tensor | None = None, top_k: int = 6,
+                    routed_scaling_factor: float = 1.5, hash_table: torch.Tensor | None = None,
+                    input_ids: torch.Tensor | None = None) -> Flat:
+    return "moe_route", (router_logits, bias, top_k, float(routed_scaling_factor), hash_table, input_ids, h)
+
+
+def _flat_moe_experts(h: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                      weights: PreparedWeights, swiglu_limit: float = 10.0) -> Flat:
+    return "moe_experts", (x, topk_ids, topk_weights, list(weights._tensors),  # type: ignore[attr-defined]
+                           weights._handle, float(swiglu_limit), h)  # type: ignore[attr-defined]
+
+
+def _flat_mhc_pre(h: int, x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+                  rms_eps: float = 1e-6, hc_eps: float = 1e-6, sinkhorn_iters: int = 20) -> Flat:
+    return "mhc_pre", (x, fn, base, scale, float(rms_eps), float(hc_eps), sinkhorn_iters, h)
+
+
+def _flat_mhc_post(h: int, f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> Flat:
+    return "mhc_post", (f, x, post, comb, h)
+
+
+def _flat_mhc_post_pre(h: int, f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                       fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6,
+                       hc_eps: float = 1e-6, sinkhorn_iters: int = 20) -> Flat:
+    return "mhc_post_pre", (f, x, post, comb, fn, base, scale, float(rms_eps), float(hc_eps), sinkhorn_iters, h)
+
+
+def _flat_mhc_head(h: int, x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+                   rms_eps: float = 1e-6, hc_eps: float = 1e-6) -> Flat:
+    return "mhc_head", (x, fn, base, scale, float(rms_eps), float(hc_eps), h)
+
+
+def _flat_build_attention_metadata(h: int, positions: torch.Tensor, page_table: torch.Tensor,
+                                   full_to_swa: torch.Tensor, index_topk: int = 512,
+                                   out: AttentionMetadata | None = None) -> Flat:
+    if out is None:
+        return "build_attention_metadata", (positions, page_table, full_to_swa, index_topk, h)
+    tensors = [getattr(out, name) for name in _METADATA_FIELDS]
+    return "build_attention_metadata_out", (positions, page_table, full_to_swa, index_topk, tensors, h)
+
+
+def _post_build_attention_metadata(result: list[torch.Tensor] | None, positions: torch.Tensor,
+                                   page_table: torch.Tensor, full_to_swa: torch.Tensor, index_topk: int = 512,
+                                   out: AttentionMetadata | None = None) -> AttentionMetadata:
+    return out if out is not None else AttentionMetadata(*result)  # type: ignore[misc]
+
+
+_FLAT: dict[str, Callable[..., Flat]] = {
+    name.removeprefix("_flat_"): fn for name, fn in list(globals().items()) if name.startswith("_flat_")}
+_POST: dict[str, Callable[..., Any]] = {
+    name.removeprefix("_post_"): fn for name, fn in list(globals().items()) if name.startswith("_post_")}
+
+
+def flatten(op: str, platform: int, *args: Any, **kwargs: Any) -> tuple[Any, tuple[Any, ...]]:
+    """The custom op (an OpOverloadPacket) and its flattened arguments for a call of platform.ops.<op>(*args,
+    **kwargs) on the platform with this handle (for torch.library.opcheck and tests)."""
+    name, flat = _FLAT[op](platform, *args, **kwargs)
+    return getattr(torch.ops.dsv4hal, name), flat
+
+
+def traced(op: str) -> Callable[..., Any]:
+    """What platform.ops.<op> calls while Dynamo traces: (platform handle, the op's own arguments)."""
+    flat_fn, post = _FLAT[op], _POST.get(op)
+
+    def call(platform: int, *args: Any, **kwargs: Any) -> Any:
+        name, flat = flat_fn(platform, *args, **kwargs)
+        out = getattr(torch.ops.dsv4hal, name)(*flat)
+        return out if post is None else post(out, *args, **kwargs)
+
+    call.__name__ = f"traced_{op}"
+    return call

@@ -1,0 +1,62 @@
+"""`dsv4hal demo`: run the demo from the command line (arguments parsed by dsv4hal.cli), print the per-op
+breakdown, and write the JSON and the plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from dsv4hal.demo.config import SIZES
+from dsv4hal.demo.cpu_comparison import compare_with_cpu
+from dsv4hal.demo.plots import plot_breakdown, plot_eager
+from dsv4hal.demo.runner import run_demo
+
+
+def main(args: argparse.Namespace) -> int:
+    import dsv4hal
+    from dsv4hal.cli import _check_output
+    from dsv4hal.errors import Dsv4HalError
+    from dsv4hal.progress import Progress
+
+    _check_output(args.json)
+    _check_output(args.plot, plot=True)
+    platform = dsv4hal.select_platform(args.platform)
+    graph = args.graph if args.graph is not None else platform.device_type == "cuda"
+    if graph and platform.device_type != "cuda":
+        raise Dsv4HalError("--graph needs a CUDA platform", remedy="drop --graph or run on a GPU")
+    with Progress(1 + (1 if graph and args.steps else args.steps), "demo") as bar:
+        res = run_demo(platform, args.batch, args.context, args.steps, cfg=SIZES[args.size], fill=args.fill,
+                       graph=graph, progress=bar.update)
+    outputs = res.pop("outputs")
+    layers = res.pop("layer_outputs")
+    res["output_rms"] = [float(o.pow(2).mean().sqrt()) for o in outputs]
+    res["finite"] = all(bool(torch.isfinite(t).all()) for step in layers for t in step)
+    print(f"{res['platform']}: {args.size} layers, fill {args.fill} {res['batch']}x{res['context']} in "
+          f"{res['prefill_s']:.2f}s, decode {res['decode_tokens_per_s']:.1f} tokens/s")
+    if graph:
+        print(f"  graph step {res['graph_step_us']:.1f} us; ops alone sum {res['sum_ops_alone_us']:.1f} us "
+              f"(ratio {res['graph_step_over_sum_ops']:.2f})")
+        for name, us in sorted(res["ops_alone_us"].items(), key=lambda kv: -kv[1]):
+            print(f"  {name:<26} {us:9.1f} us  floor {res['ops_floor_us'][name]:8.1f} us  "
+                  f"({res['kernels'].get(name, '-')})")
+    else:
+        total = sum(res["decode_breakdown_s"].values()) or 1.0
+        for name, sec in sorted(res["decode_breakdown_s"].items(), key=lambda kv: -kv[1]):
+            print(f"  {name:<26} {sec * 1e3:9.2f} ms  {100 * sec / total:5.1f}%  ({res['kernels'].get(name, '-')})")
+    if args.compare_cpu:
+        res["cpu_comparison"] = cmp = compare_with_cpu(platform, graph=graph)
+        print(f"  per-layer outputs vs the CPU reference (small config): worst relative RMS error "
+              f"{cmp['worst_rel_rms_error']:.3g} (tolerance {cmp['tolerance']}): {'ok' if cmp['ok'] else 'FAIL'}")
+    res["command"] = "dsv4hal demo " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "dsv4hal demo"
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+    if args.plot:
+        (plot_breakdown if graph else plot_eager)(res, args.plot)
+        print(f"  plot: {args.plot}")
+    ok = res["finite"] and (not args.compare_cpu or res["cpu_comparison"]["ok"])
+    return 0 if ok else 1

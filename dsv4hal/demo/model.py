@@ -1,0 +1,245 @@
+"""The demo's model: random weights with DSV4's structure (three layers: SWA only, C4 with the lightning indexer,
+C128; each followed by MoE and wrapped in mHC), its paged caches and compressor rings, and the forward pass
+through `platform.ops` (prefill and decode). `fill_random` fills the caches as a prefill would, without its
+compute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import dsv4hal
+from dsv4hal.demo.config import C4_TOPK, D_HEAD, PAGE, RATIOS, DemoConfig
+from dsv4hal.demo.engine_helpers import apply_rope, hadamard_transform, make_rope_table
+from dsv4hal.demo.timers import OpTimer
+from dsv4hal.formats.compressor_state import new_state
+from dsv4hal.formats.fp8 import FP8_MAX, fp8_dtype
+from dsv4hal.formats.indexer_cache import INDEX_DIM, IndexerPagedCache
+from dsv4hal.formats.v4_cache import PAGE_SIZE_BY_RATIO, V4PagedCache
+
+INDEX_HEADS = 64  # the lightning indexer's query heads (each INDEX_DIM wide)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return y * w if w is not None else y
+
+
+
+class DemoModel:
+    """Random weights with DSV4's structure (scaled down), caches, and the forward pass."""
+
+    def __init__(self, platform: Any, cfg: DemoConfig, batch: int, seed: int = 0, ops: Any = None) -> None:
+        self.p, self.cfg, self.b = platform, cfg, batch
+        self.ops = ops if ops is not None else platform.ops
+        dev = self.dev = torch.device(platform.device_type)
+        g = torch.Generator(dev if cfg.draw_on_device else "cpu").manual_seed(seed)
+        d, h = cfg.hidden, cfg.heads
+
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=g, device=g.device)
+
+        def rnd(*shape: int, scale: float = 1.0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+            return (randn(*shape) * scale).to(dtype).to(dev)
+
+        self.cos, self.sin = (t.to(dev) for t in make_rope_table(cfg.max_pages * PAGE, 10000.0))
+        pages = batch * cfg.max_pages
+        self.page_table = (torch.arange(pages).view(batch, cfg.max_pages) + 1).int().to(dev)  # page 0: null
+        self.full_to_swa = torch.arange((pages + 1) * PAGE, device=dev)
+        self.layers = []
+        group_in = h * D_HEAD // cfg.o_groups
+        for ratio in RATIOS:
+            w: dict[str, Any] = {
+                "ratio": ratio, "wq_a": rnd(cfg.q_lora, d, scale=d ** -0.5),
+                "wq_b": rnd(h * D_HEAD, cfg.q_lora, scale=cfg.q_lora ** -0.5),
+                "wkv": rnd(D_HEAD, d, scale=d ** -0.5), "kv_norm": torch.ones(D_HEAD, device=dev),
+                "wo_a": rnd(cfg.o_groups, cfg.o_lora, group_in, scale=group_in ** -0.5),
+                "wo_b": rnd(d, cfg.o_groups * cfg.o_lora, scale=(cfg.o_groups * cfg.o_lora) ** -0.5),
+                "sink": rnd(h, dtype=torch.float32), "router": rnd(cfg.experts, d, scale=d ** -0.5),
+                "bias": rnd(cfg.experts, scale=0.1, dtype=torch.float32),
+                "swa": V4PagedCache.empty(pages + 1, PAGE, platform.info.fp8, dev),
+            }
+            for name in ("attn", "ffn"):
+                w[f"hc_{name}"] = (rnd(24, 4 * d, scale=0.01, dtype=torch.float32), torch.zeros(24, device=dev),
+                                   torch.ones(3, device=dev))
+            w["experts"] = self.ops.moe_experts.prepare_weights(self._experts(randn))
+            if ratio:
+                coff = 2 if ratio == 4 else 1
+                w.update(wkv_gate=rnd(2 * coff * D_HEAD, d, scale=d ** -0.5),
+                         ape=rnd(ratio, coff * D_HEAD, scale=0.1, dtype=torch.float32),
+                         c_norm=torch.ones(D_HEAD, device=dev),
+                         extra=V4PagedCache.empty((pages + 1) * PAGE // PAGE_SIZE_BY_RATIO[ratio] + 1,
+                                                  PAGE_SIZE_BY_RATIO[ratio], platform.info.fp8, dev))
+            if ratio == 4:
+                w.update(wq_idx=rnd(INDEX_HEADS * INDEX_DIM, cfg.q_lora, scale=cfg.q_lora ** -0.5),
+                         w_proj=rnd(INDEX_HEADS, d, scale=d ** -0.5),
+                         idx_gate=rnd(2 * 2 * INDEX_DIM, d, scale=d ** -0.5),
+                         idx_ape=rnd(4, 2 * INDEX_DIM, scale=0.1, dtype=torch.float32),
+                         idx_norm=torch.ones(INDEX_DIM, device=dev),
+                         idx_cache=IndexerPagedCache.empty(pages + 1, platform.info.fp8, dev))
+            if ratio:  # compressor state rings, one per request (slot = request index)
+                w["state"] = new_state(batch, ratio, w["wkv_gate"].shape[0], dev)
+                if ratio == 4:
+                    w["idx_state"] = new_state(batch, 4, w["idx_gate"].shape[0], dev)
+            self.layers.append(w)
+
+    def _experts(self, randn: Any) -> Any:
+        """MXFP4 routed experts, quantized in chunks where they are drawn (a V4-Flash layer has 6.4e9 weights)."""
+        c = self.cfg
+        e, d, i = c.experts, c.hidden, c.inter
+        chunk = max(1, (1 << 28) // (3 * d * i))
+        parts = [dsv4hal.quantize_experts(randn(min(chunk, e - s), 2 * i, d) * d ** -0.5,
+                                  randn(min(chunk, e - s), d, i) * i ** -0.5, "mxfp4") for s in range(0, e, chunk)]
+        fields = ("w13", "w13_scale", "w2", "w2_scale")
+        return dsv4hal.ExpertWeights("mxfp4", *(torch.cat([getattr(q, f) for q in parts]).to(self.dev) for f in fields))
+
+    def loc(self, req: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self.page_table[req, pos // PAGE].long() * PAGE + pos % PAGE
+
+    def forward(self, x: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: OpTimer,
+                decode: bool = False) -> torch.Tensor:
+        """x bf16 [T, d] (token embeddings); rows are (request, position) pairs, positions ascending; a decode
+        step has one row per request."""
+        ops = self.ops
+        stream = x[:, None, :].expand(-1, 4, -1).contiguous()
+        rows_pt = self.page_table[req]
+        with timer("build_attention_metadata"):
+            meta = ops.build_attention_metadata(pos.int(), rows_pt, self.full_to_swa)
+        self.layer_outputs = []
+        ffn = None  # the previous sublayer's output, mixed in at the next boundary
+        for w in self.layers:
+            # each boundary between sublayers is one mhc_post_pre (post of one, pre of the next)
+            if ffn is None:
+                with timer("mhc_pre"):
+                    y, post, comb = ops.mhc_pre(stream, *w["hc_attn"])
+            else:
+                with timer("mhc_post_pre"):
+                    stream, y, post, comb = ops.mhc_post_pre(ffn, stream, post, comb, *w["hc_attn"])
+                self.layer_outputs.append(stream.float().mean(1))
+            a = _rms(y).bfloat16()
+            attn = self._attention(w, a, req, pos, meta, timer, decode)
+            with timer("mhc_post_pre"):
+                stream, y, post, comb = ops.mhc_post_pre(attn, stream, post, comb, *w["hc_ffn"])
+            a = _rms(y).bfloat16()
+            with timer("moe_route"):
+                ids, tw = ops.moe_route((a.float() @ w["router"].float().T).contiguous(), w["bias"])
+            with timer("moe_experts"):
+                ffn = ops.moe_experts(a, ids, tw, w["experts"])
+        with timer("mhc_post"):
+            stream = ops.mhc_post(ffn, stream, post, comb)
+        self.layer_outputs.append(stream.float().mean(1))
+        return self.layer_outputs[-1]
+
+    def _attention(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, meta: Any,
+                   timer: OpTimer, decode: bool) -> torch.Tensor:
+        ops, t, h = self.ops, a.shape[0], self.cfg.heads
+        cos, sin = self.cos[pos], self.sin[pos]
+        q_lora = _rms(a @ w["wq_a"].T).bfloat16()
+        q = _rms((q_lora @ w["wq_b"].T).view(t, h, D_HEAD))
+        q = apply_rope(q, cos[:, None], sin[:, None]).bfloat16()
+        kv = apply_rope(_rms(a @ w["wkv"].T, w["kv_norm"]), cos, sin).bfloat16()
+        with timer("pack_store"):
+            ops.pack_store(kv, self.loc(req, pos), w["swa"])
+        extra: dict[str, Any] = {}
+        if w["ratio"]:
+            self._compress(w, a, req, pos, timer, decode)
+            if w["ratio"] == 4:
+                pages = self._indexer(w, a, q_lora, req, pos, meta, timer)
+                extra = dict(extra_cache=w["extra"], extra_indices=pages, extra_lengths=meta.c4_lengths)
+            else:
+                extra = dict(extra_cache=w["extra"], extra_indices=meta.c128_indices,
+                             extra_lengths=meta.c128_lengths)
+        with timer("sparse_attention_decode"):
+            o, _ = ops.sparse_attention_decode(q, w["swa"], meta.swa_indices, meta.swa_lengths, w["sink"],
+                                               D_HEAD ** -0.5, **extra)
+        o = apply_rope(o.float(), cos[:, None], sin[:, None], inverse=True).bfloat16()
+        o = torch.einsum("tgk,gok->tgo", o.reshape(t, self.cfg.o_groups, -1), w["wo_a"])
+        return (o.reshape(t, -1) @ w["wo_b"].T).bfloat16()
+
+    def _compress(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: OpTimer,
+                  decode: bool) -> None:
+        """Compressed rows closed by these tokens go to the C4/C128 cache (and the indexer cache for C4)."""
+        r = w["ratio"]
+        parts = [("state", a.float() @ w["wkv_gate"].float().T, w["ape"], w["c_norm"], False)]
+        if r == 4:
+            parts.append(("idx_state", a.float() @ w["idx_gate"].float().T, w["idx_ape"], w["idx_norm"], True))
+        per_page = PAGE // r
+        for key, score, ape, norm, hadamard in parts:
+            if decode:  # one token a request: the decode form on the state ring
+                with timer("compress_decode"):
+                    rows = self.ops.compress_decode(score, w[key], req.int(), pos.int(), ape, norm, self.cos,
+                                                    self.sin, r, hadamard=hadamard)
+                group = ((pos + 1) // r - 1).clamp(min=0)
+                slots = self.page_table[req, group // per_page].long() * per_page + group % per_page
+                slots = torch.where((pos + 1) % r == 0, slots, -1)  # -1: nothing closed, nothing written
+                self._store_compressed(w, key, rows, slots, timer)
+                continue
+            for b in sorted(set(req.tolist())):  # prefill: the prefill form over each prompt, then seed the ring
+                sel = req == b
+                rows_b, pos_b = score[sel], pos[sel]
+                cu = torch.tensor([0, rows_b.shape[0]], dtype=torch.int32, device=self.dev)
+                with timer("compress"):
+                    rows = self.ops.compress(rows_b.contiguous(), cu, ape, norm, self.cos, self.sin, r,
+                                             hadamard=hadamard)
+                group = torch.arange(rows.shape[0], device=self.dev)
+                slots = self.page_table[b, group // per_page].long() * per_page + group % per_page
+                self._store_compressed(w, key, rows, slots, timer)
+                ring = w[key].shape[1]
+                w[key][b, pos_b[-ring:] % ring] = rows_b[-ring:]
+
+    def _store_compressed(self, w: dict, key: str, rows: torch.Tensor, slots: torch.Tensor, timer: OpTimer) -> None:
+        """Rows that close no group have slot -1: both stores skip them without a host sync."""
+        if key == "state":
+            with timer("pack_store"):
+                self.ops.pack_store(rows.bfloat16().contiguous(), slots, w["extra"])
+        else:
+            with timer("indexer_store"):
+                self.ops.indexer_store(rows.float().contiguous(), slots, w["idx_cache"])
+
+    def _indexer(self, w: dict, a: torch.Tensor, q_lora: torch.Tensor, req: torch.Tensor, pos: torch.Tensor,
+                 meta: Any, timer: OpTimer) -> torch.Tensor:
+        t = a.shape[0]
+        q = (q_lora.float() @ w["wq_idx"].float().T).view(t, INDEX_HEADS, INDEX_DIM)
+        q = hadamard_transform(apply_rope(q, self.cos[pos][:, None], self.sin[pos][:, None]))
+        qs = q.abs().amax(-1).clamp_min(1e-4) / FP8_MAX[self.p.info.fp8]
+        q8 = (q / qs[..., None]).to(fp8_dtype(self.p.info.fp8))
+        weights = ((a.float() @ w["w_proj"].float().T) * INDEX_DIM ** -0.5 * INDEX_HEADS ** -0.5 * qs).contiguous()
+        table = self.page_table[req]
+        with timer("indexer_logits"):
+            scores = self.ops.indexer_logits(q8, weights, w["idx_cache"], meta.c4_lengths_raw, table)
+        with timer("indexer_topk"):
+            _, pages = self.ops.indexer_topk(scores, meta.c4_lengths_raw, C4_TOPK, table)
+        return pages
+
+
+def fill_random(model: DemoModel, batch: int, context: int, seed: int = 0, chunk: int = 1 << 17) -> None:
+    """A synthetic context: every cache row a prefill of `context` tokens per request would write (SWA, C4, C128
+    and indexer rows) gets a random row of the real scale through pack_store / indexer_store, and the compressor
+    rings random state, so decode runs as after a prefill without its compute."""
+    dev, ops = model.dev, model.ops
+    g = torch.Generator(dev).manual_seed(seed + 7)
+    req = torch.arange(batch, device=dev).repeat_interleave(context)
+    pos = torch.arange(context, device=dev).repeat(batch)
+    for w in model.layers:
+        for s in range(0, req.numel(), chunk):
+            r, p = req[s:s + chunk], pos[s:s + chunk]
+            ops.pack_store(_rms(torch.randn(r.numel(), D_HEAD, generator=g, device=dev)).bfloat16(), model.loc(r, p),
+                           w["swa"])
+        ratio = w["ratio"]
+        if not ratio:
+            continue
+        n = context // ratio
+        per_page = PAGE // ratio
+        greq = torch.arange(batch, device=dev).repeat_interleave(n)
+        group = torch.arange(n, device=dev).repeat(batch)
+        slots = model.page_table[greq, group // per_page].long() * per_page + group % per_page
+        rows = _rms(torch.randn(slots.numel(), D_HEAD, generator=g, device=dev)).bfloat16()
+        ops.pack_store(rows, slots, w["extra"])
+        for key in ("state", "idx_state") if ratio == 4 else ("state",):
+            w[key].copy_(torch.randn(w[key].shape, generator=g, device=dev))
+        if ratio == 4:
+            ops.indexer_store(torch.randn(slots.numel(), INDEX_DIM, generator=g, device=dev), slots, w["idx_cache"])
+
+

@@ -1,0 +1,142 @@
+"""Running the demo: prefill (or a random fill), then decode eagerly or as one CUDA graph of the step, timing
+each op; `kernels_in_use` reports the kernel each op ran."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import asdict, replace
+from typing import Any
+
+import torch
+
+from dsv4hal.demo.config import PAGE, DemoConfig
+from dsv4hal.demo.floors import floor_bytes
+from dsv4hal.demo.model import DemoModel, fill_random
+from dsv4hal.demo.tape import Tape
+from dsv4hal.demo.timers import NullTimer, Timer
+
+
+def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, seed: int = 0,
+             cfg: DemoConfig | None = None, tape: Tape | None = None, *, fill: str = "prefill",
+             graph: bool = False, progress: Any = None) -> dict[str, Any]:
+    """Prefill `batch` prompts of `context` tokens (or fill="random": a synthetic context), then decode `steps`
+    tokens; returns outputs and times. With a `tape` (Tape(platform.ops)) every op call is recorded for
+    `replay`. graph=True (GPU): the first decode step runs eagerly (recorded and timed op by op), the rest
+    replay one CUDA graph of the step. `progress(text)`, if given, is called after the prefill and after each
+    eager decode step (once for the graph decode)."""
+    step_done = progress or (lambda text: None)
+    cfg = replace(cfg or DemoConfig(), max_pages=-(-(context + steps) // PAGE))
+    model = DemoModel(platform, cfg, batch, seed, ops=tape)
+    dev = model.dev
+    g = torch.Generator(dev if cfg.draw_on_device else "cpu").manual_seed(seed + 1)
+    timer = Timer(dev)
+
+    def embed(n: int) -> torch.Tensor:
+        return (torch.randn(n, cfg.hidden, generator=g, device=g.device) * 0.5).bfloat16().to(dev)
+
+    outputs, layers = [], []
+    t0 = time.perf_counter()
+    if fill == "random":
+        fill_random(model, batch, context, seed)
+    elif fill == "prefill":
+        req = torch.arange(batch, device=dev).repeat_interleave(context)
+        pos = torch.arange(context, device=dev).repeat(batch)
+        outputs.append(model.forward(embed(batch * context), req, pos, timer))
+        layers.append(model.layer_outputs)
+    else:
+        raise ValueError(f"fill must be 'prefill' or 'random', not {fill!r}")
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    prefill_s = time.perf_counter() - t0
+    step_done(f"{fill} of {batch}x{context} tokens")
+    res: dict[str, Any] = {
+        "platform": platform.name, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+        "config": asdict(cfg), "batch": batch, "context": context, "steps": steps, "fill": fill,
+        "prefill_s": prefill_s, "kernels": kernels_in_use(platform, model)}
+    decode = Timer(dev)
+    r = torch.arange(batch, device=dev)
+    if graph and steps:
+        res.update(_decode_graph(platform, model, embed, context, steps, outputs, layers))
+        step_done(f"{steps} decode steps (graph)")
+    else:
+        t0 = time.perf_counter()
+        for s in range(steps):
+            outputs.append(model.forward(embed(batch), r, torch.full((batch,), context + s, device=dev), decode,
+                                         decode=True))
+            layers.append(model.layer_outputs)
+            step_done(f"decode step {s + 1}/{steps}")
+        decode_s = time.perf_counter() - t0
+        res["decode_tokens_per_s"] = batch * steps / decode_s if steps else 0.0
+    res.update(decode_breakdown_s=dict(decode.seconds), decode_calls=dict(decode.calls), outputs=outputs,
+               layer_outputs=layers)
+    return res
+
+
+def kernels_in_use(platform: Any, model: DemoModel, calls: list = ()) -> dict[str, str]:
+    """The kernel of each op: moe_experts the one its weights were prepared for, ops called in `calls` (a
+    Tape's) the one chosen for those calls' cases, others the default case's; '(torch reference)' marks ops
+    with no fast kernel here (strict mode would have refused them on a GPU)."""
+    used = {n: platform.ops[n].decide(platform.ops[n].case_of(*a, **k)).chosen.name
+            for n, a, k, _ in calls if n != "moe_experts"}
+    out = {}
+    for op in platform.ops:
+        name = model.layers[0]["experts"].implementation if op.name == "moe_experts" else (
+            used.get(op.name) or op.decide().chosen.name)
+        tier = platform.registry.kernels[op.name][name].tier
+        out[op.name] = name + (" (torch reference)" if tier == "reference" and platform.info.is_gpu else "")
+    return out
+
+
+def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, steps: int, outputs: list,
+                  layers: list) -> dict[str, Any]:
+    """Step 0 eagerly under a Tape (warm-up, and each op call timed alone); then one CUDA graph of the step,
+    captured once and replayed for steps 1.. with new positions and inputs written into its buffers."""
+    from dsv4hal.bench.timing import copy_bandwidth, graph_us
+    from dsv4hal.cuda_graphs import capture
+
+    batch, dev = model.b, model.dev
+    null = NullTimer()
+    x = embed(batch)
+    req = torch.arange(batch, device=dev)
+    pos = torch.full((batch,), context, device=dev)
+    tape = Tape(platform.ops)
+    model.ops = tape
+    outputs.append(model.forward(x, req, pos, null, decode=True).clone())
+    layers.append([t.clone() for t in model.layer_outputs])
+    model.ops = platform.ops
+    torch.cuda.synchronize()
+    alone: dict[str, float] = defaultdict(float)
+    floors: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    copy_bw = copy_bandwidth(1 << 30)
+    for name, args, kwargs, out in tape.calls:
+        op = getattr(platform.ops, name)
+        alone[name] += graph_us(lambda op=op, a=args, k=kwargs: op(*a, **k), inner=3, reps=10)
+        floors[name] += floor_bytes(name, args, kwargs, out) / copy_bw * 1e6
+        calls[name] += 1
+    graph, final = capture(lambda: model.forward(x, req, pos, null, decode=True))
+    step_layers = model.layer_outputs
+    times = []
+    for s in range(1, steps):
+        x.copy_(embed(batch))
+        pos.fill_(context + s)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+        outputs.append(final.clone())
+        layers.append([t.clone() for t in step_layers])
+    step_us = statistics.median(times) if times else float("nan")
+    sum_alone = sum(alone.values())
+    return {"decode_tokens_per_s": batch / step_us * 1e6 if times else 0.0, "graph_step_us": step_us,
+            "graph_replays": len(times), "ops_alone_us": dict(alone), "ops_floor_us": dict(floors),
+            "ops_calls_per_step": dict(calls), "sum_ops_alone_us": sum_alone,
+            "graph_step_over_sum_ops": step_us / sum_alone if sum_alone else float("nan"),
+            "copy_bytes_per_s": copy_bw,
+            # the kernels the step's real cases chose (the default case's can differ, e.g. moe_route by E)
+            "kernels": kernels_in_use(platform, model, tape.calls)}
+

@@ -1,0 +1,82 @@
+"""FlashMLA's sparse kernels for the V4 cache format, marshalled for dsv4hal's attention contracts: the
+argument mapping shared by the cuda_sm90 and cuda_sm100 plugins (for the V4 584-byte format both reach the
+same `flash_mla_interface` entry points with the same arguments; each plugin adds its own arch checks).
+
+Accepts sgl-flash-mla (`flash_mla`, its legacy library: use_legacy=True, which holds the V4-format kernels for
+SM90 and SM100) or vLLM's bundled copy (`vllm.third_party.flashmla.flash_mla_interface`, which has no
+use_legacy argument). Scheduler metadata is planned per call unless the engine declares a decode step
+(dsv4hal.step), inside which one plan per (compress ratio, shapes) is shared, as vLLM and SGLang share one per
+layer type.
+
+Indices follow dsv4hal's one rule: FlashMLA skips -1 and reads any other negative as a slot (-2 reads slot
+0), so other negatives are invalid and checked mode refuses them in the contract, before this binding runs;
+FlashMLA does no bounds checks, so unchecked mode must not be handed invalid indices."""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any, Literal
+
+import torch
+
+from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
+from dsv4hal.step import step_plans
+
+Flavour = Literal["sgl", "vllm"]
+HEAD_DIM_V = HEAD_DIM  # 512: values are the whole latent (nope and rope)
+
+
+@functools.cache
+def interface(flavour: Flavour) -> tuple[ModuleType, dict[str, Any]]:
+    """FlashMLA's interface module and the extra keyword arguments its V4 entry points need."""
+    if flavour == "sgl":
+        import flash_mla
+        import flash_mla.flash_mla_interface as iface
+
+        if hasattr(flash_mla, "has_legacy") and not flash_mla.has_legacy():
+            raise RuntimeError("sgl-flash-mla was loaded without its legacy library (_C_legacy), which holds the "
+                               "V4-format kernels for SM90 and SM100")
+        return iface, {"use_legacy": True}
+    from vllm.third_party.flashmla import flash_mla_interface as iface  # type: ignore[import-not-found]
+
+    return iface, {}
+
+
+def _plan(iface: ModuleType, key: tuple) -> Any:
+    plans = step_plans()
+    if plans is None:
+        return iface.get_mla_metadata()[0]
+    meta = plans.get(key)
+    if meta is None:
+        meta = plans[key] = iface.get_mla_metadata()[0]
+    return meta
+
+
+def decode(flavour: Flavour, q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
+           swa_lengths: torch.Tensor, sink: torch.Tensor, softmax_scale: float,
+           extra_cache: V4PagedCache | None = None, extra_indices: torch.Tensor | None = None,
+           extra_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """sparse_attention_decode through flash_mla_with_kvcache: (out bf16 [T, h_q, 512], lse fp32 [T, h_q])."""
+    iface, extra_kw = interface(flavour)
+    key = ("decode", q.shape, swa_indices.shape, swa_cache.page_size,
+           None if extra_cache is None else (extra_cache.page_size, extra_indices.shape))
+    x = {}
+    if extra_cache is not None:
+        x = dict(extra_k_cache=extra_cache.flashmla_view(), extra_indices_in_kvcache=extra_indices.unsqueeze(1),
+                 extra_topk_length=extra_lengths)
+    out, lse = iface.flash_mla_with_kvcache(
+        q.unsqueeze(1), swa_cache.flashmla_view(), None, None, head_dim_v=HEAD_DIM_V,
+        tile_scheduler_metadata=_plan(iface, key), num_splits=None, softmax_scale=softmax_scale, causal=False,
+        is_fp8_kvcache=True, indices=swa_indices.unsqueeze(1), attn_sink=sink, topk_length=swa_lengths,
+        **x, **extra_kw)
+    return out.squeeze(1), lse.squeeze(2)
+
+
+def prefill(flavour: Flavour, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
+            sink: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """sparse_attention_prefill through flash_mla_sparse_fwd: (out bf16 [T, h_q, 512], lse fp32 [T, h_q])."""
+    iface, extra_kw = interface(flavour)
+    res = iface.flash_mla_sparse_fwd(q, kv.unsqueeze(1), indices.unsqueeze(1), softmax_scale, d_v=HEAD_DIM_V,
+                                     attn_sink=sink, topk_length=lengths, **extra_kw)
+    return res[0], res[2]

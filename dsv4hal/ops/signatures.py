@@ -1,0 +1,87 @@
+"""One typed definition per op. Each contract module (dsv4hal/ops/<module>.py) defines its ops with `define`:
+
+    @define(validate=validate_pack_store, case=case_pack_store)
+    def pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> None:
+        '''Arguments / Returns / Rejected (the op's one docstring).'''
+
+The decorated function is only a signature: its parameters, types, defaults, return type and docstring are what
+`platform.ops.<op>` shows (inspect.signature, typing.get_type_hints, IDEs). `define` checks at import that the
+validate and case functions take exactly those parameters, so the three cannot drift apart. The catalog
+(dsv4hal.ops.catalog) finds a definition by the op's name in its module.
+
+This module imports nothing heavy: the catalog and `import dsv4hal.platform` stay free of torch."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class OpDefinition(Generic[P, R]):
+    """An op's typed signature and docstring with its contract functions (validate, case, and for an op with
+    weights the weights' validate and case, which decide the kernel when the weights are prepared)."""
+
+    def __init__(self, signature_fn: Callable[P, R], validate: Callable[..., Any],
+                 case: Callable[..., Mapping[str, object]], weights_arg: str | None = None,
+                 weights_validate: Callable[..., Any] | None = None,
+                 weights_case: Callable[..., Mapping[str, object]] | None = None, memo: bool = True) -> None:
+        self.name: str = signature_fn.__name__
+        self.signature_fn = signature_fn
+        self.signature = inspect.signature(signature_fn)
+        self.params: tuple[str, ...] = tuple(self.signature.parameters)
+        self.validate, self.case = validate, case
+        self.weights_arg, self.weights_validate, self.weights_case = weights_arg, weights_validate, weights_case
+        # unchecked validation and case read only host metadata, so a bound call may skip them for arguments whose
+        # metadata passed before (dsv4hal.ops.memo); False for an op whose unchecked validation reads values
+        self.memo = memo and weights_arg is None
+        self.__doc__ = signature_fn.__doc__
+        self._hints: dict[str, Any] | None = None
+        self._check()
+
+    def _check(self) -> None:
+        """A contract function whose parameters differ from the signature would validate one call and select for
+        another: refuse that at import, when the op is defined."""
+        want = list(self.params)
+        for what, fn, drop in (("validate", self.validate, ("checked",)), ("case", self.case, ())):
+            got = [p for p in inspect.signature(fn).parameters if p not in drop]
+            if got != want:
+                raise TypeError(f"op {self.name}: {what} function {fn.__name__} takes {got}, the definition {want}")
+        if self.weights_arg is not None and self.weights_arg not in want:
+            raise TypeError(f"op {self.name}: weights argument {self.weights_arg!r} is not a parameter")
+
+    def type_hints(self) -> dict[str, Any]:
+        """The resolved annotations (real types, not strings), computed once."""
+        if self._hints is None:
+            self._hints = typing.get_type_hints(self.signature_fn)
+        return self._hints
+
+    def resolved_signature(self) -> inspect.Signature:
+        """The signature with real types in place of the annotation strings (what help() and IDEs show)."""
+        hints = self.type_hints()
+        params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in self.signature.parameters.values()]
+        ret = hints.get("return", inspect.Signature.empty)
+        return self.signature.replace(parameters=params, return_annotation=None if ret is type(None) else ret)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        raise TypeError(f"{self.name} is an op definition; call the op bound to a platform: "
+                        f"dsv4hal.select_platform().ops.{self.name}(...)")
+
+    def __repr__(self) -> str:
+        return f"<dsv4hal op definition {self.name}{self.signature}>"
+
+
+def define(*, validate: Callable[..., Any], case: Callable[..., Mapping[str, object]],
+           weights: tuple[str, Callable[..., Any], Callable[..., Mapping[str, object]]] | None = None,
+           memo: bool = True) -> Callable[[Callable[P, R]], OpDefinition[P, R]]:
+    """Decorate an op's typed signature (its body is never run). `weights`: (argument, validate, case) of the
+    weights of an op that is decided when its weights are prepared. `memo=False` for an op whose unchecked
+    validation reads tensor values (dsv4hal.ops.memo)."""
+    def wrap(fn: Callable[P, R]) -> OpDefinition[P, R]:
+        w = weights or (None, None, None)
+        return OpDefinition(fn, validate, case, *w, memo=memo)
+    return wrap

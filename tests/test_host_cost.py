@@ -1,0 +1,94 @@
+"""Host cost of a bound call on the CPU: what validation and dispatch add over calling the reference directly.
+
+Measured as a difference within one run: bound and direct calls alternate, the median of the per-pair
+differences is taken over many pairs, and the smallest of a few such medians is kept (a loaded 2-core machine
+slows some rounds, never speeds one up). The inputs make the references cheap (zero tokens where the op allows it)
+so that their own run time, and its noise, does not hide the few microseconds measured. The H200 figure is
+`dsv4hal bench attention --quick` (bound vs direct FlashMLA host time)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+from conftest import fake
+
+import dsv4hal
+from dsv4hal.reference import mhc as ref_mhc
+from dsv4hal.reference import moe as ref_moe
+from dsv4hal.reference import pack_store as ref_pack
+from dsv4hal.reference import sparse_attention as ref_attn
+
+LIMIT_US = 20.0
+ROUNDS, PAIRS = 5, 300
+
+
+def added_us(bound: Callable, direct: Callable, args: tuple, kwargs: dict) -> float:
+    for _ in range(20):  # warm: the first call validates and selects; later calls hit the memo
+        bound(*args, **kwargs)
+        direct(*args, **kwargs)
+    medians = []
+    clock = time.perf_counter_ns
+    for _ in range(ROUNDS):
+        diffs = []
+        for _ in range(PAIRS):
+            t0 = clock()
+            bound(*args, **kwargs)
+            t1 = clock()
+            direct(*args, **kwargs)
+            t2 = clock()
+            diffs.append((t1 - t0) - (t2 - t1))
+        medians.append(statistics.median(diffs) / 1e3)
+    return min(medians)
+
+
+def _cases() -> dict[str, tuple[Callable, tuple, dict]]:
+    swa, c4 = dsv4hal.V4PagedCache.empty(1, 256), dsv4hal.V4PagedCache.empty(1, 64)
+    i32 = dict(dtype=torch.int32)
+    t, d = 1, 64
+    return {
+        "sparse_attention_decode": (ref_attn.sparse_attention_decode, (
+            torch.zeros(0, 64, 512, dtype=torch.bfloat16), swa, torch.zeros(0, 128, **i32), torch.zeros(0, **i32),
+            torch.zeros(64), 512 ** -0.5), dict(extra_cache=c4, extra_indices=torch.zeros(0, 64, **i32),
+                                                extra_lengths=torch.zeros(0, **i32))),
+        "pack_store": (ref_pack.pack_store, (torch.zeros(0, 512, dtype=torch.bfloat16),
+                                             torch.zeros(0, dtype=torch.int64), swa), {}),
+        "moe_route": (ref_moe.moe_route, (torch.randn(t, 16),), dict(top_k=2)),
+        "mhc_post": (ref_mhc.mhc_post, (torch.randn(t, d).bfloat16(), torch.randn(t, 4, d).bfloat16(),
+                                        torch.rand(t, 4), torch.rand(t, 4, 4)), {}),
+    }
+
+
+@pytest.mark.parametrize("op", ["sparse_attention_decode", "pack_store", "moe_route", "mhc_post"])
+def test_a_bound_call_adds_little_over_the_reference(op: str) -> None:
+    platform = dsv4hal.select_platform(info=fake("cpu"))
+    direct, args, kwargs = _cases()[op]
+    bound = platform.ops[op]
+    assert bound.decide(bound.case_of(*args, **kwargs)).chosen.name == "torch_reference"
+    extra = added_us(bound, direct, args, kwargs)
+    assert extra < LIMIT_US, f"{op}: a bound call adds {extra:.1f} us over the reference (limit {LIMIT_US} us)"
+
+
+def test_the_memo_never_skips_a_refusal() -> None:
+    """Only calls that passed are remembered: the same bad metadata is refused every time, and a good call after a
+    bad one still validates its own arguments."""
+    platform = dsv4hal.select_platform(info=fake("cpu"))
+    good = torch.randn(1, 16)
+    platform.ops.moe_route(good, top_k=2)
+    for _ in range(2):
+        with pytest.raises(dsv4hal.errors.InvalidArgumentError, match="top_k"):
+            platform.ops.moe_route(good, top_k=True)  # True is not the int 1 even where 1 would be valid
+        with pytest.raises(dsv4hal.errors.InvalidArgumentError, match="router_logits"):
+            platform.ops.moe_route(good.double(), top_k=2)
+    cache, loc = dsv4hal.V4PagedCache.empty(1, 256), torch.tensor([0, 1])
+    platform.ops.pack_store(torch.zeros(2, 512, dtype=torch.bfloat16), loc, cache)
+    for _ in range(2):  # same shape and dtype as the call that passed, but a strided view: the strides are keyed
+        with pytest.raises(dsv4hal.errors.InvalidArgumentError, match="contiguous"):
+            platform.ops.pack_store(torch.zeros(512, 2, dtype=torch.bfloat16).t(), loc, cache)
+    checked = dsv4hal.select_platform(info=fake("cpu"), checked=True)
+    checked.ops.moe_route(good, top_k=2)
+    with pytest.raises(dsv4hal.errors.InvalidArgumentError, match="finite"):
+        checked.ops.moe_route(torch.full((1, 16), float("nan")), top_k=2)  # checked mode reads values every call

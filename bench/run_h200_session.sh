@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The H200 runs of the 2026-11-30 second session, in two device calls (results in $OUT as one tarball each):
+# The H200 runs of the 2026-11-30 second session, in three device calls (results in $OUT as one tarball each):
 #   bash bench/run_h200_session.sh A   # quick soak, GPU tests, conformance of the new and changed ops, the FlashMLA
 #                                      # sequence (its 10-minute soak crashed on a harness bug: see the soak report)
 #   bash bench/run_h200_session.sh B   # benchmarks, the demo and the tuned lock alone on the GPU, then the
 #                                      # 10-minute soak started in the background (setsid)
 #   bash bench/run_h200_session.sh C   # beside the soak: GPU tests and conformance again; then collect the soak
 set -uo pipefail
-part=${1:?A or B}
+part=${1:?A, B or C}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out/h200}
 R=/tmp/h200-results

@@ -45,6 +45,12 @@ def register(registry: Registry) -> None:
                                    description="radix select on order-preserving 32-bit keys (4 histogram levels "
                                                "of 8 bits find the k-th key), then an atomic collect pass with the "
                                                "page transform", **common))
+    registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_filter_topk",
+                                   target=f"{_MOD}.topk_single_read:indexer_topk",
+                                   description="4096-bin histogram of the top key bits, compact the candidates at "
+                                               "or above the k-th bin, exact select among them (2 reads instead of "
+                                               "5); one below triton_radix_topk until timed on the GPU",
+                                   **{**common, "priority": {p: v - 1 for p, v in PRIORITY.items()}}))
     registry.add_kernel(KernelImpl(op="sparse_attention_decode", name="triton_sparse_decode",
                                    target=f"{_MOD}.sparse_attention:sparse_attention_decode",
                                    layout="v4-584 (e4m3fn or e4m3fnuz)",

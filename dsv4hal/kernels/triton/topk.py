@@ -30,6 +30,20 @@ def _order_key(x):
 
 
 @triton.jit
+def _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok,
+                    PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr):
+    """Write index `idx` at out_row + pos where `ok` and, with a page table, its slot (page * 2^PAGE_SHIFT +
+    offset); -1 for an index not in the table (negative, or a page past it), as in the reference."""
+    tl.store(raw_ptr + out_row + pos, idx, mask=ok)
+    if HAS_PT:
+        safe = tl.maximum(idx, 0)
+        in_table = (idx >= 0) & ((safe >> PAGE_SHIFT) < P)
+        pg = tl.load(pt_ptr + row * stride_pt + (safe >> PAGE_SHIFT), mask=ok & in_table, other=0)
+        slot = tl.where(in_table, (pg << PAGE_SHIFT) | (idx & ((1 << PAGE_SHIFT) - 1)), -1)
+        tl.store(page_ptr + out_row + pos, slot, mask=ok)
+
+
+@triton.jit
 def _hist_kernel(scores_ptr, stride_s, len_ptr, state_ptr, hist_ptr, K, S, CHUNK: tl.constexpr,
                  BLOCK: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr, PREFIX_SHIFT: tl.constexpr,
                  FIRST: tl.constexpr):
@@ -91,13 +105,7 @@ def _collect_kernel(scores_ptr, stride_s, len_ptr, state_ptr, raw_ptr, page_ptr,
             p = start + offs
             m = p < K
             raw = tl.where(p < n, p, -1)
-            tl.store(raw_ptr + out_row + p, raw, mask=m)
-            if HAS_PT:
-                in_table = (raw >= 0) & ((tl.maximum(raw, 0) >> PAGE_SHIFT) < P)
-                pg = tl.load(pt_ptr + row * stride_pt + (tl.maximum(raw, 0) >> PAGE_SHIFT), mask=m & in_table,
-                             other=0)
-                slot = tl.where(in_table, (pg << PAGE_SHIFT) | (raw & ((1 << PAGE_SHIFT) - 1)), -1)
-                tl.store(page_ptr + out_row + p, slot, mask=m)
+            _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, p, raw, m, PAGE_SHIFT, HAS_PT)
     else:
         thr = tl.load(state_ptr + row * 4).to(tl.uint32, bitcast=True)
         need = tl.load(state_ptr + row * 4 + 1)
@@ -113,12 +121,7 @@ def _collect_kernel(scores_ptr, stride_s, len_ptr, state_ptr, raw_ptr, page_ptr,
             take_eq = eq & (pos_eq < need)
             pos = tl.where(gt, pos_gt, K - need + pos_eq)
             ok = gt | take_eq
-            tl.store(raw_ptr + out_row + pos, j, mask=ok)
-            if HAS_PT:
-                in_table = (j >> PAGE_SHIFT) < P
-                pg = tl.load(pt_ptr + row * stride_pt + (j >> PAGE_SHIFT), mask=ok & in_table, other=0)
-                slot = tl.where(in_table, (pg << PAGE_SHIFT) | (j & ((1 << PAGE_SHIFT) - 1)), -1)
-                tl.store(page_ptr + out_row + pos, slot, mask=ok)
+            _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, j, ok, PAGE_SHIFT, HAS_PT)
 
 
 # Launch configuration; see bench/tune_triton.py

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv4hal.kernels.triton.topk import _store_selected
+
 HIGH_BITS = 12  # histogram of the key's top 12 bits: 4096 bins leave ~k/2 extra candidates for Gaussian rows
 NBINS = 1 << HIGH_BITS
 LOW_BITS = 32 - HIGH_BITS
@@ -90,12 +92,7 @@ def _emit(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, idx, gt, eq, r_
     """Keys above the threshold fill [0, above), the first `need` equal ones [above, K)."""
     ok = gt | (eq & (r_eq < need))
     pos = tl.where(gt, r_gt, above + r_eq)
-    tl.store(raw_ptr + out_row + pos, idx, mask=ok)
-    if HAS_PT:
-        in_table = (idx >> PAGE_SHIFT) < P  # a page past the table gives slot -1, as in the reference
-        pg = tl.load(pt_ptr + row * stride_pt + (idx >> PAGE_SHIFT), mask=ok & in_table, other=0)
-        slot = tl.where(in_table, (pg << PAGE_SHIFT) | (idx & ((1 << PAGE_SHIFT) - 1)), -1)
-        tl.store(page_ptr + out_row + pos, slot, mask=ok)
+    _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT, HAS_PT)
 
 
 @triton.jit
@@ -113,13 +110,7 @@ def _select_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, ckey_ptr, cidx_ptr, 
             p = start + offs
             m = p < K
             raw = tl.where(p < n, p, -1)
-            tl.store(raw_ptr + out_row + p, raw, mask=m)
-            if HAS_PT:
-                in_table = (raw >= 0) & ((tl.maximum(raw, 0) >> PAGE_SHIFT) < P)
-                pg = tl.load(pt_ptr + row * stride_pt + (tl.maximum(raw, 0) >> PAGE_SHIFT), mask=m & in_table,
-                             other=0)
-                slot = tl.where(in_table, (pg << PAGE_SHIFT) | (raw & ((1 << PAGE_SHIFT) - 1)), -1)
-                tl.store(page_ptr + out_row + p, slot, mask=m)
+            _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, p, raw, m, PAGE_SHIFT, HAS_PT)
     else:
         b_star, cnt = _kth_bin(hist_ptr, row, K, NB)
         thr = (b_star << LOW).to(tl.uint32, bitcast=True)  # the K-th key's top bits; the low bits follow

@@ -34,7 +34,14 @@ from dataclasses import dataclass
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import check_alloc, check_choice, check_same_device, check_tensor, describe
+from dsv4hal.ops.checks import (
+    check_alloc,
+    check_choice,
+    check_page_table_rows,
+    check_same_device,
+    check_tensor,
+    describe,
+)
 from dsv4hal.ops.signatures import define
 
 OP = "build_attention_metadata"
@@ -97,18 +104,7 @@ def _check_values(pos: torch.Tensor, pt: torch.Tensor, f2s: torch.Tensor) -> Non
         return
     if bool((pos < 0).any()):
         raise InvalidArgumentError(OP, "positions", "non-negative positions", f"min {int(pos.min())}")
-    need = int(pos.max()) // PAGE + 1
-    if need > pt.shape[1]:
-        raise InvalidArgumentError(OP, "page_table", f"at least {need} pages per row", describe(pt))
-    cols = torch.arange(pt.shape[1], device=pt.device)
-    used = cols[None, :] <= (pos.long() // PAGE)[:, None]
-    bad = (used & (pt < 0)) | (pt < -1)
-    if bool(bad.any()):
-        row = int(bad.any(dim=1).nonzero()[0, 0])
-        raise InvalidArgumentError(OP, "page_table", "page ids >= 0 for pages 0..pos // 256 of each row "
-                                   "(-1, and no other negative, for the others)",
-                                   f"row {row}: page ids {pt[row, :need].tolist()[:8]}",
-                                   remedy="-1 may mark only table entries past the row's last page")
+    check_page_table_rows(OP, pt, pos.long() // PAGE + 1, "of positions 0..pos")
     # the window's slots index full_to_swa: the last min(L, 128) positions of each row
     back = pos.long()[:, None] - torch.arange(WINDOW, device=pos.device)[None, :]
     ok = back >= 0

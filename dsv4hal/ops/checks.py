@@ -161,3 +161,19 @@ def check_same_device(op: str, tensors: dict[str, torch.Tensor], device: torch.d
         if t.device != device:
             raise InvalidArgumentError(op, name, f"a tensor on {device} ({anchor}'s device)", describe(t),
                                        remedy=f"move it with .to('{device}')")
+
+
+def check_page_table_rows(op: str, page_table: torch.Tensor, pages_used: torch.Tensor, whose: str) -> None:
+    """Checked mode: each row's first pages_used[row] entries are page ids >= 0 and the rest are ids or -1 (no
+    other negative); the table holds at least max(pages_used) columns. `whose` names what uses the pages."""
+    need = int(pages_used.max())
+    if need > page_table.shape[1]:
+        raise InvalidArgumentError(op, "page_table", f"at least {need} pages per row", describe(page_table))
+    cols = torch.arange(page_table.shape[1], device=page_table.device)
+    bad = ((cols[None, :] < pages_used[:, None]) & (page_table < 0)) | (page_table < -1)
+    if bool(bad.any()):
+        row = int(bad.any(dim=1).nonzero()[0, 0])
+        raise InvalidArgumentError(op, "page_table", f"page ids >= 0 for every page {whose} (-1, and no other "
+                                   "negative, for the others)",
+                                   f"row {row}: page ids {page_table[row, :int(pages_used[row])].tolist()[:8]}",
+                                   remedy="fill each row's used pages; -1 may mark only entries past its last page")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_tensor, describe
+from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_page_table_rows, check_tensor
 from dsv4hal.ops.signatures import define
 
 OP = "indexer_topk"
@@ -52,17 +52,7 @@ def validate(scores, lengths, k, page_table=None, page_size=64, *, checked: bool
                                        f"min {int(lengths.min())}, max {int(lengths.max())}")
         if page_table is not None and lengths.numel():
             used = (lengths.long() + page_size - 1) // page_size  # pages each row's candidates use
-            need = int(used.max())
-            if need > page_table.shape[1]:
-                raise InvalidArgumentError(OP, "page_table", f"at least {need} pages per row", describe(page_table))
-            cols = torch.arange(page_table.shape[1], device=page_table.device)
-            bad = ((cols[None, :] < used[:, None]) & (page_table < 0)) | (page_table < -1)
-            if bool(bad.any()):
-                row = int(bad.any(dim=1).nonzero()[0, 0])
-                raise InvalidArgumentError(OP, "page_table", "page ids >= 0 for every page a row's candidates use "
-                                           "(-1, and no other negative, for the others)",
-                                           f"row {row}: {page_table[row, :int(used[row])].tolist()[:8]}...",
-                                           remedy="fill the request's pages; -1 only after the last used page")
+            check_page_table_rows(OP, page_table, used, "a row's candidates use")
 
 
 def case(scores, lengths, k, page_table=None, page_size=64) -> dict[str, object]:  # noqa: ANN001

@@ -128,12 +128,17 @@ def _collect_kernel(scores_ptr, stride_s, len_ptr, state_ptr, raw_ptr, page_ptr,
 CONFIG = {"chunk": CHUNK, "block": 1024, "num_warps": 4}
 
 
+def topk_outputs(b: int, k: int, with_pages: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The op's outputs, fixed size for (b, k): raw indices and, with a page table, page-transformed slots."""
+    raw = torch.empty(b, k, dtype=torch.int32, device=device)
+    return raw, torch.empty(b, k, dtype=torch.int32, device=device) if with_pages else None
+
+
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
                  page_size: int = 64, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     b, s = scores.shape
     dev = scores.device
-    raw = torch.empty(b, k, dtype=torch.int32, device=dev)
-    pages = torch.empty(b, k, dtype=torch.int32, device=dev) if page_table is not None else None
+    raw, pages = topk_outputs(b, k, page_table is not None, dev)
     if b == 0:
         return raw, pages
     state = torch.zeros(b, 4, dtype=torch.int32, device=dev)  # prefix, need, count above, count equal

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4hal.kernels.triton.topk import _store_selected
+from dsv4hal.kernels.triton.topk import _store_selected, topk_outputs
 
 HIGH_BITS = 12  # histogram of the key's top 12 bits: 4096 bins leave ~k/2 extra candidates for Gaussian rows
 NBINS = 1 << HIGH_BITS
@@ -171,8 +171,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
                  page_size: int = 64, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     b, s = scores.shape
     dev = scores.device
-    raw = torch.empty(b, k, dtype=torch.int32, device=dev)
-    pages = torch.empty(b, k, dtype=torch.int32, device=dev) if page_table is not None else None
+    raw, pages = topk_outputs(b, k, page_table is not None, dev)
     if b == 0:
         return raw, pages
     cfg = {**CONFIG, **(config or {})}

@@ -7,14 +7,7 @@
 #   bash bench/run_h200_session.sh C   # beside the soak: GPU tests and conformance again; then collect the soak
 set -uo pipefail
 part=${1:?A, B or C}
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-out/h200}
-R=/tmp/h200-results
-mkdir -p "$OUT" "$R"
-source .kernels/install-kernels.sh .kernels/bundle /tmp/dsv4hal-site >/dev/null || echo "vendor bundle did not install"
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "pip install -e . failed"
-T0=$(date +%s)
-stamp() { echo "--- $(( $(date +%s) - T0 ))s: $*"; }
+source bench/h200_env.sh
 if [[ $part == A ]]; then
   {
     nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader

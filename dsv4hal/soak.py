@@ -11,7 +11,7 @@ What an engine does to a kernel layer between start-up and days of serving, comp
 - a random sample of eager op calls re-run through the op's pure-PyTorch reference on copies of the inputs taken
   before the call (in-place ops: the written caches and rings are compared too), and some graph replays re-run
   eagerly and compared;
-- device memory read at the same point of every round after the first: it must stay flat.
+- device memory read at the same point of every round after the first: its ceiling must not rise (memory_growth).
 
 The model is the demo's (dsv4hal.demo.DemoModel: SWA, C4 with the indexer and C128 layers, MoE and mHC), at a
 moderate size so the reference checks stay cheap. On the CPU there are no graphs: eager rounds only (CI runs a
@@ -350,12 +350,30 @@ class _CountingOps:
         return call
 
 
+MEMORY_KINDS = ("reserved", "device_used")
+
+
+def memory_growth(mem: list[dict[str, float]]) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+    """(growth, spread) of the reads taken after warm-up, at the same point of every round.
+
+    growth: how far the ceiling of the later half of the run rose above the ceiling of the earlier half, as a
+    fraction of the latter. A leak raises the ceiling round after round; the allocator's caching of eager
+    prefills of random lengths moves the reads up and down by a few percent between rounds without a trend, and
+    a first-read baseline would count that swing as growth. spread: (max - min) / min of all reads, that swing,
+    reported beside it."""
+    if len(mem) < 2:
+        return None, None
+    half = len(mem) // 2
+    early, late = mem[:half], mem[half:]
+    growth = {k: (max(m[k] for m in late) - max(m[k] for m in early)) / max(max(m[k] for m in early), 1.0)
+              for k in MEMORY_KINDS}
+    spread = {k: (max(m[k] for m in mem) - min(m[k] for m in mem)) / max(min(m[k] for m in mem), 1.0)
+              for k in MEMORY_KINDS}
+    return growth, spread
+
+
 def _summary(stats: SoakStats, seconds: float) -> dict[str, Any]:
-    mem = stats.memory
-    growth = None
-    if len(mem) >= 2:  # after the first round (warm-up): same point of each later round
-        base = mem[0]
-        growth = {k: (max(m[k] for m in mem[1:]) - base[k]) / max(base[k], 1.0) for k in ("reserved", "device_used")}
+    growth, spread = memory_growth(stats.memory)
     eager = sum(stats.op_calls.values())
     return {
         "seconds": seconds, "op_calls": eager + stats.replayed_op_calls, "eager_op_calls": eager,
@@ -365,7 +383,7 @@ def _summary(stats: SoakStats, seconds: float) -> dict[str, Any]:
         "max_error_by_op": dict(stats.max_error), "replays_checked": stats.replays_checked,
         "replay_max_rel_error": stats.replay_max_error, "results_outside_tolerance": len(stats.failures),
         "failures": stats.failures[:50], "crashes": len(stats.crashes), "crash_details": stats.crashes,
-        "memory": mem, "memory_growth_after_warmup": growth,
+        "memory": stats.memory, "memory_growth_after_warmup": growth, "memory_spread_after_warmup": spread,
         "ok": not stats.failures and not stats.crashes and (growth is None or max(growth.values()) <= 0.01),
     }
 

@@ -9,7 +9,7 @@ import random
 import torch
 
 import dsv4hal
-from dsv4hal.soak import CheckingOps, SoakStats, run_soak
+from dsv4hal.soak import CheckingOps, SoakStats, memory_growth, run_soak
 from tests.conftest import run_cli
 
 
@@ -72,3 +72,18 @@ def test_cli_soak_writes_its_report(tmp_path) -> None:  # noqa: ANN001
     assert data["crashes"] == 0 and data["op_calls"] > 0 and data["checked_calls"] > 0
     bad = run_cli("soak", "--platform", "cpu", "--minutes", "0")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def _reads(values: list[float]) -> list[dict[str, float]]:
+    return [{"reserved": v, "device_used": v + 100.0} for v in values]
+
+
+def test_memory_growth_sees_a_leak_not_the_allocator_swing() -> None:
+    swing = [1000.0, 960.0, 1015.0, 970.0, 990.0, 1012.0, 958.0, 1010.0]  # the H200 soak's pattern: no trend
+    growth, spread = memory_growth(_reads(swing))
+    assert growth is not None and spread is not None
+    assert growth["reserved"] <= 0.0 and spread["reserved"] > 0.05  # swings 6%, does not grow
+    leak = [1000.0 + 5.0 * i for i in range(8)]  # +0.5% a round
+    growth, _ = memory_growth(_reads(leak))
+    assert growth is not None and growth["reserved"] > 0.01
+    assert memory_growth(_reads([1000.0])) == (None, None)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from dsv4hal.errors import LockError, LockMismatchError
 from dsv4hal.hardware import PlatformInfo
-from dsv4hal.ops.buckets import bucket_of, missing_features
+from dsv4hal.ops.buckets import DECLARED, bucket_of, missing_features
 
 FORMAT = "dsv4hal-lock/1"
 Mismatch = Literal["error", "reselect"]
@@ -151,6 +151,10 @@ def differences(lock: Lock, platform: str, info: PlatformInfo, registry: Any) ->
     out += _diff_versions("library", d["libraries"], info.libraries)
     out += _diff_versions("plugin", d.get("plugins", {}), registry.plugin_versions)
     for op, entry in d["ops"].items():
+        declared = DECLARED.get(op)
+        if declared is not None and list(entry.get("features", declared.features)) != list(declared.features):
+            out.append(f"{op}: the lock's buckets are by ({', '.join(entry['features'])}), this dsv4hal's by "
+                       f"({', '.join(declared.features)}): re-run `dsv4hal tune --ops {op} --update`")
         names = set(registry.kernels.get(op, {}))
         for label, b in entry["buckets"].items():
             if b.get("chosen") and b["chosen"] not in names:

@@ -110,6 +110,8 @@ def test_changed_library_version_is_a_typed_error(lock_file: Path, tmp_path: Pat
     (lambda d: d.update(dsv4hal="0.0.0"), "dsv4hal version"),
     (lambda d: d["libraries"].update(flash_mla="1.0"), "flash_mla 1.0 was in the lock but is not installed"),
     (lambda d: d["ops"]["indexer_topk"]["buckets"].pop(DEFAULT_TOPK), "no measurement for indexer_topk bucket"),
+    (lambda d: d["ops"]["indexer_topk"].update(features=["k", "size"]),
+     r"indexer_topk: the lock's buckets are by \(k, size\)"),
 ])
 def test_lock_mismatches_are_refused(lock_file: Path, tmp_path: Path, edit, message: str) -> None:  # noqa: ANN001
     bad = _edited(lock_file, tmp_path / "bad.json", edit)

@@ -7,6 +7,7 @@ so the result can be built inside a CUDA graph and replayed with new routing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -37,8 +38,25 @@ class AlignedRoutes:
     block: int
 
 
-def align_routes(topk_ids: torch.Tensor, num_experts: int, block: int) -> AlignedRoutes:
-    """Group the routes of topk_ids [T, k] by expert; ids outside [0, E) are dropped (they contribute 0)."""
+def align_routes(topk_ids: torch.Tensor, num_experts: int, block: int, *,
+                 impl: Literal["auto", "torch", "triton"] = "auto") -> AlignedRoutes:
+    """Group the routes of topk_ids [T, k] by expert; ids outside [0, E) are dropped (they contribute 0).
+
+    impl "auto": the Triton kernel on a GPU (one or two launches instead of ~20 small torch kernels, which
+    dominate a small-T decode step), the torch ops elsewhere; both give identical tensors."""
+    if impl not in ("auto", "torch", "triton"):
+        raise ValueError(f"impl must be 'auto', 'torch' or 'triton'; got {impl!r}")
+    if impl == "triton" or (impl == "auto" and topk_ids.is_cuda):
+        # imported here so that importing this module never imports triton; every GPU path that aligns routes
+        # (Marlin, DeepGEMM, Triton fused MoE) already needs triton for its other kernels, so no fallback
+        from dsv4hal.kernels.triton.moe_align import align_routes_triton
+
+        return align_routes_triton(topk_ids, num_experts, block)
+    return _align_routes_torch(topk_ids, num_experts, block)
+
+
+def _align_routes_torch(topk_ids: torch.Tensor, num_experts: int, block: int) -> AlignedRoutes:
+    """The torch ops version: the reference the Triton kernel must match tensor for tensor."""
     device = topk_ids.device
     numel = topk_ids.numel()
     nb = route_blocks(numel, num_experts, block)

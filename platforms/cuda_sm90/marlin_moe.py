@@ -7,8 +7,10 @@ process (vLLM imported), that one is used. The weight repack is dsv4hal's own (m
 gptq_marlin_repack lives in `_C`.
 
 Sequence (docs/vendor-apis.md 3.5): align routes to experts in blocks; GEMM1 x @ w13^T per route without the routing
-weights -> [M*k, 2I]; SwiGLU with DSV4's clamp in torch; GEMM2 with top_k=1 over the M*k routes, routing weights
-multiplied in -> [M*k, H]; a Triton kernel sums each token's k rows, skipping routes with ids outside [0, E).
+weights -> [M*k, 2I]; DSV4's clamped SwiGLU (one Triton kernel, moe_activation.swiglu); GEMM2 with top_k=1 over the
+M*k routes, routing weights multiplied in -> [M*k, H]; one Triton kernel sums each token's k rows (route t*k + j is
+row t*k + j), skipping routes with ids outside [0, E). Between and after the GEMMs: two launches (in a CUDA-graph
+decode step each small kernel costs ~2 us).
 
 Availability (registered with requires=(), since a shared library named by an environment variable is not an
 importable module that hardware.detect could find): on a detected machine supports() reads VLLM_MOE_LIB at selection
@@ -160,9 +162,9 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                 swiglu_limit: float = 10.0) -> torch.Tensor:
     """x bf16 [T, H], topk_ids int32 [T, k], topk_weights fp32 [T, k] -> bf16 [T, H] (routed experts only)."""
     import torch
-    import torch.nn.functional as F
 
     from dsv4hal.kernels.moe_align import align_routes, route_capacity
+    from dsv4hal.kernels.triton.moe_activation import swiglu
     from dsv4hal.kernels.triton.moe_combine import combine_routes
 
     m, k = topk_ids.shape
@@ -178,10 +180,8 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     x = x.contiguous()
     topk_weights = topk_weights.contiguous()
     h13 = _marlin(gemm, x, weights.w13, weights.w13_scale, ws, routing, topk_weights, bs, k, False, m, 2 * i, h)
-    gate, up = h13.float().chunk(2, dim=-1)  # w13 = [w1 (gate); w3 (up)]
-    act = (F.silu(gate.clamp(max=swiglu_limit)) * up.clamp(-swiglu_limit, swiglu_limit)).to(torch.bfloat16)
+    act = swiglu(h13, swiglu_limit)  # w13 = [w1 (gate); w3 (up)]: rows [gate | up]
     y = _marlin(gemm, act, weights.w2, weights.w2_scale, ws, routing, topk_weights, bs, 1, True, m * k, h, i)
-    # route t*k + j is row t*k + j of y, weights already applied; the kernel never writes dropped routes' rows
-    valid = (topk_ids >= 0) & (topk_ids < e)
-    rows = torch.where(valid, torch.arange(m * k, device=y.device).view(m, k), m * k)
-    return combine_routes(y, rows, None, m * k)
+    # route t*k + j is row t*k + j of y, weights already applied; the GEMM never writes dropped routes' rows, which
+    # the combine recognises by their ids
+    return combine_routes(y, None, None, topk_ids=topk_ids, num_experts=e)

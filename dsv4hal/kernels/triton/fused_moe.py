@@ -13,8 +13,8 @@ Algorithm (no host sync, fixed-size buffers: CUDA-graph safe):
      unused blocks). The buffers are sized for the worst case, T*k + min(E, T*k) * (BLOCK_M - 1) rows,
      so nothing depends on the routing's values. Ids < 0 (and >= E) go to no block: they contribute 0.
   2. kernel 1, grid (blocks, I / BLOCK_N): gathered x rows [BLOCK_M, H] times the expert's gate (w1) and
-     up (w3) tiles, dequantized in registers, two fp32 accumulators; then g = min(g, limit),
-     u = clamp(u, -limit, limit), h = silu(g) * u, stored bf16 at the pair's sorted row.
+     up (w3) tiles, dequantized in registers, two fp32 accumulators; then the clamped SwiGLU of
+     moe_activation, h = silu(min(g, limit)) * clamp(u, -limit, limit), stored bf16 at the pair's sorted row.
   3. kernel 2, grid (blocks, H / BLOCK_N): h rows [BLOCK_M, I] times the expert's w2 tiles, scaled by the
      pair's routing weight and atomically added (fp32) into y [T, H]; y is cast to bf16 at the end.
 
@@ -27,7 +27,6 @@ column after the dot, as DeepGEMM does. Activations stay bf16 (W4A16 / W8A16); a
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -38,6 +37,7 @@ import triton.language as tl
 from dsv4hal.formats.experts import ExpertWeights
 from dsv4hal.kernels.moe_align import align_routes
 from dsv4hal.kernels.triton.fp8_codec import _decode_fp8
+from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_limit_args
 from dsv4hal.ops.moe import DECODE_MAX_TOKENS
 from dsv4hal.prepared import ExpertTensors
 
@@ -133,7 +133,7 @@ def _gate_up_kernel(
     x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr,
     num_pairs, top_k, H, I, stride_xt,
     stride_we, stride_wn, stride_se, stride_sn, stride_sk,
-    limit,
+    limit, CLAMP: tl.constexpr,
     MXFP4: tl.constexpr, FNUZ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
 ):
@@ -182,11 +182,9 @@ def _gate_up_kernel(
             qu = _fp8_tile(w_base, n + I, k, wm, stride_wn, FNUZ, DTYPE)
             su = _fp8_col_scale(s_base, n + I, nmask, k0, stride_sn, stride_sk)
             acc_u += tl.dot(xk, qu) * su[None, :]
-    g = tl.minimum(acc_g, limit)
-    u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-    h = g * tl.sigmoid(g) * u
+    h = _swiglu_f32(acc_g, acc_u, limit, CLAMP)
     h_ptrs = h_ptr + rows.to(tl.int64)[:, None] * I + n[None, :]
-    tl.store(h_ptrs, h.to(tl.bfloat16), mask=valid[:, None] & nmask[None, :])
+    tl.store(h_ptrs, _to_bf16(h), mask=valid[:, None] & nmask[None, :])
 
 
 @triton.jit
@@ -273,9 +271,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     tw = topk_weights.reshape(-1).float().contiguous()
     h = torch.empty(nb * bm, inter, dtype=torch.bfloat16, device=dev)
     mx = weights.format == "mxfp4"
-    limit = float(swiglu_limit)
-    if math.isinf(limit):
-        limit = 3.0e38  # the clamp is then a no-op on finite values; avoids an inf kernel constant
+    limit, clamp = swiglu_limit_args(swiglu_limit)
     launch = dict(MXFP4=mx, FNUZ=weights.fnuz, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_F32=_DOT_F32,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
@@ -285,7 +281,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
         x, w13, s13, h, sorted_pairs, block_expert,
         p, k, hid, inter, x.stride(0),
         w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), sk13,
-        limit, **launch)
+        limit, CLAMP=clamp, **launch)
     _down_kernel[(nb, triton.cdiv(hid, bn))](
         h, w2, s2, y, tw, sorted_pairs, block_expert,
         p, k, hid, inter,

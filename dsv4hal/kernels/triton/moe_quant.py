@@ -14,13 +14,14 @@ import triton
 import triton.language as tl
 
 from dsv4hal.kernels.triton.fp8_codec import _encode_fp8
+from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_limit_args
 
 GROUP = 128
 
 
 @triton.jit
 def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, num_routes, top_k, K, limit,
-                       GATHER: tl.constexpr, SWIGLU: tl.constexpr, POW2: tl.constexpr):
+                       GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr):
     r = tl.program_id(0)
     route = tl.load(sorted_ptr + r)
     cols = tl.arange(0, 128)
@@ -34,10 +35,9 @@ def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf
     base = src_ptr + src_row.to(tl.int64) * stride_src
     for g in range(0, K // 128):
         c = g * 128 + cols
-        if SWIGLU:
-            gate = tl.minimum(tl.load(base + c).to(tl.float32), limit)
-            up = tl.minimum(tl.maximum(tl.load(base + K + c).to(tl.float32), -limit), limit)
-            v = (gate * tl.sigmoid(gate) * up).to(tl.bfloat16).to(tl.float32)  # bf16 activations, as the others
+        if SWIGLU:  # bf16 activations, as the other paths
+            act = _swiglu_f32(tl.load(base + c).to(tl.float32), tl.load(base + K + c).to(tl.float32), limit, CLAMP)
+            v = _to_bf16(act).to(tl.float32)
         else:
             v = tl.load(base + c).to(tl.float32)
         amax = tl.maximum(tl.max(tl.abs(v), axis=0), 1e-4)
@@ -66,7 +66,8 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
     q = torch.empty(rows, k_dim, dtype=torch.uint8, device=src.device)
     sf = torch.empty(k_dim // GROUP, rows, dtype=torch.float32, device=src.device)
     if rows:
-        limit = 3.0e38 if swiglu_limit is None or swiglu_limit == float("inf") else float(swiglu_limit)
+        limit, clamp = swiglu_limit_args(swiglu_limit)
         _quant_rows_kernel[(rows,)](src, src.stride(0), sorted_routes, q, sf, sf.stride(0), num_routes, top_k, k_dim,
-                                    limit, GATHER=gather, SWIGLU=swiglu_limit is not None, POW2=pow2_scales)
+                                    limit, GATHER=gather, SWIGLU=swiglu_limit is not None, CLAMP=clamp,
+                                    POW2=pow2_scales)
     return q, sf.t()

@@ -1,0 +1,151 @@
+"""Portable Triton align_routes: the moe_align_block_size contract of dsv4hal.kernels.moe_align, bit-identical to
+its torch version, in one launch (at most FUSED_MAX_ROUTES routes) or two, with no host sync and output sizes
+that depend on shapes only, so it can be captured in a CUDA graph and replayed with new routing.
+
+Routes are walked in sub-chunks of C, in order. A route's stable rank inside its expert is the count of that
+expert's routes before its sub-chunk (a per-expert counter vector in registers: tl.gather reads it, tl.histogram
+advances it) plus the number of earlier routes of that expert inside the sub-chunk (a [C, C] comparison).
+
+  COUNT: per-expert route counts of this program's routes.
+  PLACE: from the counts of every program, the padded offsets (cumsum over experts) and this program's prefix;
+         then this program's routes, its share of the padding and tail, and the experts of the used blocks.
+One program runs both in one launch (decode sizes), or COUNT and PLACE are two launches over NC programs that
+meet through a [NC, E] histogram in global memory. Every output element has exactly one writer (routes, padding
+and tail are disjoint), so nothing relies on ordering memory between threads inside a program."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4hal.kernels.moe_align import AlignedRoutes, route_blocks
+
+C = 64  # routes per sub-chunk: the [C, C] rank tile stays spill-free (ptxas sm_90: 128 registers at 2 warps)
+FUSED_MAX_ROUTES = 8 * C  # up to this many routes one program does everything in one launch (decode)
+MAX_PROGRAMS = 128  # each PLACE program reads all NC histogram rows, so NC stays modest
+FILL = 1024
+
+
+def _num_warps() -> int:
+    """One thread a route of a sub-chunk: tl.histogram's input is then not replicated across threads (older
+    Triton miscounted some replicated layouts)."""
+    return max(1, C // (64 if torch.version.hip else 32))
+
+
+@triton.jit
+def _load_ids(ids_ptr, start, end, C: tl.constexpr):
+    i = start + tl.arange(0, C)
+    return tl.load(ids_ptr + i, mask=i < end, other=-1)
+
+
+@triton.jit
+def _chunk(x, start, end, E, C: tl.constexpr):
+    """Ids x of routes [start, start + C) clipped to end: (route ids, in range, valid, expert (0 where not
+    valid), rank among the earlier routes of the same expert in this sub-chunk)."""
+    i = start + tl.arange(0, C)
+    inside = i < end
+    valid = inside & (x >= 0) & (x < E)  # compared in the ids' own dtype: huge int64 ids are dropped, not wrapped
+    key = tl.where(valid, x, -1).to(tl.int32)  # dropped and out-of-range routes match nothing
+    same = (key[:, None] == key[None, :]) & (tl.arange(0, C)[None, :] < tl.arange(0, C)[:, None])
+    rank = tl.sum(same.to(tl.int32), axis=1)
+    return i, inside, valid, tl.maximum(key, 0), rank
+
+
+# no specialisation on the sizes: one compiled kernel per (BLOCK_E, phase), whatever T a graph is captured at
+@triton.jit(do_not_specialize=["numel", "E", "block", "rows", "nb", "per_prog", "NC"])
+def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, row_ptr, hist_ptr, numel, E, block, rows,
+                  nb, per_prog, NC, C: tl.constexpr, BLOCK_E: tl.constexpr, QB: tl.constexpr, MB: tl.constexpr,
+                  JT: tl.constexpr, FILL: tl.constexpr, COUNT: tl.constexpr, PLACE: tl.constexpr):
+    p = tl.program_id(0)
+    e_ar = tl.arange(0, BLOCK_E)
+    start = p * per_prog
+    end = tl.minimum(start + per_prog, numel)
+    cnt = tl.zeros([BLOCK_E], tl.int32)
+    if COUNT:
+        x = _load_ids(ids_ptr, start, end, C)
+        for s in range(start, end, C):
+            x_next = _load_ids(ids_ptr, s + C, end, C)  # in flight while this sub-chunk is counted
+            i, inside, valid, e, rank = _chunk(x, s, end, E, C)
+            cnt += tl.histogram(e, BLOCK_E, mask=valid)
+            x = x_next
+        if not PLACE:
+            tl.store(hist_ptr + p * BLOCK_E + e_ar, cnt)
+    if PLACE:
+        if COUNT:  # one program: its counts are everything
+            tot = cnt
+            pre = tl.zeros([BLOCK_E], tl.int32)
+        else:
+            tot = tl.zeros([BLOCK_E], tl.int32)
+            pre = tl.zeros([BLOCK_E], tl.int32)
+            for q0 in range(0, NC, QB):
+                q = q0 + tl.arange(0, QB)
+                h = tl.load(hist_ptr + q[:, None] * BLOCK_E + e_ar[None, :], mask=(q < NC)[:, None], other=0)
+                tot += tl.sum(h, axis=0)
+                pre += tl.sum(tl.where((q < p)[:, None], h, 0), axis=0)
+        padded = (tot + block - 1) // block * block  # 0 past E: no route has a key there
+        ends = tl.cumsum(padded, axis=0)
+        starts = ends - padded
+        total = tl.sum(padded, axis=0)
+        tl.store(num_padded_ptr, total, mask=p == 0)
+        base = starts + pre
+        x = _load_ids(ids_ptr, start, end, C)
+        for s in range(start, end, C):
+            x_next = _load_ids(ids_ptr, s + C, end, C)
+            i, inside, valid, e, rank = _chunk(x, s, end, E, C)
+            dest = tl.gather(base, e, 0) + rank
+            tl.store(sorted_ptr + dest, i, mask=valid)
+            tl.store(row_ptr + i, tl.where(valid, dest, rows).to(tl.int64), mask=inside)
+            base += tl.histogram(e, BLOCK_E, mask=valid)
+            x = x_next
+        # padding after each expert's routes (fewer than block), shared out over the programs
+        fill_from = starts + tot
+        npad = padded - tot
+        for j0 in range(p * JT, tl.max(npad, axis=0), NC * JT):
+            j = j0 + tl.arange(0, JT)
+            tl.store(sorted_ptr + fill_from[:, None] + j[None, :], tl.full([BLOCK_E, JT], 0, tl.int32) + numel,
+                     mask=j[None, :] < npad[:, None])
+        # used blocks, from the experts' side: expert e owns padded[e] / block blocks from starts[e] / block
+        nblk = padded // block
+        for m0 in range(p * MB, tl.max(nblk, axis=0), NC * MB):
+            m = m0 + tl.arange(0, MB)
+            tl.store(block_expert_ptr + (starts // block)[:, None] + m[None, :],
+                     e_ar[:, None] + tl.zeros([BLOCK_E, MB], tl.int32), mask=m[None, :] < nblk[:, None])
+        f = tl.arange(0, FILL)
+        for off in range(total + p * FILL, rows, NC * FILL):
+            tl.store(sorted_ptr + off + f, tl.full([FILL], 0, tl.int32) + numel, mask=off + f < rows)
+        for off in range(total // block + p * FILL, nb, NC * FILL):
+            tl.store(block_expert_ptr + off + f, tl.full([FILL], -1, tl.int32), mask=off + f < nb)
+
+
+def align_routes_triton(topk_ids: torch.Tensor, num_experts: int, block: int,
+                        fused_max_routes: int = FUSED_MAX_ROUTES) -> AlignedRoutes:
+    """align_routes (dsv4hal.kernels.moe_align) in one or two Triton launches; identical results."""
+    dev = topk_ids.device
+    numel = topk_ids.numel()
+    nb = route_blocks(numel, num_experts, block)
+    rows = nb * block
+    sorted_routes = torch.empty(rows, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(nb, dtype=torch.int32, device=dev)
+    row_of_route = torch.empty(numel, dtype=torch.int64, device=dev)
+    if numel == 0:
+        return AlignedRoutes(sorted_routes, block_expert, torch.zeros(1, dtype=torch.int32, device=dev),
+                             row_of_route, block)
+    num_padded = torch.empty(1, dtype=torch.int32, device=dev)
+    flat = topk_ids.reshape(-1)
+    block_e = triton.next_power_of_2(max(num_experts, 1))
+    nsub = triton.cdiv(numel, C)
+    nc = 1 if numel <= fused_max_routes else min(nsub, MAX_PROGRAMS)
+    per_prog = triton.cdiv(nsub, nc) * C
+    nc = triton.cdiv(numel, per_prog)  # no empty programs
+    hist = torch.empty(nc * block_e if nc > 1 else 1, dtype=torch.int32, device=dev)
+    args = (flat, sorted_routes, block_expert, num_padded, row_of_route, hist, numel, num_experts, block, rows,
+            nb, per_prog, nc)
+    tile = max(1, 2048 // block_e)  # rows of [tile, BLOCK_E] tiles over programs, blocks and padding
+    meta = dict(C=C, BLOCK_E=block_e, QB=tile, MB=tile, JT=tile, FILL=FILL, num_warps=_num_warps())
+    if nc == 1:
+        _align_kernel[(1,)](*args, COUNT=True, PLACE=True, **meta)
+    else:
+        _align_kernel[(nc,)](*args, COUNT=True, PLACE=False, **meta)
+        _align_kernel[(nc,)](*args, COUNT=False, PLACE=True, **meta)
+    return AlignedRoutes(sorted_routes, block_expert, num_padded, row_of_route, block)

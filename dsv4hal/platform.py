@@ -169,30 +169,40 @@ class BoundOp(Generic[P, R]):
         return hit
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        # The hot path of every op: the common cases come first and read as few attributes as they can.
         if self._compiling():  # Dynamo is tracing: one opaque custom op (its eager body comes back here)
             return self._traced(self.platform.handle, *args, **kwargs)
         p = self.platform
-        if self._memo is not None and p.validate and not p.checked:
-            key = self._memo_key(args, kwargs)
-            if key is not None:
-                fn = self._memo.get(key)
-                if fn is None:  # first call with this metadata: validate and select, then remember the kernel
-                    self._materializable(self.name, args, kwargs, self._params)
-                    self._validate(*args, **kwargs, checked=False)
-                    fn = self._resolve(self._case(*args, **kwargs))[1]
-                    if len(self._memo) >= self._memo_max:
-                        self._memo.clear()
-                    self._memo[key] = fn
-                return fn(*args, **kwargs)
         if p.validate:
+            memo = self._memo
+            if memo is not None and not p.checked:
+                key = self._memo_key(args, kwargs)
+                if key is not None:
+                    fn = memo.get(key)
+                    if fn is None:  # first call with this metadata: validate and select, then remember the kernel
+                        fn = self._validate_and_select(memo, key, args, kwargs)
+                    return fn(*args, **kwargs)
             self._materializable(self.name, args, kwargs, self._params)  # expand views too large to copy
             self._validate(*args, **kwargs, checked=p.checked)
         if self._weights_pos >= 0:
             return self._call_prepared(args, kwargs)
-        hit = self._by_case.get(tuple(self._case(*args, **kwargs).items()))
+        case = self._case(*args, **kwargs)
+        hit = self._by_case.get(tuple(case.items()))
         if hit is None:
-            hit = self._resolve(self._case(*args, **kwargs))
+            hit = self._resolve(case)
         return hit[1](*args, **kwargs)
+
+    def _validate_and_select(self, memo: dict[tuple, Callable[..., Any]], key: tuple, args: tuple,
+                             kwargs: dict[str, Any]) -> Callable[..., Any]:
+        """A memo miss: validate unchecked (raising for a bad argument, which is never remembered), select, and
+        remember the kernel for this metadata."""
+        self._materializable(self.name, args, kwargs, self._params)
+        self._validate(*args, **kwargs, checked=False)
+        fn = self._resolve(self._case(*args, **kwargs))[1]
+        if len(memo) >= self._memo_max:
+            memo.clear()
+        memo[key] = fn
+        return fn
 
     def prepare_weights(self, weights: Any) -> PreparedWeights:
         """Choose this op's kernel for these weights and lay them out for it, once, before serving."""

@@ -92,3 +92,59 @@ def test_the_memo_never_skips_a_refusal() -> None:
     checked.ops.moe_route(good, top_k=2)
     with pytest.raises(dsv4hal.errors.InvalidArgumentError, match="finite"):
         checked.ops.moe_route(torch.full((1, 16), float("nan")), top_k=2)  # checked mode reads values every call
+
+
+def test_the_memo_key_tells_apart_what_validation_reads() -> None:
+    """Equal keys only for arguments whose types, dtypes, shapes, strides, devices and scalar values are equal, and
+    whose split into positional and keyword arguments is the same (the key is one flat tuple: see memo.py)."""
+    from dsv4hal.ops.memo import metadata_key as key
+
+    t = torch.zeros(2, 3)
+    assert key((t,), {}) == key((torch.ones(2, 3),), {})  # values are not read
+    different = [((t,), {}), ((t.double(),), {}), ((torch.zeros(3, 2),), {}), ((torch.zeros(3, 2).t(),), {}),
+                 ((t.to("meta"),), {}), ((torch.nn.Parameter(t),), {}), ((), {"t": t}), ((), {"u": t}),
+                 ((t, t), {}), ((t,), {"t": t}), ((), {"t": t, "u": t}), ((1,), {}), ((True,), {}), ((1.0,), {}),
+                 (("1",), {}), ((None,), {}), ((1, 2), {}), ((2, 1), {}), ((t, 1), {}), ((1, t), {})]
+    swa = dsv4hal.V4PagedCache.empty(1, 256)
+    different += [((swa,), {}), ((dsv4hal.V4PagedCache(swa.data, 256, "e4m3fnuz"),), {}),
+                  ((dsv4hal.V4PagedCache(swa.data, True),), {}),  # True is not the page size 1
+                  ((dsv4hal.V4PagedCache(swa.data[:, :-1], 256),), {}), ((swa, None), {}), ((None, swa), {})]
+    keys = [key(a, k) for a, k in different]
+    assert None not in keys and len(set(keys)) == len(keys)
+    for unkeyable in (object(), [t], (t,), {"t": t}, torch.float32):
+        assert key((unkeyable,), {}) is None and key((), {"x": unkeyable}) is None
+    from dsv4hal.ops.memo import _extend
+
+    for value in (t, 1.5, None, swa, torch.nn.Parameter(t)):  # metadata_key inlines _extend's common branches
+        items: list[object] = []
+        _extend(items, value)
+        assert key((value,), {}) == tuple(items)
+
+
+def test_the_memo_sees_metadata_changed_in_place() -> None:
+    """A call keyed like one that passed runs straight to the kernel; the same objects changed in place (strides,
+    shapes, dtypes, a cache's fields) are validated again, and refused every time."""
+    platform = dsv4hal.select_platform(info=fake("cpu"))
+    op = platform.ops.sparse_attention_decode
+    i32 = dict(dtype=torch.int32)
+    q, swa = torch.zeros(0, 64, 512, dtype=torch.bfloat16), dsv4hal.V4PagedCache.empty(1, 256)
+    idx, lengths, sink = torch.zeros(0, 128, **i32), torch.zeros(0, **i32), torch.zeros(64)
+    args = (q, swa, idx, lengths, sink, 512 ** -0.5)
+    op(*args)
+    changes = [  # (what changes in place, the words of the refusal, how it is undone)
+        (lambda: idx.as_strided_((0, 128), (256, 2)), "unit stride", lambda: idx.as_strided_((0, 128), (128, 1))),
+        (lambda: sink.resize_(32), "sink", lambda: sink.resize_(64)),
+        (lambda: setattr(q, "data", q.data.float()), "dtype", lambda: setattr(q, "data", q.data.bfloat16())),
+        (lambda: setattr(swa, "page_size", True), "page_size", lambda: setattr(swa, "page_size", 256)),
+        (lambda: setattr(swa, "fp8", "e5m2"), "fp8", lambda: setattr(swa, "fp8", "e4m3fn")),
+        (lambda: setattr(swa, "data", swa.data[:, 1:]), "swa_cache.data", lambda: setattr(swa, "data", swa.data)),
+    ]
+    for change, words, undo in changes:
+        data = swa.data
+        change()
+        for _ in range(2):
+            with pytest.raises(dsv4hal.errors.InvalidArgumentError, match=words):
+                op(*args)
+        undo()
+        swa.data = data
+        op(*args)  # the good call still passes (from the memo)

@@ -15,6 +15,7 @@ FlashMLA does no bounds checks, so unchecked mode must not be handed invalid ind
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal
 
@@ -43,34 +44,68 @@ def interface(flavour: Flavour) -> tuple[ModuleType, dict[str, Any]]:
     return iface, {}
 
 
-def _plan(iface: ModuleType, key: tuple) -> Any:
-    plans = step_plans()
-    if plans is None:
-        return iface.get_mla_metadata()[0]
+def _shared_plan(iface: ModuleType, plans: dict[Any, Any], key: tuple) -> Any:
     meta = plans.get(key)
     if meta is None:
         meta = plans[key] = iface.get_mla_metadata()[0]
     return meta
 
 
+def _decoder(flavour: Flavour) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """sparse_attention_decode for one flavour, one Python frame per call (the plugins bind it as their target).
+
+    Host cost per call, in torch ops: FlashMLA takes q and the indices as [T, s_q=1, ...] and returns out
+    [T, 1, h_q, 512] and lse [T, h_q, 1], so the call costs five view ops (three unsqueezes in, two squeezes out)
+    and nothing else: the caches' FlashMLA views are built once (V4PagedCache.flashmla_view), nothing is copied or
+    cast, and outside a declared decode step the plan is FlashMLA's own lazily planned metadata object, as a direct
+    call makes it. (Remembering the input views per tensor would save ~0.25 us a tensor when an engine passes the
+    same buffers again, but cost ~1.3 us for each fresh tensor, such as q or a layer's top-k indices: not done.)"""
+
+    def decode(q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor, swa_lengths: torch.Tensor,
+               sink: torch.Tensor, softmax_scale: float, extra_cache: V4PagedCache | None = None,
+               extra_indices: torch.Tensor | None = None,
+               extra_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        iface, extra_kw = interface(flavour)  # looked up per call: tests swap the vendor module between calls
+        plans = step_plans()
+        if plans is None:  # no declared step: plan per call, as a direct call does
+            meta = iface.get_mla_metadata()[0]
+        else:  # the key is built only inside a step, where it names the plan shared by layers of one shape
+            meta = _shared_plan(iface, plans, (
+                "decode", q.shape, swa_indices.shape, swa_cache.page_size,
+                None if extra_cache is None else (extra_cache.page_size, extra_indices.shape)))  # type: ignore[union-attr]
+        if extra_cache is None:
+            out, lse = iface.flash_mla_with_kvcache(
+                q.unsqueeze(1), swa_cache.flashmla_view(), None, None, head_dim_v=HEAD_DIM_V,
+                tile_scheduler_metadata=meta, num_splits=None, softmax_scale=softmax_scale, causal=False,
+                is_fp8_kvcache=True, indices=swa_indices.unsqueeze(1), attn_sink=sink, topk_length=swa_lengths,
+                **extra_kw)
+        else:
+            out, lse = iface.flash_mla_with_kvcache(
+                q.unsqueeze(1), swa_cache.flashmla_view(), None, None, head_dim_v=HEAD_DIM_V,
+                tile_scheduler_metadata=meta, num_splits=None, softmax_scale=softmax_scale, causal=False,
+                is_fp8_kvcache=True, indices=swa_indices.unsqueeze(1), attn_sink=sink, topk_length=swa_lengths,
+                extra_k_cache=extra_cache.flashmla_view(),
+                extra_indices_in_kvcache=extra_indices.unsqueeze(1),  # type: ignore[union-attr]
+                extra_topk_length=extra_lengths, **extra_kw)
+        return out.squeeze(1), lse.squeeze(2)
+
+    decode.__name__ = decode.__qualname__ = f"decode_{flavour}"
+    return decode
+
+
+decode_sgl = _decoder("sgl")
+decode_vllm = _decoder("vllm")
+_DECODERS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {"sgl": decode_sgl, "vllm": decode_vllm}
+
+
 def decode(flavour: Flavour, q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
            swa_lengths: torch.Tensor, sink: torch.Tensor, softmax_scale: float,
            extra_cache: V4PagedCache | None = None, extra_indices: torch.Tensor | None = None,
            extra_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """sparse_attention_decode through flash_mla_with_kvcache: (out bf16 [T, h_q, 512], lse fp32 [T, h_q])."""
-    iface, extra_kw = interface(flavour)
-    key = ("decode", q.shape, swa_indices.shape, swa_cache.page_size,
-           None if extra_cache is None else (extra_cache.page_size, extra_indices.shape))
-    x = {}
-    if extra_cache is not None:
-        x = dict(extra_k_cache=extra_cache.flashmla_view(), extra_indices_in_kvcache=extra_indices.unsqueeze(1),
-                 extra_topk_length=extra_lengths)
-    out, lse = iface.flash_mla_with_kvcache(
-        q.unsqueeze(1), swa_cache.flashmla_view(), None, None, head_dim_v=HEAD_DIM_V,
-        tile_scheduler_metadata=_plan(iface, key), num_splits=None, softmax_scale=softmax_scale, causal=False,
-        is_fp8_kvcache=True, indices=swa_indices.unsqueeze(1), attn_sink=sink, topk_length=swa_lengths,
-        **x, **extra_kw)
-    return out.squeeze(1), lse.squeeze(2)
+    """sparse_attention_decode through flash_mla_with_kvcache: (out bf16 [T, h_q, 512], lse fp32 [T, h_q]).
+    Kernel targets bind decode_sgl / decode_vllm directly (one frame less per call)."""
+    return _DECODERS[flavour](q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale, extra_cache,
+                              extra_indices, extra_lengths)
 
 
 def prefill(flavour: Flavour, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,

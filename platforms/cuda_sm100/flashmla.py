@@ -29,13 +29,20 @@ DECODE = "sparse_attention_decode"
 
 def _decode_q(q: torch.Tensor) -> torch.Tensor:
     """q [T, h, 512] such that its [T, 1, h, 512] view has stride(0) divisible by stride(1)."""
-    seq_stride = q.shape[1] * q.stride(1)  # stride(1) of q.unsqueeze(1)
-    if q.stride(-1) != 1 or seq_stride == 0 or q.stride(0) % seq_stride:
+    st = q.stride()  # read once: a host call per read
+    seq_stride = q.shape[1] * st[1]  # stride(1) of q.unsqueeze(1)
+    if st[-1] != 1 or seq_stride == 0 or st[0] % seq_stride:
         return q.contiguous()
     return q
 
 
 def _check_cache(cache: V4PagedCache, name: str) -> None:
+    # the usual case costs two reads (the view is built once per cache); _refuse_cache says which rule failed
+    if cache.data.data_ptr() % CACHE_BASE_ALIGN or cache.flashmla_view().stride(0) % RECORD_BYTES:
+        _refuse_cache(cache, name)
+
+
+def _refuse_cache(cache: V4PagedCache, name: str) -> None:
     ptr = cache.data.data_ptr()
     if ptr % CACHE_BASE_ALIGN:
         raise InvalidArgumentError(DECODE, name, f"a cache whose base address is {CACHE_BASE_ALIGN}-byte aligned "
@@ -54,8 +61,8 @@ def sparse_attention_decode(q: torch.Tensor, swa_cache: V4PagedCache, swa_indice
     _check_cache(swa_cache, "swa_cache")
     if extra_cache is not None:
         _check_cache(extra_cache, "extra_cache")
-    return flashmla_glue.decode("sgl", _decode_q(q), swa_cache, swa_indices, swa_lengths, sink, softmax_scale,
-                                extra_cache=extra_cache, extra_indices=extra_indices, extra_lengths=extra_lengths)
+    return flashmla_glue.decode_sgl(_decode_q(q), swa_cache, swa_indices, swa_lengths, sink, softmax_scale,
+                                    extra_cache, extra_indices, extra_lengths)
 
 
 def sparse_attention_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,

@@ -205,3 +205,44 @@ def test_declared_cpu_samples_land_in_their_buckets() -> None:
     got = declared_samples("dequant_gather", False, torch.device("cpu"), info)  # raises if a sample is misfiled
     assert [label for label, _ in got] == [f"page_size={p},size={s}" for p in (256, 64, 2)
                                           for s in ("small", "large")]
+
+
+def _decode_case(t: int, h: int, ratio: int, width: int | None) -> dict:
+    from dsv4hal.ops.sparse_attention import decode_token_class, extra_width_class
+
+    return {"compress_ratio": ratio, "h_q": h, "extra_class": extra_width_class(width),
+            "tokens": decode_token_class(t)}
+
+
+def test_decode_buckets_are_classes_that_real_calls_fall_in() -> None:
+    # a C128 width grows with the context: 32K and 128K contexts share a bucket, 1M does not
+    at = {ctx: bucket_of("sparse_attention_decode", _decode_case(1, 64, 128, -(-ctx // 128 // 64) * 64))
+          for ctx in (32768, 131072, 1048576)}
+    assert at[32768] == at[131072] == "compress_ratio=128,extra_class=short,h_q=64,tokens=single"
+    assert at[1048576] == "compress_ratio=128,extra_class=long,h_q=64,tokens=single"
+    assert bucket_of("sparse_attention_decode", _decode_case(64, 64, 4, 512)).endswith("tokens=batch")
+
+
+def test_every_decode_bucket_has_a_conformance_sample() -> None:
+    """tune measures a bucket only from the conformance cases that fall in it; a bucket without one leaves a lock
+    unable to decide real calls of that class (refused loudly). The model's shapes: SWA, C4 at its top-k and C128
+    at short and long contexts, for V4-Flash (h_q 64) and V4-Pro (h_q 128), one row and a batch."""
+    from dsv4hal.conformance.cases_sparse_attention import CASES
+
+    seen = set()
+    for spec in CASES:
+        if spec.op != "sparse_attention_decode" or spec.deferred:
+            continue
+        reqs, ratio = spec.params["requests"], spec.compress_ratio or 0
+        rows = sum(n for _, n in reqs)
+        width = {0: None, 4: int(spec.params.get("topk", 512)),
+                 128: max(64, -(-max((p + n) // 128 for p, n in reqs) // 64) * 64)}[ratio]
+        for mode in spec.modes:
+            if mode not in spec.unreachable:
+                t = 3 * len(reqs) if mode in ("verify", "draft_extend") else rows
+                seen.add(bucket_of("sparse_attention_decode", _decode_case(t, spec.params.get("h_q", 64), ratio,
+                                                                            width)))
+    want = {bucket_of("sparse_attention_decode", _decode_case(t, h, r, w))
+            for t in (1, 64) for h in (64, 128) for r, w in ((0, None), (4, 512 if h == 64 else 1024),
+                                                              (128, 1024), (128, 8192))}
+    assert want <= seen, sorted(want - seen)

@@ -97,6 +97,23 @@ def _catalog() -> list[CaseSpec]:
                decode_only=True, gpu_only=True)
     c += _spec("v4-pro/c4-8k-T64", 4, flash8k, h_q=128, topk=1024, decode_only=True, gpu_only=True)
     c += _spec("v4-flash/extend-c4-2k", 4, ((2048, 256),), gpu_only=True)
+    # one row, and the other shape classes `dsv4hal tune` measures apart (ops.sparse_attention.EXTRA_SHORT_MAX):
+    # a decode bucket without a sample would leave a lock unable to decide real calls of that class
+    pro = {"h_q": 128, "topk": 1024}
+    at_1m = tuple((1048575 - 9 * i, 1) for i in range(8))  # C128 width 8192 ("long")
+    for name, ratio, reqs, extra in (
+            ("v4-flash/c4-8k-T1", 4, ((8191, 1),), {}),
+            ("v4-pro/c4-8k-T1", 4, ((8191, 1),), pro),
+            ("v4-flash/c128-128k-T1", 128, ((131071, 1),), {}),
+            ("v4-flash/c128-1m-T1", 128, ((1048575, 1),), {}),
+            ("v4-flash/c128-1m-T8", 128, at_1m, {}),
+            ("v4-pro/c128-128k-T1", 128, ((131071, 1),), pro),
+            ("v4-pro/c128-128k-T64", 128, tuple((131071 - 5 * i, 1) for i in range(64)), pro),
+            ("v4-pro/c128-1m-T1", 128, ((1048575, 1),), pro),
+            ("v4-pro/c128-1m-T8", 128, at_1m, pro),
+            ("v4-pro/swa-T1", 0, ((8191, 1),), pro),
+            ("v4-pro/swa-T64", 0, flash8k, pro)):
+        c += _spec(name, ratio, reqs, decode_only=True, gpu_only=True, **extra)
     return c
 
 

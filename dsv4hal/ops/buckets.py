@@ -107,7 +107,8 @@ def _cache_op(op: str) -> OpBuckets:
 DECLARED: Mapping[str, OpBuckets] = MappingProxyType({b.op: b for b in (
     _topk(), _cache_op("pack_store"), _cache_op("dequant_gather"),
     # features only: samples from the conformance cases
-    OpBuckets("sparse_attention_decode", "sparse_attention", ("compress_ratio", "extra_width", "h_q")),
+    # width and token classes, not exact values (dsv4hal.ops.sparse_attention.EXTRA_SHORT_MAX says why)
+    OpBuckets("sparse_attention_decode", "sparse_attention", ("compress_ratio", "extra_class", "h_q", "tokens")),
     OpBuckets("sparse_attention_prefill", "sparse_attention", ("h_q",)),
     OpBuckets("moe_route", "moe", ("hash", "tokens")),
     OpBuckets("moe_experts", "moe", ("format", "fp8")),  # the weights' case: decided at prepare_weights

@@ -122,13 +122,30 @@ def validate_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale,
         check_index_range(op, "extra_indices", xidx, extra.num_slots)
 
 
+# Decode shape classes, the buckets `dsv4hal tune` measures (dsv4hal.ops.buckets). On the H200 the portable
+# Triton decode beats FlashMLA at T = 1 up to 1024 extra entries and loses at 8192, and at T >= 64 always
+# (bench/results/h200/bench-attention.json): the classes split there. Exact widths would not do: a C128 width
+# grows with the context (ceil(L / 128), padded to 64), so a lock keyed on it would miss most real calls.
+EXTRA_SHORT_MAX = 1024
+
+
+def decode_token_class(num_tokens: int) -> str:
+    return "single" if num_tokens == 1 else "batch"
+
+
+def extra_width_class(width: int | None) -> str | None:
+    return None if width is None else ("short" if width <= EXTRA_SHORT_MAX else "long")
+
+
 def case_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale, extra_cache=None,  # noqa: ANN001
                 extra_indices=None, extra_lengths=None) -> dict[str, object]:
     ratio = 0 if extra_cache is None else RATIO_BY_EXTRA_PAGE.get(extra_cache.page_size, -1)
+    width = None if extra_indices is None else int(extra_indices.shape[1])
     return {"h_q": int(q.shape[1]), "compress_ratio": ratio, "fp8": swa_cache.fp8,
             "swa_page_size": swa_cache.page_size,
             "extra_page_size": None if extra_cache is None else extra_cache.page_size,
-            "extra_width": None if extra_indices is None else int(extra_indices.shape[1])}
+            "extra_width": width, "extra_class": extra_width_class(width),
+            "tokens": decode_token_class(int(q.shape[0]))}
 
 
 def validate_prefill(q, kv, indices, lengths, sink, softmax_scale, *, checked: bool = False) -> None:  # noqa: ANN001

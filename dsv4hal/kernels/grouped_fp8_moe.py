@@ -2,9 +2,9 @@
 `m_grouped_fp8*_gemm_nt_contiguous` on SM90 with FP8 weights and on SM100 with FP4 weights): one model of the
 glue, the GEMM passed in. Sizes depend on T, k, E only and nothing syncs: CUDA-graph safe.
 
-  1. routes grouped by expert in blocks of the GEMM's M alignment; grouped_layout gives each row its expert,
-     -1 for padding rows (the GEMM skips them);
-  2. gather each route's token row and quantize it 1x128 (fp32 scales written MN-major); GEMM1 -> [rows, 2I];
+  1. routes grouped by expert in blocks of the GEMM's M alignment;
+  2. gather each route's token row and quantize it 1x128 (fp32 scales written MN-major), writing grouped_layout
+     on the way (each row's expert, -1 for padding rows: SM90 skips their 64-row halves); GEMM1 -> [rows, 2I];
   3. DSV4's clamped SwiGLU and quantize 1x128 again; GEMM2 -> [rows, H];
   4. each token sums its routes' rows times the routing weights (dropped routes contribute 0)."""
 
@@ -37,9 +37,10 @@ def grouped_fp8_moe(gemm: Callable[..., None], x: torch.Tensor, topk_ids: torch.
     routes = align_routes(topk_ids, weights.num_experts, weights.alignment)
     sorted_routes = routes.sorted_routes
     rows = sorted_routes.numel()
-    layout = torch.where(sorted_routes < p, routes.block_expert.repeat_interleave(weights.alignment), -1)
-    layout = layout.to(torch.int32)
-    a1, s1 = quantize_routed_rows(x.contiguous(), sorted_routes, p, k, h, gather=True, pow2_scales=pow2_scales)
+    # the gather pass writes the per-row layout from block_expert (three torch kernels less a call)
+    layout = torch.empty(rows, dtype=torch.int32, device=x.device)
+    a1, s1 = quantize_routed_rows(x.contiguous(), sorted_routes, p, k, h, gather=True, pow2_scales=pow2_scales,
+                                  layout=layout, block_expert=routes.block_expert)
     d1 = torch.empty(rows, 2 * i, dtype=torch.bfloat16, device=x.device)
     gemm((a1.view(torch.float8_e4m3fn), s1), (weights.w13, weights.w13_scale), d1, layout, **gemm_kwargs)
     a2, s2 = quantize_routed_rows(d1, sorted_routes, p, k, i, gather=False, swiglu_limit=swiglu_limit,

@@ -11,6 +11,12 @@ combine) around DeepGEMM's two grouped GEMMs. The masked layout (decode) would s
 a bound on that count needs distinct experts per token, which the contract does not promise, so decode runs the
 contiguous layout too.
 
+What padding costs in 2.5.0 (deep_gemm/include/deep_gemm/scheduler/gemm.cuh, impls/sm90_fp8_gemm_1d2d.cuh): BLOCK_M
+is the M alignment (128); every block of M = route capacity is scheduled, its A/SFA/B tiles loaded and its D tile
+stored, and only the WGMMA of a 64-row half whose first row is -1 is skipped. The tail past the used blocks (~43%
+of M at T=4096) thus costs loads and stores. `use_psum_layout=True` (grouped_layout int32 [E]: each expert's
+unaligned end, start + count) schedules the used blocks only, on SM90 too; it needs those ends on the device.
+
 This module imports torch and deep_gemm only inside functions: registering the plugin stays free."""
 
 from __future__ import annotations

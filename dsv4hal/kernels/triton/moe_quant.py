@@ -1,11 +1,17 @@
 """Per-token 1x128 FP8 quantization of routed rows, the activations of FP8 grouped GEMMs (DeepGEMM's contiguous
-layout): one program per sorted row, skipping padding rows, writing e4m3fn codes and fp32 scales.
+layout): e4m3fn codes and fp32 scales for every sorted row that holds a route, padding rows skipped.
 
 Two sources: GATHER (row r takes x[token of route r], the input of GEMM1) or SWIGLU (row r is GEMM1's output
 [gate | up] at row r; it becomes min(g, limit) -> silu times clamp(u, -limit, limit), the input of GEMM2).
 Scales are amax / 448 (amax floored at 1e-4, as DeepGEMM's per_token_cast_to_fp8) and are written MN-major,
 sf[g, r], so the [rows, K/128] view DeepGEMM wants on SM90 needs no per-call transform. The FP8 codes are
-made with integer arithmetic (fp8_codec), so the interpreter gives the GPU's bytes."""
+made with integer arithmetic (fp8_codec), so the interpreter gives the GPU's bytes.
+
+A program quantizes a tile of BLOCK_R rows x BLOCK_G 128-groups at a time (BLOCK_R * BLOCK_G = TILE pairs):
+many rows when routes are dense (prefill: 16-byte accesses, few programs), many groups of one row when they are
+sparse (decode: a row's K/128 groups in a few steps instead of K/128 dependent ones). The GATHER pass can also
+write DeepGEMM's per-row grouped_layout (the row's expert, -1 for padding), which saves the torch ops that built
+it from block_expert."""
 
 from __future__ import annotations
 
@@ -17,57 +23,104 @@ from dsv4hal.kernels.triton.fp8_codec import _encode_fp8
 from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_limit_args
 
 GROUP = 128
+TILE = 16  # (row, group) pairs a program quantizes at once: 2048 elements, 16 a thread at 4 warps
+MAX_BLOCK_R = 16
 
 
-@triton.jit
-def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, num_routes, top_k, K, limit,
-                       GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr):
-    r = tl.program_id(0)
-    route = tl.load(sorted_ptr + r)
-    cols = tl.arange(0, 128)
-    if route >= num_routes:
-        if POW2:  # padding rows get zero codes and scale 1: the GEMM may read (and pack) every row
-            for g in range(0, K // 128):
-                tl.store(q_ptr + r.to(tl.int64) * K + g * 128 + cols, tl.zeros([128], dtype=tl.uint8))
-                tl.store(sf_ptr + g * stride_sf_g + r, 1.0)
+# sizes that change with T are not specialised on (K and the strides are: their divisibility vectorises accesses)
+@triton.jit(do_not_specialize=["rows", "num_routes"])
+def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, layout_ptr, block_expert_ptr,
+                       rows, num_routes, top_k, K, align, limit, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
+                       GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr,
+                       LAYOUT: tl.constexpr):
+    # pair i of the tile: row r0 + i // BLOCK_G, group g0 + i % BLOCK_G (a row's BLOCK_G pairs share its loads)
+    i = tl.arange(0, BLOCK_R * BLOCK_G)
+    r = tl.program_id(0) * BLOCK_R + i // BLOCK_G
+    lane = i % BLOCK_G
+    in_rows = r < rows
+    route = tl.load(sorted_ptr + r, mask=in_rows, other=num_routes)
+    valid = route < num_routes
+    if LAYOUT:  # every row, tail included: DeepGEMM reads the expert of a block's first row, skips -1 sub-blocks
+        first = in_rows & (lane == 0)
+        expert = tl.load(block_expert_ptr + r // align, mask=first & valid, other=-1)
+        tl.store(layout_ptr + r, tl.where(valid, expert, -1), mask=first)
+    # POW2: padding rows get zero codes and scale 1, as the GEMM may read (and pack) every row
+    write = in_rows if POW2 else valid
+    if tl.max(write.to(tl.int32), axis=0) == 0:
         return
     src_row = (route // top_k) if GATHER else r
     base = src_ptr + src_row.to(tl.int64) * stride_src
-    for g in range(0, K // 128):
-        c = g * 128 + cols
+    q_row = q_ptr + r.to(tl.int64) * K
+    cols = tl.arange(0, 128)
+    num_groups = K // 128
+    for g0 in range(0, num_groups, BLOCK_G):
+        g = g0 + lane
+        load = valid & (g < num_groups)
+        c = (g * 128)[:, None] + cols[None, :]
         if SWIGLU:  # bf16 activations, as the other paths
-            act = _swiglu_f32(tl.load(base + c).to(tl.float32), tl.load(base + K + c).to(tl.float32), limit, CLAMP)
-            v = _to_bf16(act).to(tl.float32)
+            gate = tl.load(base[:, None] + c, mask=load[:, None], other=0.0).to(tl.float32)
+            up = tl.load(base[:, None] + K + c, mask=load[:, None], other=0.0).to(tl.float32)
+            v = _to_bf16(_swiglu_f32(gate, up, limit, CLAMP)).to(tl.float32)
         else:
-            v = tl.load(base + c).to(tl.float32)
-        amax = tl.maximum(tl.max(tl.abs(v), axis=0), 1e-4)
+            v = tl.load(base[:, None] + c, mask=load[:, None], other=0.0).to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-4)
         scale = amax / 448.0
         if POW2:  # rounded up to a power of two (UE8M0), exactly representable: SM100 packs scales to UE8M0
             bits = scale.to(tl.int32, bitcast=True)
-            up = (bits & 0x7FFFFF) != 0
-            scale = ((bits & 0x7F800000) + tl.where(up, 0x800000, 0)).to(tl.float32, bitcast=True)
-        y = tl.minimum(tl.maximum(v / scale, -448.0), 448.0)
-        tl.store(q_ptr + r.to(tl.int64) * K + c, _encode_fp8(y, False))
-        tl.store(sf_ptr + g * stride_sf_g + r, scale)
+            inexact = (bits & 0x7FFFFF) != 0
+            scale = ((bits & 0x7F800000) + tl.where(inexact, 0x800000, 0)).to(tl.float32, bitcast=True)
+            scale = tl.where(valid, scale, 1.0)  # padding rows loaded zeros: codes 0 with scale 1
+        y = tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0)
+        store = write & (g < num_groups)
+        tl.store(q_row[:, None] + c, _encode_fp8(y, False), mask=store[:, None])
+        tl.store(sf_ptr + g * stride_sf_g + r, scale, mask=store)
+
+
+def row_tile(num_rows: int, num_routes: int, k_dim: int, block: int = 128) -> tuple[int, int]:
+    """-> (BLOCK_R, BLOCK_G) for num_rows sorted rows holding num_routes routes.
+
+    Routes sit at the start of blocks of `block` rows (one expert's each, DeepGEMM's M alignment), so
+    num_routes * block / num_rows estimates the routes a block starts with: that many rows a program (a power of
+    two, at most MAX_BLOCK_R) keeps programs busy without leaving most of their rows empty; the rest of the tile
+    goes to 128-groups of the same rows, so a decode row is quantized in K/128/BLOCK_G steps."""
+    dense = num_routes * block // max(num_rows, 1)
+    block_r = 1 << max(0, min(dense, MAX_BLOCK_R).bit_length() - 1)
+    block_g = min(TILE // block_r, triton.next_power_of_2(max(k_dim // GROUP, 1)))
+    return block_r, block_g
 
 
 def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_routes: int, top_k: int, k_dim: int,
-                         *, gather: bool, swiglu_limit: float | None = None,
-                         pow2_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         *, gather: bool, swiglu_limit: float | None = None, pow2_scales: bool = False,
+                         layout: torch.Tensor | None = None, block_expert: torch.Tensor | None = None,
+                         tile: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (codes uint8 [rows, K] (view as float8_e4m3fn), scales fp32 [rows, K/128] with strides (1, rows)).
 
     rows = sorted_routes.numel() (a multiple of 4, so the MN-major scales are TMA-aligned); padding rows
     (sorted_routes >= num_routes) are left unwritten, or with pow2_scales (scales rounded up to powers of two,
     as SM100's UE8M0 packing needs) written as zeros with scale 1. src: x [T, K] (gather) or GEMM1's output
-    [rows, 2K]."""
+    [rows, 2K]. layout int32 [rows] with block_expert int32 [rows / block] (AlignedRoutes'): also filled with
+    each row's expert, -1 for padding rows (DeepGEMM's grouped_layout). tile: (BLOCK_R, BLOCK_G), else row_tile's."""
     if k_dim % GROUP:
         raise ValueError(f"quantize_routed_rows: K={k_dim} is not a multiple of {GROUP}")
     rows = sorted_routes.numel()
+    if (layout is None) != (block_expert is None):
+        raise ValueError("quantize_routed_rows: pass layout and block_expert together")
+    align = GROUP  # DeepGEMM's M alignment, for row_tile's estimate when no blocks are given
+    if block_expert is not None:
+        nb = block_expert.numel()
+        if layout.shape != (rows,) or layout.dtype != torch.int32 or (rows and (nb == 0 or rows % nb)):
+            raise ValueError(f"quantize_routed_rows: layout must be int32 [{rows}] and {rows} rows a whole number "
+                             f"of block_expert's {nb} blocks")
+        align = rows // max(nb, 1)
     q = torch.empty(rows, k_dim, dtype=torch.uint8, device=src.device)
     sf = torch.empty(k_dim // GROUP, rows, dtype=torch.float32, device=src.device)
     if rows:
         limit, clamp = swiglu_limit_args(swiglu_limit)
-        _quant_rows_kernel[(rows,)](src, src.stride(0), sorted_routes, q, sf, sf.stride(0), num_routes, top_k, k_dim,
-                                    limit, GATHER=gather, SWIGLU=swiglu_limit is not None, CLAMP=clamp,
-                                    POW2=pow2_scales)
+        block_r, block_g = tile or row_tile(rows, num_routes, k_dim, align)
+        has_layout = layout is not None
+        _quant_rows_kernel[(triton.cdiv(rows, block_r),)](
+            src, src.stride(0), sorted_routes, q, sf, sf.stride(0), layout if has_layout else sorted_routes,
+            block_expert if has_layout else sorted_routes, rows, num_routes, top_k, k_dim, align, limit,
+            BLOCK_R=block_r, BLOCK_G=block_g, GATHER=gather, SWIGLU=swiglu_limit is not None, CLAMP=clamp,
+            POW2=pow2_scales, LAYOUT=has_layout)
     return q, sf.t()

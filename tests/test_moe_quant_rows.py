@@ -1,0 +1,252 @@
+"""The tiled routed-row quantizer (moe_quant, issue 16) against the one-row-a-program kernel it replaced, frozen
+below: the same bytes in the codes and scales, and the same bytes left alone (padding rows without pow2 scales),
+for the GATHER and SWIGLU sources, every tile shape, row counts that are no multiple of BLOCK_R and K/128 no
+multiple of BLOCK_G. Also the grouped_layout the GATHER pass writes, and what a DeepGEMM MoE call launches."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import dsv4hal.kernels.grouped_fp8_moe as gm  # noqa: E402
+import dsv4hal.kernels.triton.moe_align as tma  # noqa: E402
+import dsv4hal.kernels.triton.moe_combine as mc  # noqa: E402
+import dsv4hal.kernels.triton.moe_quant as mq  # noqa: E402
+from dsv4hal.kernels.moe_align import align_routes  # noqa: E402
+from dsv4hal.kernels.triton.fp8_codec import _encode_fp8  # noqa: E402
+from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_limit_args  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+SENTINEL = 0xA7  # fills every fresh buffer: bytes a kernel leaves alone keep it
+
+
+@triton.jit
+def _one_row_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, num_routes, top_k, K, limit,
+                    GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr):
+    """The kernel before issue 16, verbatim: one program a sorted row."""
+    r = tl.program_id(0)
+    route = tl.load(sorted_ptr + r)
+    cols = tl.arange(0, 128)
+    if route >= num_routes:
+        if POW2:
+            for g in range(0, K // 128):
+                tl.store(q_ptr + r.to(tl.int64) * K + g * 128 + cols, tl.zeros([128], dtype=tl.uint8))
+                tl.store(sf_ptr + g * stride_sf_g + r, 1.0)
+        return
+    src_row = (route // top_k) if GATHER else r
+    base = src_ptr + src_row.to(tl.int64) * stride_src
+    for g in range(0, K // 128):
+        c = g * 128 + cols
+        if SWIGLU:
+            act = _swiglu_f32(tl.load(base + c).to(tl.float32), tl.load(base + K + c).to(tl.float32), limit, CLAMP)
+            v = _to_bf16(act).to(tl.float32)
+        else:
+            v = tl.load(base + c).to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(v), axis=0), 1e-4)
+        scale = amax / 448.0
+        if POW2:
+            bits = scale.to(tl.int32, bitcast=True)
+            up = (bits & 0x7FFFFF) != 0
+            scale = ((bits & 0x7F800000) + tl.where(up, 0x800000, 0)).to(tl.float32, bitcast=True)
+        y = tl.minimum(tl.maximum(v / scale, -448.0), 448.0)
+        tl.store(q_ptr + r.to(tl.int64) * K + c, _encode_fp8(y, False))
+        tl.store(sf_ptr + g * stride_sf_g + r, scale)
+
+
+def _one_row(src: torch.Tensor, sorted_routes: torch.Tensor, p: int, top_k: int, k: int, gather: bool,
+             limit: float | None, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = sorted_routes.numel()
+    q = torch.full((rows, k), SENTINEL, dtype=torch.uint8, device=DEV)
+    sf = torch.full((k // 128, rows * 4), SENTINEL, dtype=torch.uint8, device=DEV).view(torch.float32)
+    lim, clamp = swiglu_limit_args(limit)
+    _one_row_kernel[(rows,)](src, src.stride(0), sorted_routes, q, sf, sf.stride(0), p, top_k, k, lim, GATHER=gather,
+                             SWIGLU=limit is not None, CLAMP=clamp, POW2=pow2)
+    return q, sf.t()
+
+
+def _sentinel_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.empty inside moe_quant returns SENTINEL bytes, so unwritten elements can be compared too."""
+    real = torch.empty
+
+    def empty(*size: Any, dtype: torch.dtype, device: Any) -> torch.Tensor:
+        t = real(*size, dtype=dtype, device=device)
+        t.view(torch.uint8).fill_(SENTINEL)
+        return t
+
+    monkeypatch.setattr(mq.torch, "empty", empty)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8).cpu()
+
+
+def _case(rows: int, k: int, p: int, top_k: int, swiglu: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """src and sorted_routes with padding (value p) between, after and inside runs of routes, in random order."""
+    gen = torch.Generator().manual_seed(seed)
+    t = -(-p // top_k)
+    cols = 2 * k if swiglu else k
+    src = torch.randn(rows if swiglu else t, cols, generator=gen) * 8
+    src[0, :128] = 0  # an all-zero group: amax floored at 1e-4
+    src[-1, 128:256] *= 1e-6  # tiny values: subnormal codes
+    routes = torch.randperm(rows, generator=gen)[:rows]
+    sorted_routes = torch.where(routes < p, routes, p).to(torch.int32)
+    return src.bfloat16().to(DEV), sorted_routes.to(DEV)
+
+
+SOURCES = [("gather", None), ("swiglu", 10.0), ("swiglu", math.inf)]
+TILES = [(1, 16), (2, 8), (4, 4), (8, 2), (16, 1), None]  # None: row_tile's choice
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize(("source", "limit"), SOURCES)
+def test_bytes_match_the_one_row_kernel(monkeypatch: pytest.MonkeyPatch, source: str, limit: float | None,
+                                        pow2: bool, tile: tuple[int, int] | None) -> None:
+    # 37 rows (no multiple of any BLOCK_R > 1), K = 384 (3 groups: BLOCK_G 2, 4, 8, 16 leave lanes empty)
+    rows, k, p, top_k = 37, 384, 23, 3
+    src, sorted_routes = _case(rows, k, p, top_k, source == "swiglu", seed=len(source) + int(pow2))
+    want_q, want_sf = _one_row(src, sorted_routes, p, top_k, k, source == "gather", limit, pow2)
+    _sentinel_empty(monkeypatch)
+    q, sf = mq.quantize_routed_rows(src, sorted_routes, p, top_k, k, gather=source == "gather", swiglu_limit=limit,
+                                    pow2_scales=pow2, tile=tile)
+    assert sf.shape == (rows, 3) and sf.stride() == (1, rows)
+    assert torch.equal(_bytes(q), _bytes(want_q))
+    assert torch.equal(_bytes(sf.t()), _bytes(want_sf.t()))
+    padding = (sorted_routes >= p).cpu()
+    assert bool((_bytes(q)[padding] == (0 if pow2 else SENTINEL)).all())
+
+
+def test_strided_gemm1_rows_and_wide_k(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SWIGLU rows read from a wider buffer (row stride > 2K) and K = 2048 (16 groups, several BLOCK_G steps)."""
+    rows, k, p = 12, 2048, 9
+    gen = torch.Generator().manual_seed(5)
+    big = (torch.randn(rows, 2 * k + 256, generator=gen) * 30).bfloat16().to(DEV)
+    src = big[:, : 2 * k]
+    sorted_routes = torch.tensor([3, 9, 0, 9, 8, 1, 2, 9, 4, 5, 6, 7], dtype=torch.int32, device=DEV)
+    want_q, want_sf = _one_row(src, sorted_routes, p, 1, k, False, 10.0, False)
+    _sentinel_empty(monkeypatch)
+    for tile in ((1, 16), (2, 4), (4, 4)):
+        q, sf = mq.quantize_routed_rows(src, sorted_routes, p, 1, k, gather=False, swiglu_limit=10.0, tile=tile)
+        assert torch.equal(_bytes(q), _bytes(want_q)) and torch.equal(_bytes(sf.t()), _bytes(want_sf.t()))
+
+
+@pytest.mark.parametrize(("t", "k", "e"), [(1, 6, 16), (5, 3, 8), (40, 4, 4)])
+def test_layout_written_by_the_gather_pass(t: int, k: int, e: int) -> None:
+    """The grouped_layout from the GATHER launch is the tensor the torch ops built before (where +
+    repeat_interleave), tail blocks included."""
+    gen = torch.Generator().manual_seed(t)
+    ids = torch.randint(0, e, (t, k), generator=gen, dtype=torch.int32)
+    ids[0, 0] = -1  # dropped
+    routes = align_routes(ids.to(DEV), e, 8)
+    rows, p = routes.sorted_routes.numel(), t * k
+    x = torch.randn(t, 128, generator=gen).bfloat16().to(DEV)
+    layout = torch.full((rows,), 77, dtype=torch.int32, device=DEV)
+    q, sf = mq.quantize_routed_rows(x, routes.sorted_routes, p, k, 128, gather=True, layout=layout,
+                                    block_expert=routes.block_expert)
+    want = torch.where(routes.sorted_routes < p, routes.block_expert.repeat_interleave(8), -1)
+    assert torch.equal(layout.cpu(), want.cpu())
+    with pytest.raises(ValueError, match="together"):
+        mq.quantize_routed_rows(x, routes.sorted_routes, p, k, 128, gather=True, layout=layout)
+    with pytest.raises(ValueError, match="int32"):
+        mq.quantize_routed_rows(x, routes.sorted_routes, p, k, 128, gather=True, layout=layout[1:],
+                                block_expert=routes.block_expert)
+
+
+def test_row_tile() -> None:
+    """Decode rows are sparse (a route or two at a block's start): one row, many groups; prefill: 16 rows."""
+    assert mq.row_tile(768, 6, 4096) == (1, 16)  # T=1, top-6 of 256 experts, H=4096
+    assert mq.row_tile(57088, 24576, 4096) == (16, 1)  # T=4096
+    assert mq.row_tile(35584, 3072, 2048) == (8, 2)  # T=512: ~11 routes a block
+    assert mq.row_tile(8, 6, 128) == (16, 1)  # one group only: the tile is all rows
+    assert mq.row_tile(0, 0, 256) == (1, 2)
+
+
+# ---------------------------------------------------------------- launches of one DeepGEMM MoE call
+
+class _Launches:
+    """Wraps a Triton kernel: counts launches and marks them, so that the interpreter's own torch ops are not
+    taken for the glue's."""
+
+    inside = 0
+
+    def __init__(self, kernel: Any, counts: dict[str, int], name: str) -> None:
+        self.kernel, self.counts, self.name = kernel, counts, name
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.counts[self.name] = self.counts.get(self.name, 0) + 1
+            _Launches.inside += 1
+            try:
+                self.kernel[grid](*args, **kwargs)
+            finally:
+                _Launches.inside -= 1
+        return launch
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if not _Launches.inside:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass(frozen=True)
+class _Weights:
+    num_experts: int = 8
+    hidden: int = 256
+    intermediate: int = 128
+    alignment: int = 128
+    w13: Any = None
+    w13_scale: Any = None
+    w2: Any = None
+    w2_scale: Any = None
+
+
+# allocations and views: no kernel, what is left of the torch ops around the GPU work
+NO_KERNEL = {"aten.empty.memory_format", "aten.view.default", "aten.view.dtype", "aten.t.default",
+             "aten.detach.default"}
+
+
+@pytest.mark.parametrize("t", [1, 30])
+def test_one_call_launches(monkeypatch: pytest.MonkeyPatch, t: int) -> None:
+    """align (one launch up to 512 routes), two quantize passes (the first writes grouped_layout), two GEMMs and
+    the combine: no torch kernel between them (the layout took three: lt, clone of the repeat, where)."""
+    counts: dict[str, int] = {}
+    for mod, name in ((tma, "_align_kernel"), (mq, "_quant_rows_kernel"), (mc, "_combine_kernel")):
+        monkeypatch.setattr(mod, name, _Launches(getattr(mod, name), counts, name))
+    monkeypatch.setattr(gm, "align_routes", functools.partial(align_routes, impl="triton"))  # the GPU's path
+    layouts: list[torch.Tensor] = []
+
+    def gemm(a: Any, b: Any, d: torch.Tensor, grouped_layout: torch.Tensor) -> None:
+        counts["gemm"] = counts.get("gemm", 0) + 1
+        layouts.append(grouped_layout)  # d left as it is: the values do not matter here
+
+    gen = torch.Generator().manual_seed(t)
+    x = torch.randn(t, 256, generator=gen).bfloat16().to(DEV)
+    ids = torch.randint(0, 8, (t, 4), generator=gen, dtype=torch.int32).to(DEV)
+    tw = torch.rand(t, 4, generator=gen).to(DEV)
+    gm.grouped_fp8_moe(gemm, x, ids, tw, _Weights(), 10.0)  # warm-up: compiles
+    counts.clear()
+    with _Ops() as mode:
+        y = gm.grouped_fp8_moe(gemm, x, ids, tw, _Weights(), 10.0)
+    assert y.shape == (t, 256)
+    assert counts == {"_align_kernel": 1, "_quant_rows_kernel": 2, "_combine_kernel": 1, "gemm": 2}
+    assert set(mode.ops) <= NO_KERNEL, sorted(set(mode.ops) - NO_KERNEL)
+    assert layouts[-1] is layouts[-2] and layouts[-1].dtype == torch.int32

@@ -94,6 +94,7 @@ OPS: tuple[OpSpec, ...] = (
           h_q=64, width=640),
     _spec("indexer_topk", "indexer_topk",
           "top-k (512/1024) of indexer scores with per-row lengths and the page transform",
+          alternates=({"k": 512, "page_transform": True, "size": "small"},),  # decode at 32K context (S 8192)
           k=512, page_transform=True, size="large"),
     _spec("compress", "compress", "C4 (overlapping) and C128 compressors with RMSNorm and RoPE",
           ratio=4, hd=512, hadamard=False),

@@ -32,6 +32,17 @@ def _route_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]
     return reasons
 
 
+ROW_TOPK_MAX = 16384  # topk_row.MAX_ROW: the widest row one program holds, the op's case size=small
+
+
+def _row_topk_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    reasons = interpreter_on_cpu(case, info)
+    if case.get("size") == "large":
+        reasons.append(f"triton_row_topk holds one row in registers, at most {ROW_TOPK_MAX} scores (case "
+                       f"size=small); this case is wider (size=large): triton_radix_topk takes it")
+    return reasons
+
+
 def register(registry: Registry) -> None:
     common = dict(platforms=("cpu",), platform_capability=CAPABILITY, priority=PRIORITY, tier="portable",
                   requires=("triton",), supports=interpreter_on_cpu)
@@ -51,6 +62,13 @@ def register(registry: Registry) -> None:
                                                "or above the k-th bin, exact select among them (2 reads instead of "
                                                "5); one below triton_radix_topk until timed on the GPU",
                                    **{**common, "priority": {p: v - 1 for p, v in PRIORITY.items()}}))
+    # below triton_radix_topk (and triton_filter_topk) until `dsv4hal tune` has timed it on the GPU
+    registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_row_topk", target=f"{_MOD}.topk_row:indexer_topk",
+                                   description="one launch, one program per row of at most 16384 scores: the row "
+                                               "as a register tile of 32-bit keys, bisection over the key bits for "
+                                               "the exact k-th key, one prefix sum for the output slots",
+                                   **{**common, "supports": _row_topk_supports,
+                                      "priority": {p: v - 2 for p, v in PRIORITY.items()}}))
     registry.add_kernel(KernelImpl(op="sparse_attention_decode", name="triton_sparse_decode",
                                    target=f"{_MOD}.sparse_attention:sparse_attention_decode",
                                    layout="v4-584 (e4m3fn or e4m3fnuz)",

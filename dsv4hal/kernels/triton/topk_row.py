@@ -1,0 +1,92 @@
+"""Single-launch top-k for the indexer (spec 4.3) when a row fits in registers (S <= 16384) in Triton.
+
+The radix kernel (topk.py) spends ~9 launches on a row of 8192 scores, so under CUDA graphs its time is
+launch latency. Here one program owns one row (grid = (B,)): it loads the row once as a register tile of
+order-preserving 32-bit keys and never goes back to global memory until it writes its outputs:
+  1. select: a bisection over the key bits finds the exact k-th largest key T. Step i tries
+     thr | 2^(31-i) and keeps it when at least k keys are >= it: one compare a key (~4 SASS instructions
+     on sm_90) and one block reduction. Radix levels of 8-bit tl.histogram cost ~60 instructions a key a
+     level (9 ballots, 8 popcounts: Triton's lowering), about twice the ALU work per resolved bit, in fewer
+     but heavier barrier rounds. The search stops once exactly k keys are >= the trial value (T's ties
+     are then all taken), which for distinct scores comes after ~20 of the 32 steps;
+  2. write: keys > T and the first `need` keys == T (lowest index first) get their output slot from one
+     prefix sum over the row (both counts packed in one int32: a row has < 2^16 keys), applying the page
+     transform on the way.
+Output contract as in the radix kernel: keys above T fill [0, k - need) in index order, the ties
+[k - need, k); rows with n <= k get 0..n-1 in order, then -1; a length past S selects among the S scores
+there are, and a position whose page is past the table gets slot -1. One fixed-grid launch, no scratch
+buffers, no host sync: CUDA-graph safe."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4hal.kernels.triton.topk import _order_key, _store_selected, topk_outputs
+
+MAX_ROW = 16384  # widest row one program holds: 32 keys a thread at 16 warps (the op's case size=small)
+MIN_BLOCK = 256  # keep every thread of 4+ warps owning at least one key; shorter rows only mask more
+
+
+@triton.jit
+def _row_topk_kernel(scores_ptr, stride_s, len_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, S, P,
+                     K: tl.constexpr, BLOCK: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr):
+    row = tl.program_id(0)
+    n_given = tl.load(len_ptr + row)
+    n = tl.minimum(n_given, S)  # a length past S (refused in checked mode) reads no further
+    out_row = row.to(tl.int64) * K
+    if n <= K:  # indices 0..n-1 in order, then -1; needs no score, so a length past S is only capped by K
+        n = tl.minimum(n_given, K)
+        p = tl.arange(0, K)
+        raw = tl.where(p < n, p, -1)
+        _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, p, raw, p < K, PAGE_SHIFT, HAS_PT)
+    else:
+        j = tl.arange(0, BLOCK)
+        m = j < n
+        x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + j, mask=m, other=0.0)
+        # positions past n get key 0, the smallest: every trial below is >= 1, so they are never counted
+        key = tl.where(m, _order_key(x), 0)
+        thr = tl.full((), 0, tl.uint32)  # invariant: at least K keys are >= thr
+        step = tl.full((), 0x80000000, tl.uint32)
+        while step != 0:
+            trial = thr | step
+            c = tl.sum((key >= trial).to(tl.int32), axis=0)
+            thr = tl.where(c >= K, trial, thr)
+            # exactly K keys >= trial: thr is final and its ties are all taken (need below = their count)
+            step = tl.where(c == K, 0, step >> 1)
+        gt = key > thr
+        eq = m & (key == thr)  # m: a masked position's key 0 equals thr when thr stays 0 (all-ones NaNs)
+        packed = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # both counts in one scan: n < 2^16
+        above = tl.sum(packed, axis=0) & 0xFFFF
+        incl = tl.cumsum(packed, axis=0)
+        r_gt = (incl & 0xFFFF) - gt.to(tl.int32)  # exclusive ranks: index order within each class
+        r_eq = (incl >> 16) - eq.to(tl.int32)
+        ok = gt | (eq & (r_eq < K - above))
+        pos = tl.where(gt, r_gt, above + r_eq)
+        _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, j, ok, PAGE_SHIFT, HAS_PT)
+
+
+def launch_config(s: int) -> dict[str, int]:
+    """BLOCK: the row padded to a power of two; warps: ~32 keys a thread (4 warps at least, 16 at most)."""
+    block = max(triton.next_power_of_2(max(s, 1)), MIN_BLOCK)
+    return {"block": block, "num_warps": min(16, max(4, block // 1024))}
+
+
+def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
+                 page_size: int = 64, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    b, s = scores.shape
+    if s > MAX_ROW:  # selection never routes such a case here (supports() rejects size=large)
+        raise ValueError(f"triton_row_topk holds rows of at most {MAX_ROW} scores in registers; got {s} "
+                         "(use triton_radix_topk)")
+    raw, pages = topk_outputs(b, k, page_table is not None, scores.device)
+    if b == 0:
+        return raw, pages
+    cfg = {**launch_config(s), **(config or {})}
+    assert cfg["block"] >= s and cfg["block"] & (cfg["block"] - 1) == 0, "the whole row is one power-of-two tile"
+    pt = page_table if page_table is not None else raw
+    _row_topk_kernel[(b,)](scores, scores.stride(0), lengths, raw, pages if pages is not None else raw, pt,
+                           pt.stride(0), s, pt.shape[1], K=k, BLOCK=cfg["block"],
+                           PAGE_SHIFT=page_size.bit_length() - 1, HAS_PT=page_table is not None,
+                           num_warps=cfg["num_warps"])
+    return raw, pages

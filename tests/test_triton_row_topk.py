@@ -1,0 +1,204 @@
+"""triton_row_topk (one program per row, the row in registers): the indexer_topk contract on every row width
+it takes (1..16384), both k, lengths 0, < k, == k, > S, heavy ties, +-inf and NaN, with and without a page
+table; its output layout (as in the radix kernel); the conformance catalog forced through the platform; and
+the refusal of rows wider than 16384. Under the interpreter on CPU machines, natively on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dsv4hal
+from dsv4hal.conformance.cases_indexer_topk import check_topk
+from dsv4hal.conformance.runner import load_catalog, run_cell
+from dsv4hal.errors import UnsupportedCaseError
+from dsv4hal.hardware import simulated
+from dsv4hal.ops.catalog import OPS_BY_NAME
+from dsv4hal.ops.indexer_topk import case as topk_case
+from dsv4hal.reference.indexer_topk import page_transform
+
+pytest.importorskip("triton")
+
+from dsv4hal.kernels.triton import registrations  # noqa: E402
+from dsv4hal.kernels.triton.topk_row import MAX_ROW, indexer_topk  # noqa: E402
+
+FORCED = {"indexer_topk": "triton_row_topk"}
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+WIDTHS = (1, 7, 511, 512, 513, 1000, 4096, 8192, 16384)
+CATALOG = [(s, b) for s, b in load_catalog(FORCED) if s.op == "indexer_topk" and int(s.params["s"]) <= MAX_ROW
+           and (not s.gpu_only or torch.cuda.is_available())]
+
+
+def check_rows(got: tuple[torch.Tensor, torch.Tensor | None], scores: torch.Tensor, lengths: torch.Tensor,
+               page_table: torch.Tensor | None, k: int) -> None:
+    """The contract, extended to lengths past S as the radix kernel and the reference treat them: a row whose
+    min(n, S) <= k gets 0..min(n, k)-1 then -1 (scores ignored; slots past the table -1), any other row selects
+    among its first min(n, S) scores (checked by the conformance checker)."""
+    raw, pages = (None if t is None else t.cpu() for t in got)
+    scores, lengths = scores.cpu(), lengths.cpu()
+    pt = None if page_table is None else page_table.cpu()
+    s = scores.shape[1]
+    n = lengths.long().clamp(max=s)
+    prefix = n <= k
+    want = torch.arange(k)[None, :].expand(int(prefix.sum()), k)
+    want = torch.where(want < lengths.long()[prefix, None].clamp(max=k), want, -1).int()
+    assert torch.equal(raw[prefix], want)
+    if pt is None:
+        assert pages is None
+    else:
+        assert torch.equal(pages[prefix], page_transform(want, pt[prefix], 64))
+    sel = ~prefix
+    if bool(sel.any()):
+        wrong, ok, detail = check_topk((raw[sel], None if pages is None else pages[sel]), scores[sel],
+                                       n[sel].int(), None if pt is None else pt[sel], k)
+        assert ok, detail
+
+
+def _batch(s: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows for width s: random, ties, all equal, +-inf; lengths s, 0, k-1, k, k+1, past s, random."""
+    rows = [torch.randn(s, generator=gen) for _ in range(4)]
+    rows.append((torch.randn(s, generator=gen) * 2).round() / 2)  # heavy ties at every threshold
+    rows.append(torch.ones(s))  # one value: the k-th key ties with every key
+    inf = torch.randn(s, generator=gen)
+    inf[torch.randperm(s, generator=gen)[: s // 3]] = float("-inf")  # ties at -inf where < k are finite (s < 1.5 k)
+    inf[torch.randperm(s, generator=gen)[:5]] = float("inf")
+    rows.append(inf)
+    rows.append((torch.randn(s, generator=gen) * 8).round())
+    r = int(torch.randint(k + 1, s + 1, (), generator=gen)) if s > k else s
+    # s + 5: past S (refused in checked mode); for s < k so are k - 1, k and k + 1 (the n <= k rule)
+    lengths = torch.tensor([s, 0, k - 1, k, k + 1, s + 5, s, r], dtype=torch.int32)
+    return torch.stack(rows), lengths
+
+
+def _table(b: int, s: int, gen: torch.Generator) -> torch.Tensor:
+    pages = max(1, -(-s // 64))  # exactly the pages S needs: indices past S (n <= k rule) fall off the table
+    return torch.stack([torch.randperm(pages * 3, generator=gen)[:pages] for _ in range(b)]).int()
+
+
+@pytest.mark.parametrize("k", [512, 1024])
+@pytest.mark.parametrize("s", WIDTHS)
+def test_matches_contract(s: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(s * 7 + k)
+    scores, lengths = _batch(s, k, gen)
+    pt = _table(scores.shape[0], s, gen) if s % 2 == 0 or s == 1 else None  # both ways across the widths
+    got = indexer_topk(scores.to(DEV), lengths.to(DEV), k, None if pt is None else pt.to(DEV), 64)
+    check_rows(got, scores, lengths, pt, k)
+    if pt is not None:  # the other way at this width too, on two rows (random, ties)
+        got = indexer_topk(scores[[0, 4]].to(DEV), lengths[[0, 4]].to(DEV), k)
+        check_rows(got, scores[[0, 4]], lengths[[0, 4]], None, k)
+
+
+def test_row_stride_and_page_size() -> None:
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(3, 5003, generator=gen)
+    scores = wide[:, :5000]  # a free row stride
+    lengths = torch.tensor([5000, 4000, 700], dtype=torch.int32)
+    pt = torch.stack([torch.randperm(200, generator=gen)[:40] for _ in range(3)]).int()
+    got = indexer_topk(scores.to(DEV), lengths.to(DEV), 512, pt.to(DEV), 128)
+    raw, pages = (t.cpu() for t in got)
+    check_rows((raw, None), scores, lengths, None, 512)
+    assert torch.equal(pages, page_transform(raw, pt, 128))
+
+
+def test_output_layout_is_the_radix_kernels() -> None:
+    """Keys above the k-th fill [0, k - need) in index order, then the lowest-index `need` ties."""
+    gen = torch.Generator().manual_seed(11)
+    s, k = 3000, 512
+    row = torch.randn(s, generator=gen) - 10
+    top = torch.randperm(s, generator=gen)
+    row[top[:300]] = 5 + torch.rand(300, generator=gen)  # 300 above the threshold ...
+    row[top[300:1200]] = 2.0  # ... and 900 ties at it: 212 are taken
+    raw = indexer_topk(row[None].to(DEV), torch.tensor([s], dtype=torch.int32, device=DEV), k)[0][0].cpu()
+    assert torch.equal(raw[:300], top[:300].sort().values.int())
+    assert torch.equal(raw[300:], top[300:1200].sort().values[: k - 300].int())
+
+
+def test_nan_scores() -> None:
+    """Unchecked input (checked mode refuses it). A NaN with the sign bit clear orders above +inf, as in the
+    reference (torch.topk); one with the sign bit set orders below -inf, as in the radix kernel (the same keys;
+    torch.topk takes it as the largest)."""
+    from dsv4hal.kernels.triton.topk import indexer_topk as radix_topk
+
+    gen = torch.Generator().manual_seed(5)
+    s, k = 2000, 512
+    scores = torch.randn(3, s, generator=gen)
+    nan_at = torch.randperm(s, generator=gen)[:40]
+    scores[0, nan_at] = float("nan")
+    scores[1, nan_at] = -float("nan")
+    many = torch.randperm(s, generator=gen)[:1700]  # more than s - k: some must be taken
+    scores[2, many] = -float("nan")
+    lengths = torch.full((3,), s, dtype=torch.int32)
+    raw = indexer_topk(scores.to(DEV), lengths.to(DEV), k)[0].cpu()
+    assert set(raw[0].tolist()) == set(scores[0].nan_to_num(nan=float("inf")).topk(k).indices.tolist())
+    radix = radix_topk(scores[:2].to(DEV), lengths[:2].to(DEV), k)[0].cpu()
+    for i in range(2):  # no ties among the selected keys: the sets are unique
+        assert set(raw[i].tolist()) == set(radix[i].tolist())
+    assert not set(nan_at.tolist()) & set(raw[1].tolist())
+    finite = torch.ones(s, dtype=torch.bool).index_fill_(0, many, False).nonzero().flatten()
+    assert torch.equal(raw[2, : s - 1700], finite.int())  # every other score first, then the lowest NaNs
+    assert torch.equal(raw[2, s - 1700:], many.sort().values[: k - (s - 1700)].int())
+    # the all-ones NaN has key 0, the smallest: the k-th key is 0 and the search keeps no bit
+    low = torch.full((1, s), -1, dtype=torch.int32).view(torch.float32)
+    low[0, :100] = torch.randn(100, generator=gen)
+    raw = indexer_topk(low.to(DEV), torch.tensor([1500], dtype=torch.int32, device=DEV), k)[0][0].cpu()
+    assert torch.equal(raw, torch.arange(k, dtype=torch.int32))
+
+
+def test_no_write_past_the_row() -> None:
+    """Exactly k outputs a row, ties or not: a guard past the row's k slots is left alone."""
+    from dsv4hal.kernels.triton.topk_row import _row_topk_kernel, launch_config
+
+    gen = torch.Generator().manual_seed(13)
+    s, k, guard = 3000, 512, 64
+    scores = torch.randn(3, s, generator=gen)
+    scores[0, torch.randperm(s, generator=gen)[:900]] = 5.0  # 900 ties at the k-th key
+    scores[1] = 1.0
+    pt = torch.stack([torch.randperm(200, generator=gen)[:47] for _ in range(3)]).int().to(DEV)
+    for row, n in ((0, s), (1, s), (2, 100)):  # one row a launch: nothing after it to cover a stray write
+        raw = torch.full((k + guard,), -7, dtype=torch.int32, device=DEV)
+        pages = torch.full_like(raw, -7)
+        cfg = launch_config(s)
+        _row_topk_kernel[(1,)](scores[row:row + 1].to(DEV), s, torch.tensor([n], dtype=torch.int32, device=DEV), raw,
+                               pages, pt[row:row + 1], pt.stride(0), s, pt.shape[1], K=k, BLOCK=cfg["block"],
+                               PAGE_SHIFT=6, HAS_PT=True, num_warps=cfg["num_warps"])
+        assert bool((raw[k:] == -7).all()) and bool((pages[k:] == -7).all())
+        assert bool((raw[:k] != -7).all()) and bool((pages[:k] != -7).all())
+
+
+@pytest.fixture(scope="module")
+def platform():  # noqa: ANN201
+    """The platform with triton_row_topk forced: binding accepts it because decode at 32K context (S = 8192,
+    size=small) is one of the op's typical cases."""
+    assert any(c.get("size") == "small" for c in OPS_BY_NAME["indexer_topk"].alternate_cases)
+    with dsv4hal.overrides(kernels=FORCED):
+        return dsv4hal.select_platform()
+
+
+@pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[s.name for s, _ in CATALOG])
+def test_conformance_catalog(platform, spec, build) -> None:  # noqa: ANN001
+    cell = run_cell(platform, spec, build, "eager")
+    assert cell.implementation == "triton_row_topk"
+    assert cell.status == "pass", cell.detail
+
+
+def test_rows_wider_than_16384_are_refused(platform) -> None:  # noqa: ANN001
+    assert MAX_ROW == registrations.ROW_TOPK_MAX == 16384
+    small, large = torch.zeros(1, MAX_ROW), torch.zeros(1, MAX_ROW + 1)
+    lengths = torch.ones(1, dtype=torch.int32)
+    assert topk_case(small, lengths, 512)["size"] == "small" and topk_case(large, lengths, 512)["size"] == "large"
+    impl = {i.name: i for i in dsv4hal.load_registry().kernels_for("indexer_topk")}["triton_row_topk"]
+    gpu = simulated("sm90", libraries={"torch": "2", "triton": "3"})
+    assert impl.supports(topk_case(small, lengths, 512), gpu) == []
+    (reason,) = impl.supports(topk_case(large, lengths, 1024), gpu)
+    assert "16384" in reason and "triton_radix_topk" in reason
+    with pytest.raises(UnsupportedCaseError, match="16384"):
+        platform.ops.indexer_topk(large.to(DEV), lengths.to(DEV), 512)
+    with pytest.raises(ValueError, match="16384"):
+        indexer_topk(large, lengths, 512)
+
+
+def test_registered_below_radix_and_filter() -> None:
+    impls = {i.name: i for i in dsv4hal.load_registry().kernels_for("indexer_topk")}
+    for plat in ("cpu", "cuda_sm90", "cuda_sm100", "rocm"):  # nothing changes until `dsv4hal tune` times it
+        assert impls["triton_row_topk"].priority_on(plat) < impls["triton_filter_topk"].priority_on(plat)
+        assert impls["triton_row_topk"].priority_on(plat) < impls["triton_radix_topk"].priority_on(plat)

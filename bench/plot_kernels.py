@@ -29,7 +29,7 @@ def _bars(ax, labels: list[str], series: dict[str, list[float]], title: str, goa
 def main(src: str, dst: str) -> None:
     b = json.load(open(src))
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
-    mhc = b["mhc"]
+    mhc = [r for r in b["mhc"] if r.get("op") != "mhc_pre_gemm"]  # the GEMM-part comparison rows: printed, not drawn
     labels = [f"{r['op']} T={r['T']}" for r in mhc]
     _bars(axes[0], labels, {"triton": [next(v for k, v in r["floor_ratio"].items() if k.startswith("triton"))
                                        for r in mhc],

@@ -292,13 +292,44 @@ def _splits(t_blocks: int, width: int, block: int, device: torch.device) -> tupl
     return triton.cdiv(width, chunk), chunk
 
 
+def _npad(rows: int) -> int:
+    return 16 if rows <= 16 else 32
+
+
+def _pre_partials(x: torch.Tensor, fn: torch.Tensor, npad: int, prec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch 1 of the unfused gated ops: x contiguous [T >= 1, 4, d], fn contiguous [rows, 4d]."""
+    t, _, d = x.shape
+    bt = _block_t(t)
+    t_blocks = triton.cdiv(t, bt)
+    bk = 128 if bt == 16 else 64
+    s, chunk = _splits(t_blocks, HC * d, bk, x.device)
+    mix_ws = torch.empty(s, t, npad, dtype=torch.float32, device=x.device)
+    sq_ws = torch.empty(s, t, dtype=torch.float32, device=x.device)
+    _gemm_partials_kernel[(t_blocks, s)](x, fn, mix_ws, sq_ws, t, HC * d, chunk, ROWS=fn.shape[0], NPAD=npad,
+                                         BLOCK_T=bt, BLOCK_K=bk, PRECISION=prec, num_warps=4)
+    return mix_ws, sq_ws
+
+
+def prenorm_partials(x: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """mhc_pre's (and mhc_head's) first launch alone, the same launch they make: for benchmarks, not an op.
+    x bf16 [T, 4, d], fn fp32 [rows, 4d] -> (mix fp32 [splits, T, npad >= rows], sum of squares fp32
+    [splits, T]); summed over dim 0, mix[..., :rows] is x.flatten(1) @ fn^T and the other x.flatten(1)^2 summed
+    per row."""
+    t = x.shape[0]
+    npad = _npad(fn.shape[0])
+    if t == 0:
+        return (torch.empty(1, 0, npad, dtype=torch.float32, device=x.device),
+                torch.empty(1, 0, dtype=torch.float32, device=x.device))
+    return _pre_partials(x.contiguous(), fn.contiguous(), npad, _precision())
+
+
 def _gated(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float,
            hc_eps: float, iters: int, head: bool, fused: tuple[torch.Tensor, ...] | None
            ) -> tuple[torch.Tensor, ...]:
     t, _, d = x.shape
     dev = x.device
     rows = fn.shape[0]
-    npad = 16 if rows <= 16 else 32
+    npad = _npad(rows)
     y = torch.empty(t, d, dtype=torch.bfloat16, device=dev)
     if head:  # no post or comb: y stands in for their (never written) pointers
         post = comb = y
@@ -313,12 +344,8 @@ def _gated(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     t_blocks = triton.cdiv(t, bt)
     prec = _precision()
     if fused is None:
-        bk = 128 if bt == 16 else 64
-        s, chunk = _splits(t_blocks, HC * d, bk, dev)
-        mix_ws = torch.empty(s, t, npad, dtype=torch.float32, device=dev)
-        sq_ws = torch.empty(s, t, dtype=torch.float32, device=dev)
-        _gemm_partials_kernel[(t_blocks, s)](x, fn, mix_ws, sq_ws, t, HC * d, chunk, ROWS=rows, NPAD=npad,
-                                             BLOCK_T=bt, BLOCK_K=bk, PRECISION=prec, num_warps=4)
+        mix_ws, sq_ws = _pre_partials(x, fn, npad, prec)
+        s = mix_ws.shape[0]
     else:
         f, p, c = (v.contiguous() for v in fused)
         bc = 64 if bt == 16 else 32

@@ -1,11 +1,15 @@
-"""The DeepGEMM FP8 MoE binding (dsv4hal_cuda_sm90.deepgemm_moe) against a fake `deep_gemm` module whose
-m_grouped_fp8_gemm_nt_contiguous checks the documented SM90 contract (docs/vendor-apis.md 2.2-2.3: K-major
-operands, fp32 SFA [M, K/128] and SFB [G, N/128, K/128], int32 grouped_layout with -1 padding, segments aligned)
-and then computes the GEMM in float64 from the codes and scales it was given. The glue (route alignment, the
-Triton gather/SwiGLU quantization under the interpreter, the combine) is thereby checked numerically against
-the float64 oracle; DeepGEMM's own kernel is not (that is the H200 conformance)."""
+"""The DeepGEMM FP8 MoE bindings (dsv4hal_cuda_sm90.deepgemm_moe: the per-row layout and the psum layout) against
+a fake `deep_gemm` module whose m_grouped_fp8_gemm_nt_contiguous checks the documented SM90 contract
+(docs/vendor-apis.md 2.2-2.3: K-major operands, fp32 SFA [M, K/128] and SFB [G, N/128, K/128], int32
+grouped_layout: [M] with -1 padding and aligned segments, or with use_psum_layout [G] unaligned ends, group g
+from align(end[g-1], 128)) and then computes the GEMM in float64 from the codes and scales it was given, for the
+rows DeepGEMM 2.5.0's scheduler gives a group only. The glue (route alignment, the Triton gather/SwiGLU
+quantization under the interpreter, the combine) is thereby checked numerically against the float64 oracle;
+DeepGEMM's own kernel is not (that is the H200 conformance)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
@@ -38,29 +42,46 @@ class FakeDeepGemm:
     def get_mk_alignment_for_contiguous_layout(self) -> int:
         return ALIGN
 
-    def m_grouped_fp8_gemm_nt_contiguous(self, a, b, d, grouped_layout, **kw) -> None:  # noqa: ANN001
+    def m_grouped_fp8_gemm_nt_contiguous(self, a, b, d, grouped_layout, *, use_psum_layout: bool = False,  # noqa: ANN001
+                                         expected_m_for_psum_layout: int | None = None) -> None:
         (aq, sfa), (bq, sfb) = a, b
         m, k = aq.shape
         g, n, kb = bq.shape
-        assert not kw and kb == k and aq.dtype == bq.dtype == torch.float8_e4m3fn
+        assert kb == k and aq.dtype == bq.dtype == torch.float8_e4m3fn
         assert aq.stride(1) == 1 and bq.stride(2) == 1, "SM90 takes K-major (NT) operands only"
         assert sfa.dtype == sfb.dtype == torch.float32 and sfa.shape == (m, k // 128)
         assert sfa.stride() == (1, m) and m % 4 == 0, "SFA MN-major and TMA-aligned (no per-call transform)"
         assert sfb.shape == (g, -(-n // 128), k // 128) and sfb.is_contiguous()
         assert d.shape == (m, n) and d.dtype == torch.bfloat16 and d.is_contiguous()
-        assert grouped_layout.dtype == torch.int32 and grouped_layout.shape == (m,) and grouped_layout.is_contiguous()
+        assert grouped_layout.dtype == torch.int32 and grouped_layout.is_contiguous()
         assert m % ALIGN == 0
-        lay = grouped_layout.long()
-        for start in range(0, m, ALIGN):  # each segment of one expert starts on an aligned row
-            seg = lay[start:start + ALIGN]
-            used = seg[seg >= 0]
-            assert used.numel() == 0 or (bool((used == used[0]).all()) and int(seg[0]) >= 0)
-        self.calls.append({"m": m, "n": n, "k": k, "g": g})
-        for r in (lay >= 0).nonzero().squeeze(1).tolist():
-            e = int(lay[r])
-            a_row = _dequant(aq[r:r + 1].float(), sfa[r:r + 1], 1)
-            w = _dequant(bq[e].float(), sfb[e], 128)
-            d[r] = (a_row @ w.T)[0].to(torch.bfloat16)
+        if use_psum_layout:
+            assert grouped_layout.shape == (g,), "psum: one unaligned end a group"
+            # an int from the shapes (a tensor or a device read would not be CUDA-graph safe)
+            assert type(expected_m_for_psum_layout) is int and expected_m_for_psum_layout > 0
+            groups, start = [], 0
+            for e, end in enumerate(grouped_layout.tolist()):  # scheduler/gemm.cuh, BLOCK_M == the alignment
+                assert start <= end <= m, "an end before its group's start wraps DeepGEMM's uint32 block count"
+                groups.append((e, list(range(start, end))))
+                # the visited blocks' rows past the end get whatever DeepGEMM computes there: anything
+                d[end:-(-end // ALIGN) * ALIGN] = float("nan")
+                start = -(-end // ALIGN) * ALIGN
+        else:
+            assert grouped_layout.shape == (m,) and expected_m_for_psum_layout is None  # DeepGEMM asserts both
+            lay = grouped_layout.long()
+            for start in range(0, m, ALIGN):  # each segment of one expert starts on an aligned row
+                seg = lay[start:start + ALIGN]
+                used = seg[seg >= 0]
+                assert used.numel() == 0 or (bool((used == used[0]).all()) and int(seg[0]) >= 0)
+            groups = [(e, (lay == e).nonzero().squeeze(1).tolist()) for e in range(g)]
+        self.calls.append({"m": m, "n": n, "k": k, "g": g, "psum": use_psum_layout,
+                           "expected_m": expected_m_for_psum_layout})
+        for e, rows in groups:
+            if rows:
+                idx = torch.tensor(rows)
+                a_rows = _dequant(aq.float()[idx], sfa[idx], 1)
+                w = _dequant(bq[e].float(), sfb[e], 128)
+                d[idx] = (a_rows @ w.T).to(torch.bfloat16)
 
 
 @pytest.fixture
@@ -97,6 +118,53 @@ def test_matches_the_oracle(fake_dg: FakeDeepGemm, t: int, k: int, gain: float, 
     rel = float((y.double() - want).norm() / want.norm())
     assert rel < EXPERTS_REL_L2, rel  # FP8 1x128 activations: a few percent (5% with the clamp active)
     assert [(c["n"], c["k"]) for c in fake_dg.calls] == [(2 * I, H), (H, I)]
+
+
+def _nan_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh float and byte buffers hold NaN (0xFF bytes) until written: a row read without being written shows
+    in the output."""
+    real = torch.empty
+
+    def empty(*size: Any, **kwargs: Any) -> torch.Tensor:
+        t = real(*size, **kwargs)
+        if t.is_floating_point() or t.dtype == torch.uint8:
+            t.view(torch.uint8).fill_(0xFF)
+        return t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def _routing_with_gaps(t: int, k: int, seed: int):  # noqa: ANN202
+    """k distinct experts a token, never expert 2 (an empty expert between used ones), one route dropped as -1
+    and one as an id >= E."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.rand(t, E - 1, generator=gen).argsort(1)[:, :k].to(torch.int32)
+    ids = torch.where(ids >= 2, ids + 1, ids)
+    ids[0, 0] = -1
+    ids[-1, -1] = E + 1
+    return torch.randn(t, H, generator=gen).bfloat16(), ids, torch.rand(t, k, generator=gen) + 0.5
+
+
+@pytest.mark.parametrize("t", [1, 3, 64, 300])
+def test_psum_layout_matches_the_per_row_layout(fake_dg: FakeDeepGemm, monkeypatch: pytest.MonkeyPatch,
+                                                t: int) -> None:
+    """The same routed rows reach the GEMMs either way, so the outputs are equal to the bit; rows past each
+    expert's end and the capacity's tail are NaN until the GEMM writes them (the fake writes NaN past the ends
+    in the blocks it visits, as DeepGEMM's values there mean nothing): neither the SwiGLU pass nor the combine
+    reads them."""
+    k = 3
+    w = _weights()
+    prepared = deepgemm_moe.prepare_weights(w)
+    x, ids, tw = _routing_with_gaps(t, k, seed=t)
+    _nan_empty(monkeypatch)
+    rows = deepgemm_moe.moe_experts(x, ids, tw, prepared)
+    psum = deepgemm_moe.moe_experts_psum(x, ids, tw, prepared)
+    assert psum.dtype == torch.bfloat16 and psum.shape == (t, H) and bool(torch.isfinite(psum).all())
+    assert torch.equal(psum, rows)
+    want = oracle_moe_experts(x, torch.where(ids < E, ids, -1), tw, w, 10.0)
+    rel = float((psum.double() - want).norm() / want.norm())
+    assert rel < EXPERTS_REL_L2, rel
+    assert [(c["psum"], c["expected_m"]) for c in fake_dg.calls] == [(False, None)] * 2 + [(True, -(-t * k // E))] * 2
 
 
 def test_quantized_rows_match_the_formula() -> None:
@@ -144,6 +212,40 @@ def test_selection_and_mismatch(fake_dg: FakeDeepGemm) -> None:
         other = dsv4hal.select_platform(info=info, registry=reg)
     with pytest.raises(PreparedWeightsMismatchError):
         other.ops.moe_experts(x, ids, tw, prepared)
+
+
+def test_psum_registration_below_the_per_row_layout(fake_dg: FakeDeepGemm) -> None:
+    reg = registry_with(strict=True)
+    info = simulated_info("sm90", deep_gemm="2.5.0", triton="3")
+    fp8 = case_expert_weights(_weights())
+    d = select_kernel(reg, "moe_experts", fp8, info, "cuda_sm90", ov.Overrides())
+    names = [c.name for c in d.candidates]
+    rows, psum = (next(c for c in d.candidates if c.name == n) for n in (deepgemm_moe.NAME, deepgemm_moe.PSUM_NAME))
+    assert d.chosen.name == deepgemm_moe.NAME and psum.status == "eligible" and not psum.reasons
+    assert psum.priority == rows.priority - 1 and names.index(rows.name) < names.index(psum.name)
+    text = d.explain()  # what `dsv4hal explain moe_experts` prints
+    assert text.index(f" {deepgemm_moe.NAME} (") < text.index(f" {deepgemm_moe.PSUM_NAME} (")
+
+    def reasons(case: dict, machine: object = info) -> list[str]:
+        decision = select_kernel(reg, "moe_experts", case, machine, "cuda_sm90", ov.Overrides())
+        return next(c for c in decision.candidates if c.name == deepgemm_moe.PSUM_NAME).reasons
+
+    assert any("e4m3fnuz" in r for r in reasons({**fp8, "fp8": "e4m3fnuz"}))
+    assert any("FP8 weights only" in r for r in reasons(case_expert_weights(_weights("mxfp4"))))
+    assert any("multiples of 128" in r for r in reasons({**fp8, "I": 96}))
+    assert any("deep_gemm" in r for r in reasons(fp8, simulated_info("sm90", triton="3")))
+    old = simulated_info("sm90", deep_gemm="2.4.1", triton="3")
+    assert any("older than 2.5.0" in r for r in reasons(fp8, old))
+    assert select_kernel(reg, "moe_experts", fp8, old, "cuda_sm90", ov.Overrides()).chosen.name == deepgemm_moe.NAME
+
+    with ov.overrides(kernels={"moe_experts": deepgemm_moe.PSUM_NAME}):
+        p = dsv4hal.select_platform(info=info, registry=reg)
+    prepared = p.ops.moe_experts.prepare_weights(_weights())
+    assert (prepared.implementation, prepared.layout) == (deepgemm_moe.PSUM_NAME, deepgemm_moe.LAYOUT)
+    x, ids, tw = _routing(3, 2, True)
+    y = p.ops.moe_experts(x, ids, tw, prepared)
+    assert torch.equal(y, deepgemm_moe.moe_experts(x, ids, tw, prepared.payload))
+    assert [c["psum"] for c in fake_dg.calls] == [True, True, False, False]
 
 
 def test_forcing_it_without_the_library_still_fails_at_selection() -> None:

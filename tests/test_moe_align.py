@@ -29,8 +29,9 @@ def test_align_tokens_to_experts(t: int, k: int, e: int, bs: int) -> None:
     r = align_routes(ids, e, bs)
     sorted_ids, expert_ids, total = r.sorted_routes, r.block_expert, r.num_padded
     cap = route_blocks(t * k, e, bs) * bs
-    assert sorted_ids.dtype == expert_ids.dtype == total.dtype == torch.int32
+    assert sorted_ids.dtype == expert_ids.dtype == total.dtype == r.expert_end.dtype == torch.int32
     assert sorted_ids.shape == (cap,) and expert_ids.shape == (cap // bs,) and total.shape == (1,)
+    assert r.expert_end.shape == (e,)
     want_sorted, want_experts, want_total = _oracle(ids.tolist(), e, bs)
     n = int(total)
     assert n == want_total and n % bs == 0 and n <= cap
@@ -114,3 +115,47 @@ def test_combine_routes_sums_weighted_rows_and_skips_dropped() -> None:
     assert torch.allclose(out.double(), want, rtol=1e-2, atol=1e-2) and bool((out[1] == 0).all())
     unweighted = combine_routes(y, rows, None, 9)
     assert torch.allclose(unweighted[2].double(), (2 * y[2].double() + y[5].double()), rtol=1e-2, atol=1e-2)
+
+
+def _check_expert_ends(ids: torch.Tensor, e: int, bs: int, impl: str) -> None:
+    """expert_end (DeepGEMM's psum layout) against the routes: expert x starts at the aligned end of expert x - 1
+    (0 for the first), holds exactly its routes, in ascending order, and ends unaligned after the last of them."""
+    r = align_routes(ids, e, bs, impl=impl)  # type: ignore[arg-type]
+    flat = ids.reshape(-1).long().cpu()
+    numel = flat.numel()
+    ends = r.expert_end.cpu()
+    assert ends.dtype == torch.int32 and ends.shape == (e,) and ends.is_contiguous()
+    sorted_routes, row_of_route = r.sorted_routes.cpu(), r.row_of_route.cpu()
+    start = 0
+    for x in range(e):
+        end = int(ends[x])
+        mine = (flat == x).nonzero().squeeze(1)
+        assert start % bs == 0 and end - start == mine.numel()  # start aligned; end = start + count
+        assert torch.equal(sorted_routes[start:end].long(), mine)  # exactly its routes, ascending
+        aligned = -(-end // bs) * bs
+        assert bool((sorted_routes[end:aligned] == numel).all())  # then padding up to the next start
+        assert bool(((row_of_route[mine] >= start) & (row_of_route[mine] < end)).all())
+        assert bool((r.block_expert.cpu()[start // bs:aligned // bs] == x).all())
+        start = aligned  # align(expert_end[x], block) == start of expert x + 1
+    assert start == int(r.num_padded)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("t,k,e,bs", [(1, 6, 16, 8), (3, 6, 256, 128), (40, 6, 8, 16), (64, 4, 5, 128),
+                                      (300, 3, 6, 128), (9, 2, 4, 1), (7, 3, 5, 3)])
+def test_expert_end_is_the_psum_layout(impl: str, t: int, k: int, e: int, bs: int) -> None:
+    if impl == "triton":
+        pytest.importorskip("triton")
+    gen = torch.Generator().manual_seed(t * 17 + e)
+    ids = torch.randint(-1, e + 2, (t, k), generator=gen, dtype=torch.int32)  # dropped ids on both sides
+    ids[ids == min(2, e - 1)] = -1  # an empty expert between non-empty ones
+    _check_expert_ends(ids, e, bs, impl)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_expert_end_when_nothing_is_routed(impl: str) -> None:
+    if impl == "triton":
+        pytest.importorskip("triton")
+    for ids in (torch.zeros(0, 6, dtype=torch.int32), torch.full((4, 2), -1, dtype=torch.int32)):
+        r = align_routes(ids, 8, 16, impl=impl)  # type: ignore[arg-type]
+        assert r.expert_end.tolist() == [0] * 8

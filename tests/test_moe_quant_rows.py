@@ -24,7 +24,7 @@ import dsv4hal.kernels.grouped_fp8_moe as gm  # noqa: E402
 import dsv4hal.kernels.triton.moe_align as tma  # noqa: E402
 import dsv4hal.kernels.triton.moe_combine as mc  # noqa: E402
 import dsv4hal.kernels.triton.moe_quant as mq  # noqa: E402
-from dsv4hal.kernels.moe_align import align_routes  # noqa: E402
+from dsv4hal.kernels.moe_align import align_routes, route_blocks  # noqa: E402
 from dsv4hal.kernels.triton.fp8_codec import _encode_fp8  # noqa: E402
 from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_limit_args  # noqa: E402
 
@@ -163,6 +163,31 @@ def test_layout_written_by_the_gather_pass(t: int, k: int, e: int) -> None:
     with pytest.raises(ValueError, match="int32"):
         mq.quantize_routed_rows(x, routes.sorted_routes, p, k, 128, gather=True, layout=layout[1:],
                                 block_expert=routes.block_expert)
+    # block_expert alone (the psum layout's gather pass): the same rows and the same tile, no layout store
+    launched: list[dict[str, Any]] = []
+    kernel = mq._quant_rows_kernel
+
+    class Spy:
+        def __getitem__(self, grid: Any) -> Callable[..., None]:
+            def launch(*args: Any, **kwargs: Any) -> None:
+                launched.append({"grid": grid, "layout_arg": args[6], **kwargs})
+                kernel[grid](*args, **kwargs)
+            return launch
+
+    mq._quant_rows_kernel = Spy()
+    try:
+        q2, sf2 = mq.quantize_routed_rows(x, routes.sorted_routes, p, k, 128, gather=True,
+                                          block_expert=routes.block_expert)
+        mq.quantize_routed_rows(x, routes.sorted_routes, p, k, 128, gather=True, layout=layout,
+                                block_expert=routes.block_expert)
+    finally:
+        mq._quant_rows_kernel = kernel
+    valid = (routes.sorted_routes < p).cpu()
+    assert torch.equal(q2.cpu()[valid], q.cpu()[valid]) and torch.equal(sf2.cpu()[valid], sf.cpu()[valid])
+    assert launched[0]["LAYOUT"] is False and launched[1]["LAYOUT"] is True
+    assert launched[0]["layout_arg"] is routes.sorted_routes  # a stand-in pointer, never stored to
+    assert {n: launched[0][n] for n in ("grid", "BLOCK_R", "BLOCK_G")} == \
+        {n: launched[1][n] for n in ("grid", "BLOCK_R", "BLOCK_G")}
 
 
 def test_row_tile() -> None:
@@ -224,29 +249,39 @@ NO_KERNEL = {"aten.empty.memory_format", "aten.view.default", "aten.view.dtype",
              "aten.detach.default"}
 
 
+@pytest.mark.parametrize("psum", [False, True])
 @pytest.mark.parametrize("t", [1, 30])
-def test_one_call_launches(monkeypatch: pytest.MonkeyPatch, t: int) -> None:
+def test_one_call_launches(monkeypatch: pytest.MonkeyPatch, t: int, psum: bool) -> None:
     """align (one launch up to 512 routes), two quantize passes (the first writes grouped_layout), two GEMMs and
-    the combine: no torch kernel between them (the layout took three: lt, clone of the repeat, where)."""
+    the combine: no torch kernel between them (the layout took three: lt, clone of the repeat, where). With the
+    psum layout the GEMMs get align's expert_end and an expected M computed from the shapes."""
     counts: dict[str, int] = {}
     for mod, name in ((tma, "_align_kernel"), (mq, "_quant_rows_kernel"), (mc, "_combine_kernel")):
         monkeypatch.setattr(mod, name, _Launches(getattr(mod, name), counts, name))
     monkeypatch.setattr(gm, "align_routes", functools.partial(align_routes, impl="triton"))  # the GPU's path
     layouts: list[torch.Tensor] = []
+    keywords: list[dict[str, Any]] = []
 
-    def gemm(a: Any, b: Any, d: torch.Tensor, grouped_layout: torch.Tensor) -> None:
+    def gemm(a: Any, b: Any, d: torch.Tensor, grouped_layout: torch.Tensor, **kw: Any) -> None:
         counts["gemm"] = counts.get("gemm", 0) + 1
         layouts.append(grouped_layout)  # d left as it is: the values do not matter here
+        keywords.append(kw)
 
     gen = torch.Generator().manual_seed(t)
     x = torch.randn(t, 256, generator=gen).bfloat16().to(DEV)
     ids = torch.randint(0, 8, (t, 4), generator=gen, dtype=torch.int32).to(DEV)
     tw = torch.rand(t, 4, generator=gen).to(DEV)
-    gm.grouped_fp8_moe(gemm, x, ids, tw, _Weights(), 10.0)  # warm-up: compiles
+    gm.grouped_fp8_moe(gemm, x, ids, tw, _Weights(), 10.0, psum=psum)  # warm-up: compiles
     counts.clear()
     with _Ops() as mode:
-        y = gm.grouped_fp8_moe(gemm, x, ids, tw, _Weights(), 10.0)
+        y = gm.grouped_fp8_moe(gemm, x, ids, tw, _Weights(), 10.0, psum=psum)
     assert y.shape == (t, 256)
     assert counts == {"_align_kernel": 1, "_quant_rows_kernel": 2, "_combine_kernel": 1, "gemm": 2}
     assert set(mode.ops) <= NO_KERNEL, sorted(set(mode.ops) - NO_KERNEL)
     assert layouts[-1] is layouts[-2] and layouts[-1].dtype == torch.int32
+    if psum:
+        want = align_routes(ids, 8, 128, impl="torch").expert_end
+        assert layouts[-1].shape == (8,) and torch.equal(layouts[-1].cpu(), want.cpu())
+        assert keywords[-1] == keywords[-2] == {"use_psum_layout": True, "expected_m_for_psum_layout": -(-t * 4 // 8)}
+    else:
+        assert layouts[-1].shape == (route_blocks(t * 4, 8, 128) * 128,) and keywords[-1] == {}

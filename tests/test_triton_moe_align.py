@@ -18,7 +18,7 @@ from hypothesis import strategies as st  # noqa: E402
 import dsv4hal.kernels.triton.moe_align as tma  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-FIELDS = ("sorted_routes", "block_expert", "num_padded", "row_of_route")
+FIELDS = ("sorted_routes", "block_expert", "num_padded", "row_of_route", "expert_end")
 
 
 def _check(ids: torch.Tensor, e: int, bs: int, **kw: int) -> AlignedRoutes:
@@ -50,12 +50,26 @@ def test_expert_counts_and_blocks(t: int, k: int, e: int, bs: int) -> None:
 def test_empty() -> None:
     r = _check(torch.zeros(0, 6, dtype=torch.int32), 256, 16)
     assert r.sorted_routes.numel() == r.block_expert.numel() == 0 and int(r.num_padded) == 0
+    assert r.expert_end.shape == (256,) and not bool(r.expert_end.any())
 
 
 @pytest.mark.parametrize("value", [-1, 16, 1000])
 def test_all_dropped(value: int) -> None:
     r = _check(torch.full((7, 6), value, dtype=torch.int32), 16, 8)
-    assert int(r.num_padded) == 0 and bool((r.block_expert == -1).all())
+    assert int(r.num_padded) == 0 and bool((r.block_expert == -1).all()) and not bool(r.expert_end.any())
+
+
+def test_expert_end_from_several_programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """expert_end (the psum layout) is written once, by program 0 of PLACE, from every program's counts: the
+    unaligned end start + count of each expert, empty experts and experts past the ids' range included."""
+    monkeypatch.setattr(tma, "MAX_PROGRAMS", 3)
+    ids = _ids(250, 6, -1, 40, 11)
+    ids[ids == 7] = 8  # expert 7 empty
+    r = _check(ids, 44, 128)  # 40..43 empty too
+    counts = torch.stack([(ids == x).sum() for x in range(44)])
+    padded = (counts + 127) // 128 * 128
+    starts = torch.cumsum(padded, 0) - padded
+    assert torch.equal(r.expert_end.cpu().long(), starts + counts)
 
 
 @pytest.mark.parametrize(("t", "bs"), [(7, 8), (100, 16), (300, 64)])

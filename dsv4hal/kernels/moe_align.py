@@ -29,12 +29,15 @@ class AlignedRoutes:
     expert's run padded to a multiple of block with the value T*k (no route), and the tail T*k too;
     block_expert int32 [blocks]: each block's expert, -1 past the last used block;
     num_padded int32 [1]: sum over experts of round_up(count, block);
-    row_of_route int64 [T*k]: where each route sits in sorted_routes (blocks * block for dropped routes)."""
+    row_of_route int64 [T*k]: where each route sits in sorted_routes (blocks * block for dropped routes);
+    expert_end int32 [E]: each expert's unaligned end, the row of its first route plus its route count (its run
+    starts at round_up(expert_end[e - 1], block), at 0 for e = 0): DeepGEMM's psum grouped_layout."""
 
     sorted_routes: torch.Tensor
     block_expert: torch.Tensor
     num_padded: torch.Tensor
     row_of_route: torch.Tensor
+    expert_end: torch.Tensor
     block: int
 
 
@@ -82,4 +85,5 @@ def _align_routes_torch(topk_ids: torch.Tensor, num_experts: int, block: int) ->
     block_start = torch.arange(nb, device=device, dtype=torch.int64) * block
     expert_of_block = torch.searchsorted(ends, block_start, right=True)
     block_expert = torch.where(block_start < total, expert_of_block, torch.full_like(expert_of_block, -1))
-    return AlignedRoutes(buf[:rows], block_expert.to(torch.int32), total.to(torch.int32), row_of_route, block)
+    return AlignedRoutes(buf[:rows], block_expert.to(torch.int32), total.to(torch.int32), row_of_route,
+                         (starts + counts).to(torch.int32), block)

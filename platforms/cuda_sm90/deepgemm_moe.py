@@ -17,6 +17,19 @@ stored, and only the WGMMA of a 64-row half whose first row is -1 is skipped. Th
 of M at T=4096) thus costs loads and stores. `use_psum_layout=True` (grouped_layout int32 [E]: each expert's
 unaligned end, start + count) schedules the used blocks only, on SM90 too; it needs those ends on the device.
 
+Two implementations share this module, the prepared weights' layout and grouped_fp8_moe's one code path:
+- deepgemm_fp8_sm90 (moe_experts): the per-row layout, written by the gather pass;
+- deepgemm_fp8_psum_sm90 (moe_experts_psum): the psum layout, AlignedRoutes.expert_end from route alignment, and
+  expected_m_for_psum_layout = ceil(T*k / E) from shapes. What it rests on, checked in vLLM 0.24's DeepGEMM 2.5.0
+  (deep_gemm/_C*.so and headers): the pybind keywords of m_grouped_fp8_fp4_gemm_nt_contiguous (the function that
+  m_grouped_fp8_gemm_nt_contiguous aliases) end in use_psum_layout, expected_m_for_psum_layout; on SM90 with fp32 SFA
+  use_psum_layout selects GemmType::MGroupedContiguousWithPsumLayout (5) for sm90_fp8_gemm_1d2d, and
+  expected_m_for_psum_layout (asserted absent without psum) sizes the config as E groups of expected_m rows;
+  SM90ArchSpec::get_layout_candidates gives types 1 and 5 the single BLOCK_M get_mk_alignment_for_contiguous_layout()
+  (128) and, for 5, multicast only when N / BLOCK_N is a multiple of the cluster; scheduler/gemm.cuh starts group g
+  at align(psum[g-1], BLOCK_M), visits ceil((psum[g] - that) / BLOCK_M) blocks, and skips the WGMMA of a 64-row
+  half that starts at or past psum[g]. Unmeasured on the H200 so far: ranked below the per-row path.
+
 This module imports torch and deep_gemm only inside functions: registering the plugin stays free."""
 
 from __future__ import annotations
@@ -34,9 +47,11 @@ if TYPE_CHECKING:
     from dsv4hal.hardware import PlatformInfo
 
 NAME = "deepgemm_fp8_sm90"
+PSUM_NAME = "deepgemm_fp8_psum_sm90"
 LAYOUT = "deepgemm-fp8-nt"
 LIBRARY = "deep_gemm"
 BLOCK = 128  # FP8 block of the weights and 1x128 groups of the activations
+PSUM_MIN_VERSION = (2, 5, 0)  # the release whose SM90 psum layout was checked (earlier ones were not looked at)
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,17 @@ def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     return expert_case_reasons(case, info, kernel="DeepGEMM", fmt="fp8_block", shape_reasons=shape_reasons,
                                fmt_reason="DeepGEMM's SM90 grouped GEMM takes FP8 weights only (FP4 operands are "
                                           "SM100-only)")
+
+
+def psum_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    from dsv4hal.hardware import version_before
+
+    reasons = supports(case, info)
+    version = info.libraries.get(LIBRARY, "")
+    if version_before(version, PSUM_MIN_VERSION):
+        reasons.append(f"DeepGEMM {version} is older than 2.5.0, the release checked to take use_psum_layout on "
+                       f"SM90; {NAME} runs the per-row layout (vLLM 0.24 bundles 2.5.0)")
+    return reasons
 
 
 def _deep_gemm() -> Any:
@@ -94,3 +120,12 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
 
     return grouped_fp8_moe(_deep_gemm().m_grouped_fp8_gemm_nt_contiguous, x, topk_ids, topk_weights, weights,
                            swiglu_limit)
+
+
+def moe_experts_psum(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: DeepGemmWeights,
+                     swiglu_limit: float = 10.0) -> torch.Tensor:
+    """moe_experts with DeepGEMM's psum layout: the GEMMs visit each expert's used blocks only."""
+    from dsv4hal.kernels.grouped_fp8_moe import grouped_fp8_moe
+
+    return grouped_fp8_moe(_deep_gemm().m_grouped_fp8_gemm_nt_contiguous, x, topk_ids, topk_weights, weights,
+                           swiglu_limit, psum=True)

@@ -5,6 +5,7 @@ Triton kernels sit at 100 and the PyTorch reference at 0 on every platform."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from dsv4hal_cuda_sm90 import deepgemm_moe, marlin_moe, vllm_router
 
@@ -20,6 +21,9 @@ FLASHMLA_SGL_PRIORITY = 300  # sgl-flash-mla is FlashMLA's own build: preferred 
 FLASHMLA_VLLM_PRIORITY = 290  # vLLM's bundled FlashMLA: the same kernels, used when only vLLM is installed
 MARLIN_PRIORITY = 300  # MXFP4 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
 DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
+# the same FP8 experts with DeepGEMM's psum layout (the GEMMs skip the ~43% padding tail at T=4096): not yet run on
+# the H200, so just below the per-row layout; `dsv4hal tune` and `dsv4hal bench moe` time both on the next GPU session
+DEEPGEMM_MOE_PSUM_PRIORITY = 289
 ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (same file)
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
 
@@ -78,6 +82,12 @@ def register(registry: Registry) -> None:
         (deepgemm_moe.LIBRARY,), deepgemm_moe.LAYOUT, deepgemm_moe.supports,
         "DeepGEMM m_grouped_fp8_gemm_nt_contiguous (FP8 1x128 activations x 128x128-block weights), Triton "
         "gather+quant and clamped SwiGLU+quant between the GEMMs"))
+    registry.add_kernel(replace(
+        moe_kernel(deepgemm_moe.PSUM_NAME, "dsv4hal_cuda_sm90.deepgemm_moe", PLATFORM, DEEPGEMM_MOE_PSUM_PRIORITY,
+                   (deepgemm_moe.LIBRARY,), deepgemm_moe.LAYOUT, deepgemm_moe.psum_supports,
+                   f"{deepgemm_moe.NAME} with DeepGEMM's psum layout (use_psum_layout=True, grouped_layout = each "
+                   "expert's unaligned end): the GEMMs visit only the blocks that hold routes"),
+        target="dsv4hal_cuda_sm90.deepgemm_moe:moe_experts_psum"))
     registry.add_kernel(KernelImpl(
         op="moe_route", name=vllm_router.NAME, target="dsv4hal_cuda_sm90.vllm_router:moe_route",
         platforms=(PLATFORM,), priority=ROUTER_PRIORITY, tier="vendor", supports=vllm_router.supports,

@@ -8,7 +8,8 @@ advances it) plus the number of earlier routes of that expert inside the sub-chu
 
   COUNT: per-expert route counts of this program's routes.
   PLACE: from the counts of every program, the padded offsets (cumsum over experts) and this program's prefix;
-         then this program's routes, its share of the padding and tail, and the experts of the used blocks.
+         then this program's routes, its share of the padding and tail, and the experts of the used blocks
+         (program 0 also writes num_padded and each expert's unaligned end, start + count).
 One program runs both in one launch (decode sizes), or COUNT and PLACE are two launches over NC programs that
 meet through a [NC, E] histogram in global memory. Every output element has exactly one writer (routes, padding
 and tail are disjoint), so nothing relies on ordering memory between threads inside a program."""
@@ -54,9 +55,9 @@ def _chunk(x, start, end, E, C: tl.constexpr):
 
 # no specialisation on the sizes: one compiled kernel per (BLOCK_E, phase), whatever T a graph is captured at
 @triton.jit(do_not_specialize=["numel", "E", "block", "rows", "nb", "per_prog", "NC"])
-def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, row_ptr, hist_ptr, numel, E, block, rows,
-                  nb, per_prog, NC, C: tl.constexpr, BLOCK_E: tl.constexpr, QB: tl.constexpr, MB: tl.constexpr,
-                  JT: tl.constexpr, FILL: tl.constexpr, COUNT: tl.constexpr, PLACE: tl.constexpr):
+def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, row_ptr, expert_end_ptr, hist_ptr, numel,
+                  E, block, rows, nb, per_prog, NC, C: tl.constexpr, BLOCK_E: tl.constexpr, QB: tl.constexpr,
+                  MB: tl.constexpr, JT: tl.constexpr, FILL: tl.constexpr, COUNT: tl.constexpr, PLACE: tl.constexpr):
     p = tl.program_id(0)
     e_ar = tl.arange(0, BLOCK_E)
     start = p * per_prog
@@ -88,6 +89,8 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, row_ptr
         starts = ends - padded
         total = tl.sum(padded, axis=0)
         tl.store(num_padded_ptr, total, mask=p == 0)
+        if p == 0:  # each expert's unaligned end: DeepGEMM's psum layout
+            tl.store(expert_end_ptr + e_ar, starts + tot, mask=e_ar < E)
         base = starts + pre
         x = _load_ids(ids_ptr, start, end, C)
         for s in range(start, end, C):
@@ -130,7 +133,8 @@ def align_routes_triton(topk_ids: torch.Tensor, num_experts: int, block: int,
     row_of_route = torch.empty(numel, dtype=torch.int64, device=dev)
     if numel == 0:
         return AlignedRoutes(sorted_routes, block_expert, torch.zeros(1, dtype=torch.int32, device=dev),
-                             row_of_route, block)
+                             row_of_route, torch.zeros(num_experts, dtype=torch.int32, device=dev), block)
+    expert_end = torch.empty(num_experts, dtype=torch.int32, device=dev)
     num_padded = torch.empty(1, dtype=torch.int32, device=dev)
     flat = topk_ids.reshape(-1)
     block_e = triton.next_power_of_2(max(num_experts, 1))
@@ -139,8 +143,8 @@ def align_routes_triton(topk_ids: torch.Tensor, num_experts: int, block: int,
     per_prog = triton.cdiv(nsub, nc) * C
     nc = triton.cdiv(numel, per_prog)  # no empty programs
     hist = torch.empty(nc * block_e if nc > 1 else 1, dtype=torch.int32, device=dev)
-    args = (flat, sorted_routes, block_expert, num_padded, row_of_route, hist, numel, num_experts, block, rows,
-            nb, per_prog, nc)
+    args = (flat, sorted_routes, block_expert, num_padded, row_of_route, expert_end, hist, numel, num_experts, block,
+            rows, nb, per_prog, nc)
     tile = max(1, 2048 // block_e)  # rows of [tile, BLOCK_E] tiles over programs, blocks and padding
     meta = dict(C=C, BLOCK_E=block_e, QB=tile, MB=tile, JT=tile, FILL=FILL, num_warps=_num_warps())
     if nc == 1:
@@ -148,4 +152,4 @@ def align_routes_triton(topk_ids: torch.Tensor, num_experts: int, block: int,
     else:
         _align_kernel[(nc,)](*args, COUNT=True, PLACE=False, **meta)
         _align_kernel[(nc,)](*args, COUNT=False, PLACE=True, **meta)
-    return AlignedRoutes(sorted_routes, block_expert, num_padded, row_of_route, block)
+    return AlignedRoutes(sorted_routes, block_expert, num_padded, row_of_route, expert_end, block)

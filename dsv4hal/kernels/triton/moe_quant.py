@@ -11,7 +11,7 @@ A program quantizes a tile of BLOCK_R rows x BLOCK_G 128-groups at a time (BLOCK
 many rows when routes are dense (prefill: 16-byte accesses, few programs), many groups of one row when they are
 sparse (decode: a row's K/128 groups in a few steps instead of K/128 dependent ones). The GATHER pass can also
 write DeepGEMM's per-row grouped_layout (the row's expert, -1 for padding), which saves the torch ops that built
-it from block_expert."""
+it from block_expert; the LAYOUT flag turns that store off (DeepGEMM's psum layout needs no per-row layout)."""
 
 from __future__ import annotations
 
@@ -98,26 +98,28 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
     rows = sorted_routes.numel() (a multiple of 4, so the MN-major scales are TMA-aligned); padding rows
     (sorted_routes >= num_routes) are left unwritten, or with pow2_scales (scales rounded up to powers of two,
     as SM100's UE8M0 packing needs) written as zeros with scale 1. src: x [T, K] (gather) or GEMM1's output
-    [rows, 2K]. layout int32 [rows] with block_expert int32 [rows / block] (AlignedRoutes'): also filled with
-    each row's expert, -1 for padding rows (DeepGEMM's grouped_layout). tile: (BLOCK_R, BLOCK_G), else row_tile's."""
+    [rows, 2K]. block_expert int32 [rows / block] (AlignedRoutes'): gives row_tile the block; with layout int32
+    [rows] (which needs it) also filled with each row's expert, -1 for padding rows (DeepGEMM's per-row
+    grouped_layout). tile: (BLOCK_R, BLOCK_G), else row_tile's."""
     if k_dim % GROUP:
         raise ValueError(f"quantize_routed_rows: K={k_dim} is not a multiple of {GROUP}")
     rows = sorted_routes.numel()
-    if (layout is None) != (block_expert is None):
+    if layout is not None and block_expert is None:
         raise ValueError("quantize_routed_rows: pass layout and block_expert together")
     align = GROUP  # DeepGEMM's M alignment, for row_tile's estimate when no blocks are given
     if block_expert is not None:
         nb = block_expert.numel()
-        if layout.shape != (rows,) or layout.dtype != torch.int32 or (rows and (nb == 0 or rows % nb)):
-            raise ValueError(f"quantize_routed_rows: layout must be int32 [{rows}] and {rows} rows a whole number "
-                             f"of block_expert's {nb} blocks")
+        if rows and (nb == 0 or rows % nb):
+            raise ValueError(f"quantize_routed_rows: {rows} rows are no whole number of block_expert's {nb} blocks")
+        if layout is not None and (layout.shape != (rows,) or layout.dtype != torch.int32):
+            raise ValueError(f"quantize_routed_rows: layout must be int32 [{rows}]")
         align = rows // max(nb, 1)
     q = torch.empty(rows, k_dim, dtype=torch.uint8, device=src.device)
     sf = torch.empty(k_dim // GROUP, rows, dtype=torch.float32, device=src.device)
     if rows:
         limit, clamp = swiglu_limit_args(swiglu_limit)
         block_r, block_g = tile or row_tile(rows, num_routes, k_dim, align)
-        has_layout = layout is not None
+        has_layout = layout is not None  # LAYOUT: the per-row layout store, off for psum (and SWIGLU) passes
         _quant_rows_kernel[(triton.cdiv(rows, block_r),)](
             src, src.stride(0), sorted_routes, q, sf, sf.stride(0), layout if has_layout else sorted_routes,
             block_expert if has_layout else sorted_routes, rows, num_routes, top_k, k_dim, align, limit,

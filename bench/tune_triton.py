@@ -2,6 +2,7 @@
 median) on the benchmark shapes, after checking its output against the reference, and write JSON.
 
     python3 bench/tune_triton.py --json out/tune-triton.json
+    python3 bench/tune_triton.py --json out/tune-cache.json --ops cache   # pack_store / dequant_gather only
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ import torch
 
 import dsv4hal
 from dsv4hal.bench import attention as attn_bench
+from dsv4hal.bench.cache_ops import BYTES_PER_TOKEN
 from dsv4hal.bench.pools import random_pool
-from dsv4hal.bench.timing import graph_us
+from dsv4hal.bench.timing import copy_bandwidth, graph_us
+from dsv4hal.formats.v4_cache import V4PagedCache
 from dsv4hal.kernels.triton import sparse_attention as tattn
 from dsv4hal.kernels.triton import topk as ttopk
+from dsv4hal.kernels.triton import v4_cache_kernels as tcache
 from dsv4hal.reference.indexer_topk import indexer_topk as ref_topk
+from dsv4hal.reference.pack_store import dequant_gather as ref_gather
+from dsv4hal.reference.pack_store import pack_store as ref_store
 from dsv4hal.reference.sparse_attention import sparse_attention_decode as ref_decode
 
 ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
@@ -30,17 +36,76 @@ TOPK_CONFIGS = [dict(chunk=c, block=b, num_warps=w)
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
 TOPK_SHAPES = [(64, 262144, 512), (8, 262144, 512), (1, 262144, 512), (64, 65536, 1024)]
+# pack_store / dequant_gather: tokens per program (BLOCK_T) x warps; (16, 1) is left out, it spills on sm_90
+# (255 registers and a 1.6 KB stack under Triton 3.6). t1-w2 is the default (v4_cache_kernels.DEFAULT_*).
+CACHE_CONFIGS = [dict(block_t=t, num_warps=w) for t in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8) if (t, w) != (16, 1)]
+# tokens, slot layout: random slots of a 4M-slot pool of 256-token pages (as dsv4hal bench pack_store), or
+# consecutive slots from a page boundary (a prefill)
+CACHE_SHAPES = [(4096, "random"), (4096, "contiguous"), (32768, "random"), (32768, "contiguous")]
+OPS = ("attention", "topk", "cache")
+
+
+def _cache_rows(gen: torch.Generator) -> list[dict]:
+    """pack_store and dequant_gather per shape and config: bytes equal to the reference's, then timed. A token
+    moves 1024 B of bf16 keys and 584 B of cache record either way."""
+    pool = random_pool(1 << 22, 256)
+    copy_gbps = copy_bandwidth() / 1e9
+    default = f"t{tcache.DEFAULT_TOKENS_PER_PROGRAM}-w{tcache.DEFAULT_NUM_WARPS}"
+    rows = []
+    for n, layout in CACHE_SHAPES:
+        k = torch.randn(n, 512, device="cuda", generator=gen).bfloat16()
+        if layout == "random":
+            loc = torch.randperm(pool.num_slots, device="cuda", generator=gen)[:n]
+        else:
+            loc = torch.arange(n, device="cuda") + 1000 * pool.page_size
+        want = V4PagedCache(pool.data.clone(), pool.page_size, pool.fp8)
+        ref_store(k, loc, want)
+        keys = ref_gather(want, loc).view(torch.int16)
+        for op in ("pack_store", "dequant_gather"):
+            row = {"op": op, "N": n, "loc": layout, "page_size": pool.page_size, "default": default,
+                   "copy_GBps": copy_gbps, "us": {}, "GBps": {}, "fraction_of_copy": {}, "ok": {}}
+            for c in CACHE_CONFIGS:
+                name = "t{block_t}-w{num_warps}".format(**c)
+                try:
+                    if op == "pack_store":
+                        got = V4PagedCache(pool.data.clone(), pool.page_size, pool.fp8)
+                        tcache.pack_store(k, loc, got, config=c)
+                        row["ok"][name] = bool(torch.equal(got.data, want.data))
+                        del got
+                        us = graph_us(lambda c=c, k=k, loc=loc: tcache.pack_store(k, loc, pool, config=c))
+                    else:
+                        got = tcache.dequant_gather(want, loc, config=c)
+                        row["ok"][name] = bool(torch.equal(got.view(torch.int16), keys))
+                        us = graph_us(lambda c=c, w=want, loc=loc: tcache.dequant_gather(w, loc, config=c))
+                    row["us"][name] = us
+                    row["GBps"][name] = n * BYTES_PER_TOKEN / (us * 1e-6) / 1e9
+                    row["fraction_of_copy"][name] = row["GBps"][name] / copy_gbps
+                except Exception as exc:  # a config that does not compile or fit is recorded, not fatal
+                    row["ok"][name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            timed = [x for x in row["us"] if row["ok"][x] is True]
+            row["best"] = min(timed, key=row["us"].__getitem__) if timed else None
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
+    ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {', '.join(OPS)}")
     args = ap.parse_args()
+    ops = args.ops.split(",")
+    if not set(ops) <= set(OPS):
+        ap.error(f"--ops: choose from {', '.join(OPS)}")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    pools = {0: random_pool(1 << 22, 256), 4: random_pool(1 << 22, 64), 128: random_pool(1 << 22, 2)}
-    out: dict = {"device": torch.cuda.get_device_name(), "attention": [], "topk": []}
+    out: dict = {"device": torch.cuda.get_device_name(), "attention": [], "topk": [], "cache": []}
+    if "cache" in ops:  # first: the shortest section, and its pool is freed before the attention pools
+        out["cache"] = _cache_rows(gen)
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    pools = ({0: random_pool(1 << 22, 256), 4: random_pool(1 << 22, 64), 128: random_pool(1 << 22, 2)}
+             if "attention" in ops else {})
     platform = dsv4hal.select_platform()
-    for cfg, t in ATTN_SHAPES:
+    for cfg, t in ATTN_SHAPES if "attention" in ops else ():
         a = attn_bench._inputs(cfg, t, pools, gen)
         row = {"config": cfg.name, "T": t, "us": {}, "ok": {}}
         if platform.info.has("flash_mla"):
@@ -64,7 +129,7 @@ def main() -> None:
         out["attention"].append(row)
         print(json.dumps(row), flush=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")  # partial results survive a time-out
-    for b, n, k in TOPK_SHAPES:
+    for b, n, k in TOPK_SHAPES if "topk" in ops else ():
         scores = torch.randn(b, n, device="cuda")
         lengths = torch.full((b,), n, device="cuda", dtype=torch.int32)
         table = torch.randint(0, 1 << 16, (b, n // 64), device="cuda", dtype=torch.int32)

@@ -111,7 +111,8 @@ def test_tile_rows_past_n_are_masked() -> None:
     ref_store(k, loc, want)
     got = V4PagedCache.empty(pages, 64)
     tk._pack_store_kernel[(1,)](k, loc, got.data, 3, k.stride(0), got.data.stride(0), got.num_slots, P=64,
-                                FP8_MAX_C=FP8_MAX["e4m3fn"], AMAX_FLOOR_C=AMAX_FLOOR, FNUZ=False, BLOCK_T=16)
+                                FP8_MAX_C=FP8_MAX["e4m3fn"], AMAX_FLOOR_C=AMAX_FLOOR, FNUZ=False, BLOCK_T=16,
+                                HW_FP8=False)
     assert torch.equal(got.data, want.data)
 
 

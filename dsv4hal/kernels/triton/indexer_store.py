@@ -13,7 +13,7 @@ import triton.language as tl
 
 from dsv4hal.formats.fp8 import FP8_MAX
 from dsv4hal.formats.indexer_cache import AMAX_FLOOR, INDEX_DIM, PAGE_SIZE, IndexerPagedCache
-from dsv4hal.kernels.triton.fp8_codec import _encode_fp8, _pow2
+from dsv4hal.kernels.triton.fp8_codec import _pow2, fp8_bits, hardware_fp8
 
 ROWS = 8
 
@@ -21,7 +21,8 @@ ROWS = 8
 @triton.jit
 def _indexer_store_kernel(k_ptr, loc_ptr, cache_ptr, n, stride_k, stride_loc, page_bytes, num_slots,
                           ROWS: tl.constexpr, D: tl.constexpr, P: tl.constexpr, FP8_MAX_C: tl.constexpr,
-                          AMAX_FLOOR_C: tl.constexpr, POW2: tl.constexpr, FNUZ: tl.constexpr):
+                          AMAX_FLOOR_C: tl.constexpr, POW2: tl.constexpr, FNUZ: tl.constexpr,
+                          HW_FP8: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     d = tl.arange(0, D)
     in_n = r < n
@@ -39,7 +40,7 @@ def _indexer_store_kernel(k_ptr, loc_ptr, cache_ptr, n, stride_k, stride_loc, pa
     slot = tl.maximum(loc, 0)
     base = cache_ptr + (slot // P) * page_bytes
     off = slot % P
-    tl.store(base[:, None] + off[:, None] * D + d[None, :], _encode_fp8(y, FNUZ), mask=keep[:, None])
+    tl.store(base[:, None] + off[:, None] * D + d[None, :], fp8_bits(y, FNUZ, HW_FP8), mask=keep[:, None])
     tl.store((base + P * D + off * 4).to(tl.pointer_type(tl.float32)), s, mask=keep)
 
 
@@ -52,4 +53,4 @@ def indexer_store(k: torch.Tensor, loc: torch.Tensor, cache: IndexerPagedCache, 
     _indexer_store_kernel[(triton.cdiv(n, ROWS),)](
         k, loc, cache.data, n, k.stride(0), loc.stride(0), cache.data.stride(0), cache.num_slots, ROWS=ROWS,
         D=INDEX_DIM, P=PAGE_SIZE, FP8_MAX_C=FP8_MAX[cache.fp8], AMAX_FLOOR_C=AMAX_FLOOR, POW2=scale == "pow2",
-        FNUZ=cache.fp8 == "e4m3fnuz", num_warps=4)
+        FNUZ=cache.fp8 == "e4m3fnuz", HW_FP8=hardware_fp8(k.device), num_warps=4)

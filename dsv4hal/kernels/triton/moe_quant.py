@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4hal.kernels.triton.fp8_codec import _encode_fp8
+from dsv4hal.kernels.triton.fp8_codec import fp8_bits, hardware_fp8
 from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_limit_args
 
 GROUP = 128
@@ -32,7 +32,7 @@ MAX_BLOCK_R = 16
 def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, layout_ptr, block_expert_ptr,
                        rows, num_routes, top_k, K, align, limit, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
                        GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr,
-                       LAYOUT: tl.constexpr):
+                       LAYOUT: tl.constexpr, HW_FP8: tl.constexpr):
     # pair i of the tile: row r0 + i // BLOCK_G, group g0 + i % BLOCK_G (a row's BLOCK_G pairs share its loads)
     i = tl.arange(0, BLOCK_R * BLOCK_G)
     r = tl.program_id(0) * BLOCK_R + i // BLOCK_G
@@ -72,7 +72,7 @@ def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf
             scale = tl.where(valid, scale, 1.0)  # padding rows loaded zeros: codes 0 with scale 1
         y = tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0)
         store = write & (g < num_groups)
-        tl.store(q_row[:, None] + c, _encode_fp8(y, False), mask=store[:, None])
+        tl.store(q_row[:, None] + c, fp8_bits(y, False, HW_FP8), mask=store[:, None])
         tl.store(sf_ptr + g * stride_sf_g + r, scale, mask=store)
 
 
@@ -124,5 +124,5 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
             src, src.stride(0), sorted_routes, q, sf, sf.stride(0), layout if has_layout else sorted_routes,
             block_expert if has_layout else sorted_routes, rows, num_routes, top_k, k_dim, align, limit,
             BLOCK_R=block_r, BLOCK_G=block_g, GATHER=gather, SWIGLU=swiglu_limit is not None, CLAMP=clamp,
-            POW2=pow2_scales, LAYOUT=has_layout)
+            POW2=pow2_scales, LAYOUT=has_layout, HW_FP8=hardware_fp8(src.device))
     return q, sf.t()

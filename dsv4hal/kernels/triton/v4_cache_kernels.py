@@ -20,7 +20,7 @@ from dsv4hal.formats.v4_cache import (
     HEAD_DIM,
     V4PagedCache,
 )
-from dsv4hal.kernels.triton.fp8_codec import _decode_fp8, _encode_fp8, _pow2
+from dsv4hal.kernels.triton.fp8_codec import _decode_fp8, _pow2, fp8_bits, hardware_fp8
 from dsv4hal.kernels.triton.v4_layout import HEAD, NOPE, NTILES, RECORD, SCALES, TILE_W
 
 ROPE_W = tl.constexpr(TILE_W // SCALES)  # rope values per tile row: the 64 rope values over a token's 8 rows
@@ -54,7 +54,7 @@ def _tile_rows(loc_ptr, n, cache_ptr, page_bytes, num_slots, P: tl.constexpr, BL
 @triton.jit
 def _pack_store_kernel(k_ptr, loc_ptr, cache_ptr, n, stride_k, page_bytes, num_slots, P: tl.constexpr,
                        FP8_MAX_C: tl.constexpr, AMAX_FLOOR_C: tl.constexpr, FNUZ: tl.constexpr,
-                       BLOCK_T: tl.constexpr):
+                       BLOCK_T: tl.constexpr, HW_FP8: tl.constexpr):
     row, tile, in_range, base, off, nope_ok, rope_ok = _tile_rows(loc_ptr, n, cache_ptr, page_bytes, num_slots, P,
                                                                   BLOCK_T)
     c = tl.arange(0, TILE_W)
@@ -74,7 +74,7 @@ def _pack_store_kernel(k_ptr, loc_ptr, cache_ptr, n, stride_k, page_bytes, num_s
     inv = _pow2(-e)
     y = tl.minimum(tl.maximum(x * inv[:, None], -FP8_MAX_C), FP8_MAX_C)
     record = base + off * RECORD
-    tl.store(record[:, None] + tile[:, None] * TILE_W + c[None, :], _encode_fp8(y, FNUZ), mask=nope_ok[:, None])
+    tl.store(record[:, None] + tile[:, None] * TILE_W + c[None, :], fp8_bits(y, FNUZ, HW_FP8), mask=nope_ok[:, None])
     tl.store((record + NOPE).to(tl.pointer_type(tl.bfloat16))[:, None] + rope, r, mask=rope_ok[:, None])
     tl.store(base + P * RECORD + off * SCALES + tile, (e + 127).to(tl.uint8), mask=nope_ok)
 
@@ -115,7 +115,7 @@ def pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache, config: 
     _pack_store_kernel[(triton.cdiv(n, block_t),)](
         k, loc, cache.data, n, k.stride(0), cache.data.stride(0), cache.num_slots, P=cache.page_size,
         FP8_MAX_C=FP8_MAX[cache.fp8], AMAX_FLOOR_C=AMAX_FLOOR, FNUZ=cache.fp8 == "e4m3fnuz", BLOCK_T=block_t,
-        num_warps=cfg.get("num_warps", DEFAULT_NUM_WARPS))
+        HW_FP8=hardware_fp8(k.device), num_warps=cfg.get("num_warps", DEFAULT_NUM_WARPS))
 
 
 def dequant_gather(cache: V4PagedCache, loc: torch.Tensor, config: dict | None = None) -> torch.Tensor:

@@ -24,6 +24,8 @@ from dsv4hal.reference.moe import dequantize_expert, expert_nbytes, per_expert_s
 SHAPE = "flash"
 TOKENS = (1, 8, 64, 512, 4096)
 QUICK_TOKENS = (1, 64, 4096)
+EP_TOKENS = (64, 4096)  # expert-parallel inputs: these token counts again with a share of routes dropped
+EP_DROPPED = (0.5, 0.9)
 BASELINE = "torch_bf16_loop"
 
 
@@ -51,22 +53,27 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
             except Exception as exc:  # recorded, the other kernels still run
                 print(f"moe {fmt}: {name} skipped: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
         baseline = _bf16_experts(weights) if fmt == "mxfp4" else None
-        for t in QUICK_TOKENS if quick else TOKENS:
+        cases = [(t, 0.0) for t in (QUICK_TOKENS if quick else TOKENS)]
+        cases += [(t, d) for t in ((4096,) if quick else EP_TOKENS) for d in EP_DROPPED]
+        for t, dropped in cases:
             x = torch.randn(t, h, device="cuda", generator=gen).to(torch.bfloat16)
             ids = torch.rand(t, e, device="cuda", generator=gen).argsort(1)[:, :k].to(torch.int32)
+            if dropped:  # expert parallelism: routes to experts of other ranks arrive as id -1
+                ids = torch.where(torch.rand(t, k, device="cuda", generator=gen) < dropped, -1, ids)
             tw = torch.rand(t, k, device="cuda", generator=gen) + 0.5
-            row: dict[str, Any] = {"format": fmt, "T": t, "E": e, "H": h, "I": i, "top_k": k, "us": {}}
+            row: dict[str, Any] = {"format": fmt, "T": t, "E": e, "H": h, "I": i, "top_k": k, "dropped": dropped,
+                                   "kept_routes": int((ids >= 0).sum()), "us": {}}
             for name, (op, prepared) in impls.items():
                 try:
                     row["us"][name] = graph_us(lambda op=op, w=prepared, a=(x, ids, tw): op(*a, w), inner=5, reps=15)
                 except Exception as exc:
                     row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-            if baseline is not None:
+            if baseline is not None and not dropped:
                 row["us"][BASELINE] = eager_us(lambda a=(x, ids, tw), b=baseline: _bf16_loop(*a, b), reps=3)
-            active = int(torch.unique(ids).numel())
+            active = int(torch.unique(ids[ids >= 0]).numel())
             row["active_experts"] = active
             row["weight_bytes"] = active * expert_nbytes(fmt, h, i)
-            row["flop"] = 2 * t * k * 3 * h * i
+            row["flop"] = 2 * row["kept_routes"] * 3 * h * i
             row["weight_GBps"] = {n: row["weight_bytes"] / u / 1e3 for n, u in row["us"].items() if n != BASELINE}
             row["x_copy_bw"] = {n: g * 1e9 / ceilings["copy_bytes_per_s"] for n, g in row["weight_GBps"].items()}
             row["tflops"] = {n: row["flop"] / u / 1e6 for n, u in row["us"].items()}
@@ -75,7 +82,10 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
                 dg = row["us"]["deepgemm_fp8_sm90"]
                 row["x_deepgemm"] = {n: dg / u for n, u in row["us"].items()}
             rows.append(row)
-            print(f"moe {fmt} T={t} ({active} experts): " + ", ".join(
+            if dropped:  # the goal: dropped routes cost nothing beyond reading their ids
+                full = next(r for r in rows if r["format"] == fmt and r["T"] == t and not r["dropped"])
+                row["x_time_of_undropped"] = {n: u / full["us"][n] for n, u in row["us"].items() if n in full["us"]}
+            print(f"moe {fmt} T={t}{f' dropped {dropped:.0%}' if dropped else ''} ({active} experts): " + ", ".join(
                 f"{n} {u:.1f}us ({row['x_copy_bw'].get(n, 0):.2f} copy, {row['x_bf16_peak'][n]:.2f} peak)"
                 for n, u in row["us"].items()), flush=True)
         del impls, weights

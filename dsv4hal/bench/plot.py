@@ -36,7 +36,7 @@ def plot(result: dict[str, Any], path: str) -> None:
             ax.set_title("pack store")
         elif name == "moe":
             for fmt in dict.fromkeys(r["format"] for r in rows):
-                sel = [r for r in rows if r["format"] == fmt]
+                sel = [r for r in rows if r["format"] == fmt and not r.get("dropped")]  # EP rows: printed only
                 for impl in dict.fromkeys(i for r in sel for i in r["us"]):
                     pts = [(r["T"], r["us"][impl]) for r in sel if impl in r["us"]]
                     ax.plot(*zip(*pts), marker="o", ls="-" if fmt == "mxfp4" else "--", label=f"{fmt} {impl}")

@@ -43,6 +43,16 @@ def _row_topk_supports(case: Mapping[str, object], info: PlatformInfo) -> list[s
     return reasons
 
 
+def _chunked_topk_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    reasons = interpreter_on_cpu(case, info)
+    if case.get("size") == "small":
+        reasons.append(f"triton_chunked_topk splits rows wider than {ROW_TOPK_MAX} scores (case size=large); a row "
+                       "this narrow (size=small) fits one program: triton_row_topk takes it")
+    # The case carries no width: rows past topk_chunked.max_width(k) (16384 // k chunks of 16384 scores:
+    # 262144 at k=1024, 524288 at k=512) are refused by the kernel with a ValueError naming triton_radix_topk
+    return reasons
+
+
 def register(registry: Registry) -> None:
     common = dict(platforms=("cpu",), platform_capability=CAPABILITY, priority=PRIORITY, tier="portable",
                   requires=("triton",), supports=interpreter_on_cpu)
@@ -69,6 +79,16 @@ def register(registry: Registry) -> None:
                                                "the exact k-th key, one prefix sum for the output slots",
                                    **{**common, "supports": _row_topk_supports,
                                       "priority": {p: v - 2 for p, v in PRIORITY.items()}}))
+    # unmeasured until `dsv4hal tune` times it on the H200: below triton_radix_topk, triton_filter_topk and
+    # triton_row_topk
+    registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_chunked_topk",
+                                   target=f"{_MOD}.topk_chunked:indexer_topk",
+                                   description="two launches for rows wider than 16384 scores: each chunk's exact "
+                                               "top-k (the row kernel's bisection) to a candidate buffer in index "
+                                               "order, then one program a row selects among the <= 16384 "
+                                               "candidates and writes the outputs",
+                                   **{**common, "supports": _chunked_topk_supports,
+                                      "priority": {p: v - 3 for p, v in PRIORITY.items()}}))
     registry.add_kernel(KernelImpl(op="sparse_attention_decode", name="triton_sparse_decode",
                                    target=f"{_MOD}.sparse_attention:sparse_attention_decode",
                                    layout="v4-584 (e4m3fn or e4m3fnuz)",

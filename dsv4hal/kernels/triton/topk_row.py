@@ -30,40 +30,67 @@ MIN_BLOCK = 256  # keep every thread of 4+ warps owning at least one key; shorte
 
 
 @triton.jit
+def _kth_key(key, K: tl.constexpr, floor):
+    """The threshold of the K largest of `key` (uint32 order keys; masked positions must hold key 0 and at
+    least K positions must be real) by bisection over the key bits. Step i tries thr | 2^(31-i) and keeps it
+    when at least K keys are >= it; every trial is >= 1, so a key 0 is never counted (the caller's mask tells
+    a real key 0, an all-ones NaN, from a masked one). Stops once exactly K keys are >= the trial value and it
+    is above `floor` (a whole row: 0; candidates: the largest key left out of them, so that the search stops
+    where it would on the whole row), else ends at the exact K-th largest key."""
+    thr = tl.full((), 0, tl.uint32)  # invariant: at least K keys are >= thr
+    step = tl.full((), 0x80000000, tl.uint32)
+    while step != 0:
+        trial = thr | step
+        c = tl.sum((key >= trial).to(tl.int32), axis=0)
+        thr = tl.where(c >= K, trial, thr)
+        # exactly K keys >= trial: thr is final and its ties are all taken (need below = their count)
+        step = tl.where((c == K) & (trial > floor), 0, step >> 1)
+    return thr
+
+
+@triton.jit
+def _select_slots(key, m, thr, K: tl.constexpr):
+    """(ok, pos): the K selected positions given the K-th key `thr` (keys > thr, then the lowest-index ties
+    among the positions where `m`), and each one's output slot: keys above thr fill [0, K - need) in order,
+    the ties [K - need, K). One prefix sum over the tile (< 2^16 positions)."""
+    gt = key > thr
+    eq = m & (key == thr)  # m: a masked position's key 0 equals thr when thr stays 0 (all-ones NaNs)
+    packed = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # both counts in one scan: n < 2^16
+    above = tl.sum(packed, axis=0) & 0xFFFF
+    incl = tl.cumsum(packed, axis=0)
+    r_gt = (incl & 0xFFFF) - gt.to(tl.int32)  # exclusive ranks: index order within each class
+    r_eq = (incl >> 16) - eq.to(tl.int32)
+    ok = gt | (eq & (r_eq < K - above))
+    pos = tl.where(gt, r_gt, above + r_eq)
+    return ok, pos
+
+
+@triton.jit
+def _store_first(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, n, K: tl.constexpr,
+                 PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr):
+    """A row with n <= K: indices 0..n-1 in order, then -1 (no score read)."""
+    p = tl.arange(0, K)
+    raw = tl.where(p < n, p, -1)
+    _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, p, raw, p < K, PAGE_SHIFT, HAS_PT)
+
+
+@triton.jit
 def _row_topk_kernel(scores_ptr, stride_s, len_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, S, P,
                      K: tl.constexpr, BLOCK: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr):
     row = tl.program_id(0)
     n_given = tl.load(len_ptr + row)
     n = tl.minimum(n_given, S)  # a length past S (refused in checked mode) reads no further
     out_row = row.to(tl.int64) * K
-    if n <= K:  # indices 0..n-1 in order, then -1; needs no score, so a length past S is only capped by K
-        n = tl.minimum(n_given, K)
-        p = tl.arange(0, K)
-        raw = tl.where(p < n, p, -1)
-        _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, p, raw, p < K, PAGE_SHIFT, HAS_PT)
+    if n <= K:  # needs no score, so a length past S is only capped by K
+        _store_first(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, tl.minimum(n_given, K), K,
+                     PAGE_SHIFT, HAS_PT)
     else:
         j = tl.arange(0, BLOCK)
         m = j < n
         x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + j, mask=m, other=0.0)
-        # positions past n get key 0, the smallest: every trial below is >= 1, so they are never counted
-        key = tl.where(m, _order_key(x), 0)
-        thr = tl.full((), 0, tl.uint32)  # invariant: at least K keys are >= thr
-        step = tl.full((), 0x80000000, tl.uint32)
-        while step != 0:
-            trial = thr | step
-            c = tl.sum((key >= trial).to(tl.int32), axis=0)
-            thr = tl.where(c >= K, trial, thr)
-            # exactly K keys >= trial: thr is final and its ties are all taken (need below = their count)
-            step = tl.where(c == K, 0, step >> 1)
-        gt = key > thr
-        eq = m & (key == thr)  # m: a masked position's key 0 equals thr when thr stays 0 (all-ones NaNs)
-        packed = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # both counts in one scan: n < 2^16
-        above = tl.sum(packed, axis=0) & 0xFFFF
-        incl = tl.cumsum(packed, axis=0)
-        r_gt = (incl & 0xFFFF) - gt.to(tl.int32)  # exclusive ranks: index order within each class
-        r_eq = (incl >> 16) - eq.to(tl.int32)
-        ok = gt | (eq & (r_eq < K - above))
-        pos = tl.where(gt, r_gt, above + r_eq)
+        key = tl.where(m, _order_key(x), 0)  # positions past n get key 0, the smallest: never counted
+        thr = _kth_key(key, K, 0)
+        ok, pos = _select_slots(key, m, thr, K)
         _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, j, ok, PAGE_SHIFT, HAS_PT)
 
 

@@ -17,7 +17,7 @@ if [[ $part == verify ]]; then
     $D info --json > "$R/info.json"
     stamp "GPU tests"
     timeout 170 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_codec.py tests/test_triton_row_topk.py \
-      tests/test_triton_moe_align.py tests/test_triton_moe_glue.py \
+      tests/test_triton_chunked_topk.py tests/test_triton_moe_align.py tests/test_triton_moe_glue.py \
       tests/test_triton_kernels.py tests/test_triton_mhc.py tests/test_triton_compress.py \
       tests/test_indexer_logits_kernels.py tests/test_indexer_store.py tests/test_gpu_flashmla_sequence.py 2>&1 | tail -12
     stamp "conformance: the whole catalog (auto selection)"

@@ -160,5 +160,5 @@ def test_registered_below_the_other_triton_kernels() -> None:
     impls = {i.name: i for i in dsv4hal.load_registry().kernels_for("indexer_topk")}
     assert impls["triton_chunked_topk"].priority_on("cuda_sm90") == 97
     for plat in ("cpu", "cuda_sm90", "cuda_sm100", "rocm"):  # nothing changes until `dsv4hal tune` times it
-        for other in ("triton_radix_topk", "triton_filter_topk", "triton_row_topk"):
+        for other in ("triton_radix_topk", "triton_row_topk"):
             assert impls["triton_chunked_topk"].priority_on(plat) < impls[other].priority_on(plat)

@@ -197,8 +197,7 @@ def test_rows_wider_than_16384_are_refused(platform) -> None:  # noqa: ANN001
         indexer_topk(large, lengths, 512)
 
 
-def test_registered_below_radix_and_filter() -> None:
+def test_registered_below_radix() -> None:
     impls = {i.name: i for i in dsv4hal.load_registry().kernels_for("indexer_topk")}
     for plat in ("cpu", "cuda_sm90", "cuda_sm100", "rocm"):  # nothing changes until `dsv4hal tune` times it
-        assert impls["triton_row_topk"].priority_on(plat) < impls["triton_filter_topk"].priority_on(plat)
         assert impls["triton_row_topk"].priority_on(plat) < impls["triton_radix_topk"].priority_on(plat)

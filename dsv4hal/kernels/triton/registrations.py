@@ -66,21 +66,15 @@ def register(registry: Registry) -> None:
                                    description="radix select on order-preserving 32-bit keys (4 histogram levels "
                                                "of 8 bits find the k-th key), then an atomic collect pass with the "
                                                "page transform", **common))
-    registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_filter_topk",
-                                   target=f"{_MOD}.topk_single_read:indexer_topk",
-                                   description="4096-bin histogram of the top key bits, compact the candidates at "
-                                               "or above the k-th bin, exact select among them (2 reads instead of "
-                                               "5); one below triton_radix_topk until timed on the GPU",
-                                   **{**common, "priority": {p: v - 1 for p, v in PRIORITY.items()}}))
-    # below triton_radix_topk (and triton_filter_topk) until `dsv4hal tune` has timed it on the GPU
+    # below triton_radix_topk until `dsv4hal tune` has timed it on the GPU (a two-read kernel, triton_filter_topk,
+    # was 3.4-4.1x slower than the radix kernel everywhere on the H200 and was removed: bench-topk.json)
     registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_row_topk", target=f"{_MOD}.topk_row:indexer_topk",
                                    description="one launch, one program per row of at most 16384 scores: the row "
                                                "as a register tile of 32-bit keys, bisection over the key bits for "
                                                "the exact k-th key, one prefix sum for the output slots",
                                    **{**common, "supports": _row_topk_supports,
                                       "priority": {p: v - 2 for p, v in PRIORITY.items()}}))
-    # unmeasured until `dsv4hal tune` times it on the H200: below triton_radix_topk, triton_filter_topk and
-    # triton_row_topk
+    # unmeasured until `dsv4hal tune` times it on the H200: below triton_radix_topk and triton_row_topk
     registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_chunked_topk",
                                    target=f"{_MOD}.topk_chunked:indexer_topk",
                                    description="two launches for rows wider than 16384 scores: each chunk's exact "

@@ -55,9 +55,9 @@ def test_integer_encoder_matches_torch() -> None:
 
 def test_hardware_path_is_off_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not hardware_fp8(torch.device("cpu"))
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(fp8_codec, "_INTERPRET", True)
     assert not hardware_fp8(torch.device("cuda", 0))  # interpreting: never, whatever the device
-    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(fp8_codec, "_INTERPRET", False)
     monkeypatch.setattr(fp8_codec, "HARDWARE_FP8_CAST", False)
     assert not hardware_fp8(torch.device("cuda", 0))
 

@@ -30,10 +30,11 @@ This module imports torch and deep_gemm only inside functions: registering the p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dsv4hal.hardware import version_before
+from dsv4hal.registry import KernelImpl
 
 if TYPE_CHECKING:
     import torch
@@ -75,6 +76,18 @@ def supports(case: Mapping[str, object], info: PlatformInfo, *, arch: str, block
     if PAGE_SIZE not in block_kvs:
         reasons.append(f"DeepGEMM {arch} paged MQA logits take blocks of {block_kvs}, not {PAGE_SIZE}")
     return reasons + version_reasons(info)
+
+
+def kernel(platform: str, name: str, priority: int,
+           supports_fn: Callable[[Mapping[str, object], PlatformInfo], list[str]], arch: str) -> KernelImpl:
+    """The KernelImpl each CUDA plugin registers: the same target and cache layout, its own name, priority and
+    arch checks (supports_fn binds `supports` to the arch's block sizes)."""
+    return KernelImpl(
+        op="indexer_logits", name=name, target="dsv4hal.kernels.deepgemm_indexer:indexer_logits",
+        platforms=(platform,), priority=priority, tier="vendor", requires=(LIBRARY, "triton"),
+        supports=supports_fn, layout="indexer-132-e4m3fn",
+        description=f"DeepGEMM fp8_paged_mqa_logits ({arch} kernel) over a zero-copy view of the 132-byte cache "
+                    "(next_n 1), Triton -inf tail")
 
 
 def _deep_gemm() -> Any:

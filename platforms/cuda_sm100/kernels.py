@@ -131,10 +131,5 @@ def register(registry: Registry) -> None:
         deepgemm_moe.LAYOUT, deepgemm_moe.supports,
         "DeepGEMM m_grouped_fp8_fp4_gemm_nt_contiguous (FP8 1x128 x MXFP4), dsv4hal's Triton glue; not run here "
         "(no Blackwell GPU)"))
-    registry.add_kernel(KernelImpl(
-        op="indexer_logits", name=DEEPGEMM_INDEXER, target="dsv4hal.kernels.deepgemm_indexer:indexer_logits",
-        platforms=(PLATFORM,), priority=DEEPGEMM_INDEXER_PRIORITY, tier="vendor",
-        requires=(deepgemm_indexer.LIBRARY, "triton"), supports=deepgemm_indexer_supports,
-        layout="indexer-132-e4m3fn",
-        description="DeepGEMM fp8_paged_mqa_logits (SM100 kernel) over a zero-copy view of the 132-byte cache "
-                    "(next_n 1), Triton -inf tail"))
+    registry.add_kernel(deepgemm_indexer.kernel(PLATFORM, DEEPGEMM_INDEXER, DEEPGEMM_INDEXER_PRIORITY,
+                                                deepgemm_indexer_supports, "SM100"))

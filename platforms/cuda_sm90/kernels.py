@@ -92,10 +92,5 @@ def register(registry: Registry) -> None:
         op="moe_route", name=vllm_router.NAME, target="dsv4hal_cuda_sm90.vllm_router:moe_route",
         platforms=(PLATFORM,), priority=ROUTER_PRIORITY, tier="vendor", supports=vllm_router.supports,
         description=f"vLLM 0.24 torch.ops._moe_C.{vllm_router.OP_NAME} (library from {vllm_router.lib.ENV_LIB})"))
-    registry.add_kernel(KernelImpl(
-        op="indexer_logits", name=DEEPGEMM_INDEXER, target="dsv4hal.kernels.deepgemm_indexer:indexer_logits",
-        platforms=(PLATFORM,), priority=DEEPGEMM_INDEXER_PRIORITY, tier="vendor",
-        requires=(deepgemm_indexer.LIBRARY, "triton"), supports=deepgemm_indexer_supports,
-        layout="indexer-132-e4m3fn",
-        description="DeepGEMM fp8_paged_mqa_logits over a zero-copy view of the 132-byte cache (next_n 1), "
-                    "Triton -inf tail"))
+    registry.add_kernel(deepgemm_indexer.kernel(PLATFORM, DEEPGEMM_INDEXER, DEEPGEMM_INDEXER_PRIORITY,
+                                                deepgemm_indexer_supports, "SM90"))

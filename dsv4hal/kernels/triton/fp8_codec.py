@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 
 HARDWARE_FP8_CAST = True  # off: the integer encoder everywhere (the bytes are the same; only the speed differs)
+# read once, as Triton does when kernels are defined: hardware_fp8 runs on every pack_store call
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @functools.cache
@@ -29,7 +31,7 @@ def _hardware_cast_on(device_type: str, index: int | None) -> bool:
 
 def hardware_fp8(device: torch.device) -> bool:
     """The HW argument of fp8_bits for a kernel running on `device` (e4m3fn only; fnuz ignores it)."""
-    if not HARDWARE_FP8_CAST or os.environ.get("TRITON_INTERPRET") == "1":
+    if not HARDWARE_FP8_CAST or _INTERPRET:
         return False
     return _hardware_cast_on(device.type, device.index)
 

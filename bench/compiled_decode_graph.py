@@ -1,7 +1,8 @@
 """An engine-shaped decode step (pack_store, indexer_topk, sparse_attention_decode with a C4 extra cache,
 moe_route, moe_experts) compiled with torch.compile(fullgraph=True) and captured in one CUDA graph.
 
-Checks: the compiled step equals the eager step, and graph replays with new inputs written in place equal the
+Checks: the compiled step agrees with the eager step (integer outputs exactly, floats within 2% of their largest
+magnitude), and graph replays with new inputs written in place agree with the
 eager step on those inputs. Prints one JSON object (the committed result); exit status 1 when a check fails.
 
     python3 bench/compiled_decode_graph.py > bench/results/h200/compiled-decode-graph.json
@@ -68,7 +69,10 @@ def main() -> int:
         with platform.decode_step():  # a no-op while Dynamo traces
             ops.pack_store(fx["k"], fx["loc"], swa)  # the same bytes each call: replays stay comparable
             raw, _pages = ops.indexer_topk(scores, fx["lengths"], 512, fx["page_table"], 256)
-            extra = (raw % (c4.data.shape[0] * 64)).int()  # positions -> slots of the C4 cache
+            # positions -> slots of the C4 cache, sorted: the top-k is a set whose order follows the radix kernel's
+            # atomics, and the attention reads only the first c4_len of them (an unsorted run compared different
+            # subsets: 0.30 relative difference on the H200, 2026-12-01)
+            extra = (raw.sort(dim=-1).values % (c4.data.shape[0] * 64)).int()
             out, lse = ops.sparse_attention_decode(q, swa, fx["swa_idx"], fx["swa_len"], fx["sink"], 512 ** -0.5,
                                                    extra_cache=c4, extra_indices=extra,
                                                    extra_lengths=fx["c4_len"])
@@ -76,15 +80,26 @@ def main() -> int:
             y = ops.moe_experts(x, ids, w, fx["weights"])
         return out, lse, raw, ids, w, y
 
-    def diff(a: tuple, b: tuple) -> float:
-        """Largest absolute difference; inf when either side holds a NaN or an infinity (never a pass)."""
-        worst = 0.0
-        for u, v in zip(a, b, strict=True):
-            u, v = u.float(), v.float()
+    names = ("out", "lse", "raw", "ids", "w", "y")
+
+    def diff(a: tuple, b: tuple) -> dict[str, float]:
+        """Per output: the largest difference relative to the largest magnitude of `b` (exact 0 for the integer
+        outputs, which must match); inf when either side holds a NaN or an infinity (never a pass).
+        The top-k returns a set (its order depends on the radix kernel's atomics), so `raw` is compared sorted;
+        the attention sums over that set in a different order, hence a relative tolerance on the floats."""
+        worst = {}
+        for name, u, v in zip(names, a, b, strict=True):
+            if name == "raw":
+                u, v = u.sort(dim=-1).values, v.sort(dim=-1).values
+            u, v = u.double(), v.double()
             if not (torch.isfinite(u).all() and torch.isfinite(v).all()):
-                return float("inf")
-            worst = max(worst, float((u - v).abs().max()))
+                worst[name] = float("inf")
+                continue
+            worst[name] = float((u - v).abs().max() / v.abs().max().clamp_min(1e-30))
         return worst
+
+    def within(d: dict[str, float]) -> bool:
+        return all(d[n] == 0.0 for n in ("raw", "ids")) and all(d[n] <= 2e-2 for n in ("out", "lse", "w", "y"))
 
     first, second = _inputs(platform, device, 1), _inputs(platform, device, 2)
     eager1 = [t.clone() for t in step(**first)]
@@ -96,26 +111,26 @@ def main() -> int:
     report: dict = {"platform": platform.name, "device": str(device),
                     "bound": {op: platform.default_decisions[op].chosen.name for op in
                               ("pack_store", "indexer_topk", "sparse_attention_decode", "moe_route", "moe_experts")},
-                    "compile_s": round(compile_s, 2), "compiled_vs_eager_max_abs": diff(comp1, eager1),
-                    "graph_replay_vs_eager_max_abs": None, "graph_us": None, "eager_graph_us": None}
-    ok = report["compiled_vs_eager_max_abs"] == 0.0
+                    "compile_s": round(compile_s, 2), "compiled_vs_eager_max_rel": diff(comp1, eager1),
+                    "graph_replay_vs_eager_max_rel": None, "graph_us": None, "eager_graph_us": None}
+    ok = within(report["compiled_vs_eager_max_rel"])
     if device.type == "cuda":
         from dsv4hal.bench.timing import graph_us
         from dsv4hal.cuda_graphs import capture
 
         static = {k: v.clone() for k, v in first.items()}
         graph, out = capture(lambda: compiled(**static))
-        worst = 0.0
+        worst = dict.fromkeys(names, 0.0)
         for inp, ref in ((second, eager2), (first, eager1), (second, eager2)):
             for k, v in inp.items():
                 static[k].copy_(v)
             graph.replay()
             torch.cuda.synchronize()
-            worst = max(worst, diff(out, ref))
-        report["graph_replay_vs_eager_max_abs"] = worst
+            worst = {n: max(worst[n], e) for n, e in diff(out, ref).items()}
+        report["graph_replay_vs_eager_max_rel"] = worst
         report["graph_us"] = round(graph_us(lambda: compiled(**static)), 1)
         report["eager_graph_us"] = round(graph_us(lambda: step(**static)), 1)
-        ok = ok and worst == 0.0
+        ok = ok and within(worst)
     report["passed"] = ok
     print(json.dumps(report, indent=1))
     return 0 if ok else 1

@@ -2,7 +2,7 @@
 # $OUT (what comes back) and $R (results collected there), and `stamp` for the log.
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out/h200}
-R=/tmp/h200-results
+R=${R:-/tmp/h200-results}
 mkdir -p "$OUT" "$R"
 source .kernels/install-kernels.sh .kernels/bundle /tmp/dsv4hal-site >/dev/null || echo "vendor bundle did not install"
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "pip install -e . failed"

@@ -34,7 +34,9 @@ elif [[ $part == bench ]]; then
     timeout 150 $D bench moe --json "$R/bench-moe.json" --plot "$R/bench-moe.png" 2>&1 | grep -v Warning | tail -30
     stamp "top-k, mHC"
     timeout 80 $D bench topk --json "$R/bench-topk.json" --plot "$R/bench-topk.png" 2>&1 | grep -v Warning | tail -16
-    timeout 150 $D bench mhc --json "$R/bench-mhc.json" 2>&1 | grep -v Warning | tail -30
+    timeout 110 $D bench mhc --json "$R/bench-mhc.json" 2>&1 | grep -v Warning | tail -30
+    stamp "pack_store / dequant_gather BLOCK_T sweep"
+    timeout 60 python3 bench/tune_triton.py --json "$R/tune-triton-cache.json" --ops cache 2>&1 | tail -8
   } 2>&1 | tee "$R/log-bench.txt"
 elif [[ $part == soak ]]; then
   {

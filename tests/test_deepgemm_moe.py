@@ -214,17 +214,18 @@ def test_selection_and_mismatch(fake_dg: FakeDeepGemm) -> None:
         other.ops.moe_experts(x, ids, tw, prepared)
 
 
-def test_psum_registration_below_the_per_row_layout(fake_dg: FakeDeepGemm) -> None:
+def test_psum_registration_above_the_per_row_layout(fake_dg: FakeDeepGemm) -> None:
     reg = registry_with(strict=True)
     info = simulated_info("sm90", deep_gemm="2.5.0", triton="3")
     fp8 = case_expert_weights(_weights())
     d = select_kernel(reg, "moe_experts", fp8, info, "cuda_sm90", ov.Overrides())
     names = [c.name for c in d.candidates]
     rows, psum = (next(c for c in d.candidates if c.name == n) for n in (deepgemm_moe.NAME, deepgemm_moe.PSUM_NAME))
-    assert d.chosen.name == deepgemm_moe.NAME and psum.status == "eligible" and not psum.reasons
-    assert psum.priority == rows.priority - 1 and names.index(rows.name) < names.index(psum.name)
+    # measured faster in 9 of the 10 shapes of bench-moe.json on the H200
+    assert d.chosen.name == deepgemm_moe.PSUM_NAME and rows.status == "eligible" and not rows.reasons
+    assert psum.priority == rows.priority + 1 and names.index(psum.name) < names.index(rows.name)
     text = d.explain()  # what `dsv4hal explain moe_experts` prints
-    assert text.index(f" {deepgemm_moe.NAME} (") < text.index(f" {deepgemm_moe.PSUM_NAME} (")
+    assert text.index(f" {deepgemm_moe.PSUM_NAME} (") < text.index(f" {deepgemm_moe.NAME} (")
 
     def reasons(case: dict, machine: object = info) -> list[str]:
         decision = select_kernel(reg, "moe_experts", case, machine, "cuda_sm90", ov.Overrides())

@@ -15,7 +15,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from dsv4hal.kernels.triton import fp8_codec  # noqa: E402
-from dsv4hal.kernels.triton.fp8_codec import fp8_bits, hardware_fp8  # noqa: E402
+from dsv4hal.kernels.triton.fp8_codec import _decode_fp8, fp8_bits, hardware_fp8  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -25,6 +25,25 @@ def _encode_kernel(x_ptr, out_ptr, n, HW: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     tl.store(out_ptr + i, fp8_bits(tl.load(x_ptr + i, mask=m, other=0.0), False, HW), mask=m)
+
+
+@triton.jit
+def _decode_kernel(b_ptr, out_ptr, FNUZ: tl.constexpr):
+    i = tl.arange(0, 256)
+    tl.store(out_ptr + i, _decode_fp8(tl.load(b_ptr + i), FNUZ))
+
+
+@pytest.mark.parametrize("fnuz", [False, True])
+def test_decoder_gives_torchs_bits_for_every_byte(fnuz: bool) -> None:
+    """Every finite byte decodes to torch's fp32 value bit for bit, -0 (0x80 in e4m3fn) included: the GPU compile
+    of a negation once turned it into +0 (the H200, 2026-12-01)."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    want = codes.view(torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn).float()
+    out = torch.empty(256, dtype=torch.float32, device=DEV)
+    _decode_kernel[(1,)](codes.to(DEV), out, FNUZ=fnuz)
+    finite = torch.isfinite(want)
+    assert int(finite.sum()) == (255 if fnuz else 254)
+    assert torch.equal(out.cpu().view(torch.int32)[finite], want.view(torch.int32)[finite])
 
 
 def _values(random: int) -> torch.Tensor:

@@ -156,9 +156,11 @@ def test_refusals(platform) -> None:  # noqa: ANN001
         indexer_topk(too_wide, lengths, 1024)
 
 
-def test_registered_below_the_other_triton_kernels() -> None:
+def test_static_priority_row_above_radix_above_chunked() -> None:
+    """The measured row kernel first where it fits; the width-limited chunked kernel only by lock or override."""
     impls = {i.name: i for i in dsv4hal.load_registry().kernels_for("indexer_topk")}
-    assert impls["triton_chunked_topk"].priority_on("cuda_sm90") == 97
-    for plat in ("cpu", "cuda_sm90", "cuda_sm100", "rocm"):  # nothing changes until `dsv4hal tune` times it
-        for other in ("triton_radix_topk", "triton_row_topk"):
-            assert impls["triton_chunked_topk"].priority_on(plat) < impls[other].priority_on(plat)
+    assert impls["triton_chunked_topk"].priority_on("cuda_sm90") == 99
+    assert impls["triton_row_topk"].priority_on("cuda_sm90") == 102
+    for plat in ("cpu", "cuda_sm90", "cuda_sm100", "rocm"):
+        prio = {n: impls[n].priority_on(plat) for n in ("triton_row_topk", "triton_radix_topk", "triton_chunked_topk")}
+        assert prio["triton_row_topk"] > prio["triton_radix_topk"] > prio["triton_chunked_topk"], (plat, prio)

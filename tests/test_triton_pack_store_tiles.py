@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 from dsv4hal.kernels.triton import v4_cache_kernels as tk  # noqa: E402
 
 BLOCK_TS = (1, 2, 4, 8, 16)
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU under TRITON_INTERPRET=1
 
 
 def _inputs(n: int, page_size: int, fp8: FP8Flavor, kind: str, layout: str, loc_dtype: torch.dtype,
@@ -38,11 +39,11 @@ def _inputs(n: int, page_size: int, fp8: FP8Flavor, kind: str, layout: str, loc_
         loc = torch.arange(start, start + n)
         if n > 6:
             loc[6] = -1
-    return k, loc.to(loc_dtype), pages
+    return k.to(DEV), loc.to(loc_dtype).to(DEV), pages
 
 
 def _check(k: torch.Tensor, loc: torch.Tensor, pages: int, page_size: int, fp8: FP8Flavor, dirty: bool) -> None:
-    want = V4PagedCache.empty(pages, page_size, fp8)
+    want = V4PagedCache.empty(pages, page_size, fp8, DEV)
     if dirty:  # pre-existing bytes (pad, padding, skipped and unwritten slots) must survive
         want.data.copy_(torch.randint(0, 256, want.data.shape, generator=torch.Generator().manual_seed(1),
                                       dtype=torch.uint8))
@@ -98,7 +99,7 @@ def test_tiles_nonfinite_keys_match_one_token() -> None:
     k[0, 5], k[1, 70], k[2, 130], k[4, 450], k[5] = float("nan"), float("inf"), -float("inf"), float("nan"), 3e38
     images = []
     for bt in BLOCK_TS:
-        got = V4PagedCache.empty(pages, 64)
+        got = V4PagedCache.empty(pages, 64, device=DEV)
         tk.pack_store(k, loc, got, config={"block_t": bt})
         images.append(got.data)
     assert all(torch.equal(im, images[0]) for im in images[1:])
@@ -107,9 +108,9 @@ def test_tiles_nonfinite_keys_match_one_token() -> None:
 def test_tile_rows_past_n_are_masked() -> None:
     """A program wider than n (BLOCK_T = 16, n = 3, launched directly) writes only the n tokens' slots."""
     k, loc, pages = _inputs(3, 64, "e4m3fn", "random", "random", torch.int64, seed=3)
-    want = V4PagedCache.empty(pages, 64)
+    want = V4PagedCache.empty(pages, 64, device=DEV)
     ref_store(k, loc, want)
-    got = V4PagedCache.empty(pages, 64)
+    got = V4PagedCache.empty(pages, 64, device=DEV)
     tk._pack_store_kernel[(1,)](k, loc, got.data, 3, k.stride(0), got.data.stride(0), got.num_slots, P=64,
                                 FP8_MAX_C=FP8_MAX["e4m3fn"], AMAX_FLOOR_C=AMAX_FLOOR, FNUZ=False, BLOCK_T=16,
                                 HW_FP8=False)

@@ -47,10 +47,11 @@ def plot(result: dict[str, Any], path: str) -> None:
             ax.set_title("routed experts (moe_experts)")
         else:
             labels = [f"B{r['B']} N{r['N'] // 1024}K k{r['k']}" for r in rows]
-            impls = list(rows[0]["us"])
+            impls = list(dict.fromkeys(i for r in rows for i in r["us"]))  # kernels differ by shape
             width = 0.8 / (len(impls) + 1)
             for i, impl in enumerate(impls):
-                ax.bar([x + i * width for x in range(len(rows))], [r["us"][impl] for r in rows], width, label=impl)
+                pts = [(x + i * width, r["us"][impl]) for x, r in enumerate(rows) if impl in r["us"]]
+                ax.bar(*zip(*pts), width, label=impl)
             ax.bar([x + len(impls) * width for x in range(len(rows))], [r["floor_us"] for r in rows], width,
                    label="bandwidth floor", color="grey")
             ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7)

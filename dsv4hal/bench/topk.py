@@ -14,7 +14,6 @@ SHAPES = [(b, n, k) for k in (512, 1024) for n in (8192, 65536, 262144) for b in
 
 
 def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[dict[str, Any]]:
-    names = candidates(platform, "indexer_topk")
     rows = []
     for b, n, k in SHAPES if not quick else [s for s in SHAPES if s[0] == 64]:
         scores = torch.randn(b, n, device="cuda")
@@ -22,7 +21,9 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
         table = torch.randint(0, 1 << 16, (b, n // 64), device="cuda", dtype=torch.int32)
         row: dict[str, Any] = {"B": b, "N": n, "k": k, "us": {}}
         row["us"]["torch.topk"] = graph_us(lambda s=scores, k=k: torch.topk(s, k, dim=1, sorted=False))
-        for impl in names:
+        # each shape's own eligible kernels: the row and chunked top-k split the cases by row width
+        case = platform.ops["indexer_topk"].case_of(scores, lengths, k, table)
+        for impl in candidates(platform, "indexer_topk", case=case):
             op = bound_op(platform, "indexer_topk", impl)
             row["us"][impl] = graph_us(lambda op=op, s=scores, ln=lengths, k=k, t=table: op(s, ln, k, t))
         row["floor_us"] = (b * n * 4 + b * k * 4) / ceilings["copy_bytes_per_s"] * 1e6

@@ -21,9 +21,10 @@ FLASHMLA_SGL_PRIORITY = 300  # sgl-flash-mla is FlashMLA's own build: preferred 
 FLASHMLA_VLLM_PRIORITY = 290  # vLLM's bundled FlashMLA: the same kernels, used when only vLLM is installed
 MARLIN_PRIORITY = 300  # MXFP4 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
 DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
-# the same FP8 experts with DeepGEMM's psum layout (the GEMMs skip the ~43% padding tail at T=4096): not yet run on
-# the H200, so just below the per-row layout; `dsv4hal tune` and `dsv4hal bench moe` time both on the next GPU session
-DEEPGEMM_MOE_PSUM_PRIORITY = 289
+# the same FP8 experts with DeepGEMM's psum layout (the GEMMs skip the padding tail of every expert): above the
+# per-row layout, faster in 9 of the 10 shapes of bench/results/h200/bench-moe.json (1.07-1.34x from T=8, 1.5-3.6x with
+# 50-90% of the routes dropped for expert parallelism); slower only for one token (98.7 against 75.1 us)
+DEEPGEMM_MOE_PSUM_PRIORITY = 291
 ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (same file)
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
 

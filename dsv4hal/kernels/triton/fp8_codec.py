@@ -71,7 +71,9 @@ def _decode_fp8(b, FNUZ: tl.constexpr):
     man = x & 7
     mag = tl.where(ex == 0, man.to(tl.float32) * _pow2(ex * 0 - BIAS - 2),
                    (man + 8).to(tl.float32) * _pow2(ex - BIAS - 3))
-    return tl.where((x & 0x80) != 0, -mag, mag)
+    # the sign as a bit, not a negation: the sm_90 compile of `-mag` is 0 - mag, which turns byte 0x80 (-0) into +0
+    # (measured on the H200: dequant_gather then differed from the reference's bits for tiny negative keys)
+    return (mag.to(tl.int32, bitcast=True) | ((x & 0x80) << 24)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -39,7 +39,8 @@ def _row_topk_supports(case: Mapping[str, object], info: PlatformInfo) -> list[s
     reasons = interpreter_on_cpu(case, info)
     if case.get("size") == "large":
         reasons.append(f"triton_row_topk holds one row in registers, at most {ROW_TOPK_MAX} scores (case "
-                       f"size=small); this case is wider (size=large): triton_radix_topk takes it")
+                       f"size=small); this case is wider (size=large): triton_radix_topk or triton_chunked_topk "
+                       "takes it")
     return reasons
 
 
@@ -66,15 +67,18 @@ def register(registry: Registry) -> None:
                                    description="radix select on order-preserving 32-bit keys (4 histogram levels "
                                                "of 8 bits find the k-th key), then an atomic collect pass with the "
                                                "page transform", **common))
-    # below triton_radix_topk until `dsv4hal tune` has timed it on the GPU (a two-read kernel, triton_filter_topk,
-    # was 3.4-4.1x slower than the radix kernel everywhere on the H200 and was removed: bench-topk.json)
+    # above triton_radix_topk where a row fits it (size=small): 2.7-3.4x faster at 8192 scores on the H200, and 3.1-3.7x
+    # in every tuned bucket (bench/results/h200/bench-topk.json, cuda_sm90.lock.json, 2026-12-01)
     registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_row_topk", target=f"{_MOD}.topk_row:indexer_topk",
                                    description="one launch, one program per row of at most 16384 scores: the row "
                                                "as a register tile of 32-bit keys, bisection over the key bits for "
                                                "the exact k-th key, one prefix sum for the output slots",
                                    **{**common, "supports": _row_topk_supports,
-                                      "priority": {p: v - 2 for p, v in PRIORITY.items()}}))
-    # unmeasured until `dsv4hal tune` times it on the H200: below triton_radix_topk and triton_row_topk
+                                      "priority": {p: v + 2 for p, v in PRIORITY.items()}}))
+    # below triton_radix_topk although faster in 10 of the 12 wide shapes of bench-topk.json (up to 1.8x at 64 x 65536)
+    # and in every tuned bucket (1.04-1.41x, cuda_sm90.lock.json): it holds rows of at most 16384 // k chunks (262144
+    # scores at k=1024) and the case carries no width, so the static choice stays the kernel that takes any width; a
+    # lock (dsv4hal tune) picks it per bucket, and a wider row then raises UnsupportedCaseError naming the radix kernel
     registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_chunked_topk",
                                    target=f"{_MOD}.topk_chunked:indexer_topk",
                                    description="two launches for rows wider than 16384 scores: each chunk's exact "
@@ -82,7 +86,7 @@ def register(registry: Registry) -> None:
                                                "order, then one program a row selects among the <= 16384 "
                                                "candidates and writes the outputs",
                                    **{**common, "supports": _chunked_topk_supports,
-                                      "priority": {p: v - 3 for p, v in PRIORITY.items()}}))
+                                      "priority": {p: v - 1 for p, v in PRIORITY.items()}}))
     registry.add_kernel(KernelImpl(op="sparse_attention_decode", name="triton_sparse_decode",
                                    target=f"{_MOD}.sparse_attention:sparse_attention_decode",
                                    layout="v4-584 (e4m3fn or e4m3fnuz)",

@@ -1,8 +1,9 @@
 """Triton kernels that write and read the 584-byte V4 cache record (formats.v4_cache), bit-identical to
-the reference quantizer. A program handles BLOCK_T tokens (one by default, see DEFAULT_TOKENS_PER_PROGRAM), each
+the reference quantizer. A program handles BLOCK_T tokens (see DEFAULT_TOKENS_PER_PROGRAM), each
 to or from its own slot; no host sync and no allocation beyond the output, so both are CUDA-graph safe. FP8 bits
-are encoded and decoded with integer arithmetic rather than the hardware conversion, so e4m3fn and e4m3fnuz come
-out identical on NVIDIA, ROCm and the interpreter (whose fp8 cast does not round to nearest even).
+are decoded with integer arithmetic, and encoded by fp8_codec.fp8_bits (the hardware conversion where it rounds to
+nearest even, else integer arithmetic), so e4m3fn and e4m3fnuz come out identical on NVIDIA, ROCm and the
+interpreter (whose fp8 cast does not round to nearest even).
 
 A program's tile is [BLOCK_T * SCALES, TILE_W]: row r is tile r % SCALES of token r // SCALES (the pad tile, index
 NTILES, is masked), so the amax per 64-group is a row reduction whatever BLOCK_T is, and BLOCK_T = 1 is the
@@ -26,11 +27,12 @@ from dsv4hal.kernels.triton.v4_layout import HEAD, NOPE, NTILES, RECORD, SCALES,
 ROPE_W = tl.constexpr(TILE_W // SCALES)  # rope values per tile row: the 64 rope values over a token's 8 rows
 assert ROPE_W * SCALES == TILE_W
 
-# Tokens per program and warps. One token per program with 2 warps is the configuration measured on the H200 so
-# far (0.46 of copy bandwidth at 32768 tokens); bench/tune_triton.py times 1..16 tokens per program and several
-# warp counts side by side, and its result sets these defaults. Compiled for sm_90 (Triton 3.6), tiles of 2+ tokens
-# a warp issue about half the instructions per token (16-byte stores, per-row work shared) without spilling.
-DEFAULT_TOKENS_PER_PROGRAM = 1
+# Tokens per program and warps, set by bench/tune_triton.py --ops cache on the H200 (tune-triton-cache.json): 8 tokens
+# a program with 2 warps was the fastest of 19 configurations at 32768 tokens for both ops and both slot layouts
+# (pack_store 0.84 / 0.68 of copy bandwidth contiguous / random, against 0.57 / 0.56 at one token a program).
+# Compiled for sm_90 (Triton 3.6), tiles of 2+ tokens a warp issue about half the instructions per token (16-byte
+# stores, per-row work shared) without spilling.
+DEFAULT_TOKENS_PER_PROGRAM = 8
 DEFAULT_NUM_WARPS = 2
 
 

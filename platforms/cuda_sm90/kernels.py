@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from dsv4hal_cuda_sm90 import deepgemm_moe, marlin_moe, vllm_router
+from dsv4hal_cuda_sm90 import deepgemm_moe, marlin_moe, oai_triton_moe, vllm_router
 
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.kernels import deepgemm_indexer
@@ -25,6 +25,9 @@ DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200
 # per-row layout, faster in 9 of the 10 shapes of bench/results/h200/bench-moe.json (1.07-1.34x from T=8, 1.5-3.6x with
 # 50-90% of the routes dropped for expert parallelism); slower only for one token (98.7 against 75.1 us)
 DEEPGEMM_MOE_PSUM_PRIORITY = 291
+# OpenAI's triton_kernels (vLLM 0.24's bundle) for MXFP4 experts: not yet run on the H200, so below Marlin and above
+# the portable Triton MoE (100) until `dsv4hal tune` times it
+OAI_TRITON_MOE_PRIORITY = 250
 ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (same file)
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
 
@@ -89,6 +92,11 @@ def register(registry: Registry) -> None:
                    f"{deepgemm_moe.NAME} with DeepGEMM's psum layout (use_psum_layout=True, grouped_layout = each "
                    "expert's unaligned end): the GEMMs visit only the blocks that hold routes"),
         target="dsv4hal_cuda_sm90.deepgemm_moe:moe_experts_psum"))
+    registry.add_kernel(moe_kernel(
+        oai_triton_moe.NAME, "dsv4hal_cuda_sm90.oai_triton_moe", PLATFORM, OAI_TRITON_MOE_PRIORITY,
+        (oai_triton_moe.LIBRARY,), oai_triton_moe.LAYOUT, oai_triton_moe.supports,
+        "triton_kernels matmul_ogs (vLLM 0.24's bundle; W4A16 MXFP4 in the Hopper layouts): routing from the top-k, "
+        "GEMM1 with DSV4's clamped SwiGLU fused, GEMM2 with the routing weights and the per-token sum"))
     registry.add_kernel(KernelImpl(
         op="moe_route", name=vllm_router.NAME, target="dsv4hal_cuda_sm90.vllm_router:moe_route",
         platforms=(PLATFORM,), priority=ROUTER_PRIORITY, tier="vendor", supports=vllm_router.supports,

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The H200 plan after the fourth session (2026-12-01): what that session changed without a GPU left to check it.
+# Two calls back to back (a machine goes back after 30 s idle; a process dies with its call). Results are written
+# straight into the call's output folder ($OUT), so a call cut short still brings back what it finished:
+#   R=$OUT bash bench/run_h200_session5.sh verify   # GPU tests of the FP8 decoder fix, the triton_kernels MoE and the
+#                                                   # GPU-capable pack_store tile tests; the compiled decode graph;
+#                                                   # conformance of the new MoE (forced) and of the cache ops
+#   R=$OUT bash bench/run_h200_session5.sh time     # MoE bench (with triton_kernels), the lock re-tuned for
+#                                                   # moe_experts, host cost, the demo
+set -uo pipefail
+part=${1:?verify or time}
+source bench/h200_env.sh
+D="python3 -m dsv4hal"
+if [[ $part == verify ]]; then
+  {
+    stamp "GPU tests"
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_fp8_codec.py \
+      tests/test_oai_triton_moe.py tests/test_triton_pack_store_tiles.py 2>&1 | tail -15
+    stamp "compiled decode step in a CUDA graph"
+    timeout 60 python3 bench/compiled_decode_graph.py > "$R/compiled-decode-graph.json"; echo "rc=$?"
+    tail -c 600 "$R/compiled-decode-graph.json"
+    stamp "conformance: the triton_kernels MoE forced, the cache ops"
+    DSV4HAL_KERNELS=moe_experts=triton_kernels_mxfp4_sm90 timeout 150 $D conformance --platform cuda_sm90 \
+      --ops moe_experts --json "$R/conformance-cuda_sm90-moe-triton-kernels.json" --quiet | tail -2
+    timeout 60 $D conformance --platform cuda_sm90 --ops pack_store,dequant_gather \
+      --json "$R/conformance-cuda_sm90-cache.json" --quiet | tail -2
+  } 2>&1 | tee "$R/log-verify5.txt"
+else
+  {
+    stamp "MoE bench"
+    timeout 200 $D bench moe --json "$R/bench-moe.json" --plot "$R/bench-moe.png" 2>&1 | grep -v Warning | tail -30
+    stamp "moe_experts re-tuned into the committed lock"
+    cp bench/results/h200/cuda_sm90.lock.json "$R/cuda_sm90.lock.json"
+    timeout 150 $D tune --platform cuda_sm90 --ops moe_experts --update --out "$R/cuda_sm90.lock.json" \
+      --markdown "$R/tune-moe.md" 2>&1 | tail -8
+    stamp "host cost, demo"
+    timeout 50 $D bench attention --quick --json "$R/bench-attention-host.json" 2>&1 | grep -v Warning | tail -6
+    timeout 120 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random \
+      --json "$R/demo-flash.json" --plot "$R/demo-flash.png" 2>&1 | tail -18
+  } 2>&1 | tee "$R/log-time5.txt"
+fi

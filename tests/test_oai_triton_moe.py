@@ -71,6 +71,20 @@ def test_interleave_gate_up() -> None:
     assert torch.equal(got[:, 0::2], t[:, :3]) and torch.equal(got[:, 1::2], t[:, 3:])
 
 
+@pytest.mark.parametrize("perm", [(0, 1, 2), (0, 2, 1)])
+def test_stack_keeps_the_chunks_memory_order(perm: tuple[int, int, int]) -> None:
+    """Chunks converted a few experts at a time join into what one conversion of all experts gives: the same
+    values and the same stride order (expert dim outermost); a layout with another outermost dim is refused."""
+    full = torch.arange(5 * 6 * 4, dtype=torch.int32).view(5, 6, 4).permute(perm).contiguous().permute(
+        [perm.index(d) for d in range(3)])  # memory order `perm`, logical [5, ...]
+    parts = [full[0:2].clone(memory_format=torch.preserve_format), full[2:5].clone(memory_format=torch.preserve_format)]
+    got = oai._stack(parts)
+    assert torch.equal(got, full) and got.stride() == full.stride()
+    assert oai._stack([full]) is full
+    expert_inner = torch.arange(5 * 6, dtype=torch.int32).view(6, 5).t()  # [5, 6] with the expert dim innermost
+    assert oai._stack([expert_inner[:2].clone(memory_format=torch.preserve_format), expert_inner[2:]]) is None
+
+
 def _decide(weights_case: dict, libraries: dict[str, str]):  # noqa: ANN202
     info = simulated("sm90", libraries={"torch": "2", "triton": "3", **libraries})
     return select_kernel(registry_with(strict=True), "moe_experts", weights_case, info, "cuda_sm90", ov.Overrides())

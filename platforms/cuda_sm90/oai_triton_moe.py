@@ -88,32 +88,52 @@ def interleave_gate_up(t: torch.Tensor) -> torch.Tensor:
     return torch.stack((t[:, :i], t[:, i:]), dim=2).reshape(t.shape)
 
 
-def _to_library(q: torch.Tensor, s: torch.Tensor) -> tuple[Any, Any]:
+def _stack(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """Chunks of a layout's storage (expert dim first) joined into one tensor with the chunks' own memory order, so
+    the result is what converting all experts at once gives. None when the expert dim is not the outermost in
+    memory (then chunks cannot be joined that way)."""
+    import torch
+
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    order = sorted(range(first.dim()), key=lambda d: -first.stride(d))  # outermost dim first
+    if order[0] != 0:
+        return None
+    shape = [sum(p.shape[0] for p in parts), *first.shape[1:]]
+    buf = torch.empty([shape[d] for d in order], dtype=first.dtype, device=first.device)
+    out = buf.permute([order.index(d) for d in range(first.dim())])
+    lo = 0
+    for p in parts:
+        out[lo:lo + p.shape[0]].copy_(p)
+        lo += p.shape[0]
+    return out
+
+
+def _to_library(q: torch.Tensor, s: torch.Tensor, chunk: int = PREPARE_CHUNK) -> tuple[Any, Any]:
     """MXFP4 bytes [E, N, K/2] and UE8M0 scales [E, N, K/32] -> the library's Hopper-layout weight and scale
-    Tensors of logical shape [E, K, N] and [E, K/32, N], converted PREPARE_CHUNK experts at a time."""
+    Tensors of logical shape [E, K, N] and [E, K/32, N], converted `chunk` experts at a time."""
     import torch
     from triton_kernels.tensor import FP4, Storage, Tensor, convert_layout, wrap_torch_tensor
     from triton_kernels.tensor_details.layout import HopperMXScaleLayout, HopperMXValueLayout
 
     e, n, half_k = q.shape
     values, scales = [], []
-    for lo in range(0, e, PREPARE_CHUNK):
-        v = convert_layout(wrap_torch_tensor(q[lo:lo + PREPARE_CHUNK].transpose(-2, -1), dtype=FP4),
-                           HopperMXValueLayout, mx_axis=1)
-        sc = convert_layout(wrap_torch_tensor(s[lo:lo + PREPARE_CHUNK].transpose(-2, -1)), HopperMXScaleLayout,
-                            mx_axis=1, num_warps=SCALE_WARPS)
+    for lo in range(0, e, chunk):
+        v = convert_layout(wrap_torch_tensor(q[lo:lo + chunk].transpose(-2, -1), dtype=FP4), HopperMXValueLayout,
+                           mx_axis=1)
+        sc = convert_layout(wrap_torch_tensor(s[lo:lo + chunk].transpose(-2, -1)), HopperMXScaleLayout, mx_axis=1,
+                            num_warps=SCALE_WARPS)
         values.append(v.storage.data)
         scales.append(sc.storage.data)
-
-    def stack(parts: list[torch.Tensor]) -> torch.Tensor:
-        # the swizzled chunks keep their memory order (the last two dims transposed, stride(-2) == 1)
-        return parts[0] if len(parts) == 1 else torch.cat([p.mT for p in parts]).mT
-
+    value_data, scale_data = _stack(values), _stack(scales)
+    if value_data is None or scale_data is None:  # a layout whose expert dim is not outermost: all at once
+        return _to_library(q, s, chunk=e)
     k = 2 * half_k
     value_layout = HopperMXValueLayout([e, half_k, n], mx_axis=1)
     scale_layout = HopperMXScaleLayout([e, k // 32, n], mx_axis=1, num_warps=SCALE_WARPS)
-    weight = Tensor(Storage(stack(values), value_layout), dtype=FP4, shape=[e, k, n])
-    scale = Tensor(Storage(stack(scales), scale_layout), dtype=torch.uint8, shape=[e, k // 32, n])
+    weight = Tensor(Storage(value_data, value_layout), dtype=FP4, shape=[e, k, n])
+    scale = Tensor(Storage(scale_data, scale_layout), dtype=torch.uint8, shape=[e, k // 32, n])
     return weight, scale
 
 

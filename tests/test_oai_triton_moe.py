@@ -85,6 +85,20 @@ def test_stack_keeps_the_chunks_memory_order(perm: tuple[int, int, int]) -> None
     assert oai._stack([expert_inner[:2].clone(memory_format=torch.preserve_format), expert_inner[2:]]) is None
 
 
+def test_chunked_conversion_equals_one_conversion() -> None:
+    """prepare_weights converts PREPARE_CHUNK experts at a time: the same storage, strides and layout as converting
+    all experts at once (wherever triton_kernels is importable; its layout code is torch code)."""
+    pytest.importorskip("triton_kernels")
+    w = _weights(h=256, i=128)
+    e = w.num_experts
+    for q, s in ((oai.interleave_gate_up(w.w13), oai.interleave_gate_up(w.w13_scale)), (w.w2, w.w2_scale)):
+        chunked, whole = oai._to_library(q, s, chunk=3), oai._to_library(q, s, chunk=e)
+        for a, b in zip(chunked, whole, strict=True):
+            assert torch.equal(a.storage.data, b.storage.data)
+            assert a.storage.data.stride() == b.storage.data.stride() and a.shape == b.shape
+            assert type(a.storage.layout) is type(b.storage.layout)
+
+
 def _decide(weights_case: dict, libraries: dict[str, str]):  # noqa: ANN202
     info = simulated("sm90", libraries={"torch": "2", "triton": "3", **libraries})
     return select_kernel(registry_with(strict=True), "moe_experts", weights_case, info, "cuda_sm90", ov.Overrides())

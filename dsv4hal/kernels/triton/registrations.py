@@ -67,7 +67,7 @@ def register(registry: Registry) -> None:
                                    description="radix select on order-preserving 32-bit keys (4 histogram levels "
                                                "of 8 bits find the k-th key), then an atomic collect pass with the "
                                                "page transform", **common))
-    # above triton_radix_topk where a row fits it (size=small): 2.7-3.4x faster at 8192 scores on the H200, and 3.1-3.7x
+    # above triton_radix_topk where a row fits it (size=small): 3.0-3.7x faster at 8192 scores on the H200, and 3.1-3.7x
     # in every tuned bucket (bench/results/h200/bench-topk.json, cuda_sm90.lock.json, 2026-12-01)
     registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_row_topk", target=f"{_MOD}.topk_row:indexer_topk",
                                    description="one launch, one program per row of at most 16384 scores: the row "

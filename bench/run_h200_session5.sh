@@ -4,9 +4,9 @@
 # straight into the call's output folder ($OUT), so a call cut short still brings back what it finished:
 #   R=$OUT bash bench/run_h200_session5.sh verify   # GPU tests of the FP8 decoder fix, the triton_kernels MoE and the
 #                                                   # GPU-capable pack_store tile tests; the compiled decode graph;
-#                                                   # conformance of the new MoE (forced) and of the cache ops
-#   R=$OUT bash bench/run_h200_session5.sh time     # MoE bench (with triton_kernels), the lock re-tuned for
-#                                                   # moe_experts, host cost, the demo
+#                                                   # conformance of the new MoE and mhc_pre (forced) and of the cache ops
+#   R=$OUT bash bench/run_h200_session5.sh time     # MoE and mHC benches (with triton_kernels and DeepGEMM's
+#                                                   # mhc_pre), the lock re-tuned for both ops, host cost, demo
 set -uo pipefail
 part=${1:?verify or time}
 source bench/h200_env.sh
@@ -22,6 +22,8 @@ if [[ $part == verify ]]; then
     stamp "conformance: the triton_kernels MoE forced, the cache ops"
     DSV4HAL_KERNELS=moe_experts=triton_kernels_mxfp4_sm90 timeout 150 $D conformance --platform cuda_sm90 \
       --ops moe_experts --json "$R/conformance-cuda_sm90-moe-triton-kernels.json" --quiet | tail -2
+    DSV4HAL_KERNELS=mhc_pre=deepgemm_mhc_pre_sm90 timeout 90 $D conformance --platform cuda_sm90 --ops mhc_pre \
+      --json "$R/conformance-cuda_sm90-mhc-deepgemm.json" --quiet | tail -2
     timeout 60 $D conformance --platform cuda_sm90 --ops pack_store,dequant_gather \
       --json "$R/conformance-cuda_sm90-cache.json" --quiet | tail -2
   } 2>&1 | tee "$R/log-verify5.txt"
@@ -29,10 +31,11 @@ else
   {
     stamp "MoE bench"
     timeout 200 $D bench moe --json "$R/bench-moe.json" --plot "$R/bench-moe.png" 2>&1 | grep -v Warning | tail -30
-    stamp "moe_experts re-tuned into the committed lock"
+    timeout 90 $D bench mhc --quick --json "$R/bench-mhc.json" 2>&1 | grep -v Warning | tail -12
+    stamp "moe_experts and mhc_pre re-tuned into the committed lock"
     cp bench/results/h200/cuda_sm90.lock.json "$R/cuda_sm90.lock.json"
-    timeout 150 $D tune --platform cuda_sm90 --ops moe_experts --update --out "$R/cuda_sm90.lock.json" \
-      --markdown "$R/tune-moe.md" 2>&1 | tail -8
+    timeout 150 $D tune --platform cuda_sm90 --ops moe_experts,mhc_pre --update --out "$R/cuda_sm90.lock.json" \
+      --markdown "$R/tune-moe-mhc.md" 2>&1 | tail -8
     stamp "host cost, demo"
     timeout 50 $D bench attention --quick --json "$R/bench-attention-host.json" 2>&1 | grep -v Warning | tail -6
     timeout 120 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random \

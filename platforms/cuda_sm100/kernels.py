@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dsv4hal_cuda_sm100 import deepgemm_moe, flashinfer_moe
 
 from dsv4hal.hardware import PlatformInfo, version_before
-from dsv4hal.kernels import deepgemm_indexer
+from dsv4hal.kernels import deepgemm_indexer, deepgemm_mhc
 from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, Registry
 
@@ -44,6 +44,9 @@ PRIORITY = 300  # FlashMLA attention: above the portable Triton kernels (100) an
 FLASHINFER_MOE_PRIORITY = 300  # TRTLLM-Gen MXFP4 experts: Blackwell's own MoE kernels, preferred
 DEEPGEMM_MOE_PRIORITY = 290  # DeepGEMM FP8 x FP4 experts with dsv4hal's Triton glue: when FlashInfer is missing
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
+# mhc_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): not yet timed inside the op, so just below
+# triton_mhc_pre (100) until `dsv4hal tune` measures both
+DEEPGEMM_MHC_PRIORITY = 99
 DEEPGEMM_INDEXER = "deepgemm_paged_mqa_logits_sm100"
 DEEPGEMM_BLOCK_KVS = (32, 64)  # SM100 fp8_paged_mqa_logits: block_kv == 32 or 64
 
@@ -133,3 +136,4 @@ def register(registry: Registry) -> None:
         "(no Blackwell GPU)"))
     registry.add_kernel(deepgemm_indexer.kernel(PLATFORM, DEEPGEMM_INDEXER, DEEPGEMM_INDEXER_PRIORITY,
                                                 deepgemm_indexer_supports, "SM100"))
+    registry.add_kernel(deepgemm_mhc.kernel(PLATFORM, "deepgemm_mhc_pre_sm100", DEEPGEMM_MHC_PRIORITY, "SM100"))

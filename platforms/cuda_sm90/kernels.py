@@ -10,7 +10,7 @@ from dataclasses import replace
 from dsv4hal_cuda_sm90 import deepgemm_moe, marlin_moe, oai_triton_moe, vllm_router
 
 from dsv4hal.hardware import PlatformInfo
-from dsv4hal.kernels import deepgemm_indexer
+from dsv4hal.kernels import deepgemm_indexer, deepgemm_mhc
 from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, Registry
 
@@ -30,6 +30,9 @@ DEEPGEMM_MOE_PSUM_PRIORITY = 291
 OAI_TRITON_MOE_PRIORITY = 250
 ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (same file)
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
+# mhc_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): not yet timed inside the op, so just below
+# triton_mhc_pre (100) until `dsv4hal tune` measures both
+DEEPGEMM_MHC_PRIORITY = 99
 
 FLASHMLA_H_Q = (64, 128)
 PREFILL_TOPK_ALIGN = 128  # SM90 sparse prefill asserts topk % 128 == 0 for h64 and h128
@@ -103,3 +106,4 @@ def register(registry: Registry) -> None:
         description=f"vLLM 0.24 torch.ops._moe_C.{vllm_router.OP_NAME} (library from {vllm_router.lib.ENV_LIB})"))
     registry.add_kernel(deepgemm_indexer.kernel(PLATFORM, DEEPGEMM_INDEXER, DEEPGEMM_INDEXER_PRIORITY,
                                                 deepgemm_indexer_supports, "SM90"))
+    registry.add_kernel(deepgemm_mhc.kernel(PLATFORM, "deepgemm_mhc_pre_sm90", DEEPGEMM_MHC_PRIORITY, "SM90"))

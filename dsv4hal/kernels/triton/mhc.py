@@ -345,7 +345,6 @@ def _gated(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     prec = _precision()
     if fused is None:
         mix_ws, sq_ws = _pre_partials(x, fn, npad, prec)
-        s = mix_ws.shape[0]
     else:
         f, p, c = (v.contiguous() for v in fused)
         bc = 64 if bt == 16 else 32
@@ -355,12 +354,38 @@ def _gated(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         _post_gemm_partials_kernel[(t_blocks, s)](x, f, p, c, stream, fn, mix_ws, sq_ws, t, d, chunk, ROWS=rows,
                                                   NPAD=npad, BLOCK_T=bt, BLOCK_C=bc, PRECISION=prec,
                                                   INTERPRET=_interpreting(), num_warps=4)
+    _apply(stream, mix_ws, sq_ws, npad, base, scale, y, post, comb, rms_eps, hc_eps, iters, head)
+    return stream, y, post, comb
+
+
+def _apply(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Tensor, npad: int, base: torch.Tensor,
+           scale: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, rms_eps: float,
+           hc_eps: float, iters: int, head: bool) -> None:
+    """The last launch of the gated ops: gates from the split-K partials (mix_ws [S, T, npad], sq_ws [S, T]),
+    y = sum_i pre_i x_i, and post and comb unless `head`."""
+    t, _, d = x.shape
+    s = mix_ws.shape[0]
     bd = min(_block_d(t), triton.next_power_of_2(d))
-    _apply_kernel[(t, triton.cdiv(d, bd))](stream, mix_ws, sq_ws, base, scale, y, post, comb, t, d, s,
+    _apply_kernel[(t, triton.cdiv(d, bd))](x, mix_ws, sq_ws, base, scale, y, post, comb, t, d, s,
                                            float(rms_eps), float(hc_eps), int(iters), NPAD=npad,
                                            S_BLOCK=max(2, triton.next_power_of_2(s)), BLOCK_D=bd, HEAD=head,
                                            INTERPRET=_interpreting(), num_warps=4)
-    return stream, y, post, comb
+
+
+def mhc_pre_from_partials(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Tensor, base: torch.Tensor,
+                          scale: torch.Tensor, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
+                          sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """mhc_pre's outputs from split-K partials made elsewhere (a vendor's pre-norm GEMM): mix_ws fp32 [S, T, rows]
+    contiguous, summed over S x.flatten(1) @ fn^T (rows >= 24: pre, post, comb), and sq_ws fp32 [S, T], summed
+    over S the sum of x.flatten(1)^2 per token. x bf16 [T, 4, d] contiguous, T >= 1."""
+    t, _, d = x.shape
+    dev = x.device
+    y = torch.empty(t, d, dtype=torch.bfloat16, device=dev)
+    post = torch.empty(t, HC, dtype=torch.float32, device=dev)
+    comb = torch.empty(t, HC, HC, dtype=torch.float32, device=dev)
+    _apply(x, mix_ws, sq_ws, mix_ws.shape[2], base.contiguous(), scale.contiguous(), y, post, comb, rms_eps,
+           hc_eps, sinkhorn_iters, False)
+    return y, post, comb
 
 
 # ---------------------------------------------------------------- ops

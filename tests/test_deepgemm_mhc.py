@@ -1,0 +1,105 @@
+"""mhc_pre through DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): the split rule against the H200's
+measurements, selection on simulated Hopper and Blackwell, and the op on the CPU with a stand-in for
+tf32_hc_prenorm_gemm that keeps DeepGEMM's output layout (split-K partials [S, T, rows], [S, T]) and the Triton
+gates under the interpreter, against the reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dsv4hal import override as ov
+from dsv4hal.conformance.cases_mhc import BF16_OUTPUT_TOLERANCE, TOLERANCES
+from dsv4hal.hardware import simulated
+from dsv4hal.kernels import deepgemm_mhc
+from dsv4hal.reference import mhc as ref_mhc
+from dsv4hal.selection import select_kernel
+from tests.conftest import registry_with
+from tests.vendor_fakes import fake_module, install_modules
+
+pytest.importorskip("triton")
+
+H200_SMS = 132
+
+
+@pytest.mark.parametrize(("t", "d", "fastest"), [(1, 4096, 64), (8, 4096, 64), (64, 4096, 64), (512, 4096, 16),
+                                                 (4096, 4096, 2), (1, 7168, 64), (64, 7168, 64), (512, 7168, 16),
+                                                 (4096, 7168, 2)])
+def test_split_rule_picks_the_fastest_measured(t: int, d: int, fastest: int) -> None:
+    """bench/results/h200/bench-mhc.json: the fastest split count of those timed, per shape."""
+    assert deepgemm_mhc.splits(t, 4 * d, H200_SMS) == fastest
+
+
+def test_split_rule_limits() -> None:
+    assert deepgemm_mhc.splits(1, 256, H200_SMS) == 4  # one split per 64-column K block at most
+    assert deepgemm_mhc.splits(100000, 4 * 4096, H200_SMS) == 1  # more token blocks than SMs: no split
+
+
+@pytest.mark.parametrize(("arch", "platform"), [("sm90", "cuda_sm90"), ("sm100", "cuda_sm100")])
+def test_selection_below_the_triton_kernel_with_reasons(arch: str, platform: str) -> None:
+    reg = registry_with(strict=True)
+    name = f"deepgemm_mhc_pre_{arch}"
+
+    def decide(case: dict, **libs: str):  # noqa: ANN202
+        info = simulated(arch, libraries={"torch": "2", "triton": "3", **libs})
+        return select_kernel(reg, "mhc_pre", case, info, platform, ov.Overrides())
+
+    d = decide({"hidden": 4096, "sinkhorn_iters": 20}, deep_gemm="2.5.0")
+    cand = {c.name: c for c in d.candidates}
+    assert d.chosen.name == "triton_mhc_pre" and cand[name].status == "eligible"
+    assert cand[name].priority < cand["triton_mhc_pre"].priority
+    with ov.overrides(kernels={"mhc_pre": name}):
+        info = simulated(arch, libraries={"torch": "2", "triton": "3", "deep_gemm": "2.5.0"})
+        assert select_kernel(reg, "mhc_pre", {"hidden": 4096, "sinkhorn_iters": 20}, info, platform,
+                             ov.current()).chosen.name == name
+    reasons = next(c for c in decide({"hidden": 4100, "sinkhorn_iters": 20}, deep_gemm="2.4.1").candidates
+                   if c.name == name).reasons
+    assert any("multiple of 64" in r for r in reasons) and any("2.4.1" in r for r in reasons)
+    assert next(c for c in decide({"hidden": 4096, "sinkhorn_iters": 20}).candidates
+                if c.name == name).reasons == ("missing deep_gemm",)
+
+
+def _stand_in(calls: list[int]):  # noqa: ANN202
+    def tf32_hc_prenorm_gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sqr_sum: torch.Tensor,
+                             num_splits: int | None = None) -> None:
+        """DeepGEMM's contract as the binding relies on it: split s owns a contiguous share of K's 64-column
+        blocks and writes its partial product and sum of squares (fp32 here, where DeepGEMM rounds to TF32)."""
+        assert a.dtype == torch.bfloat16 and a.is_contiguous() and b.dtype == torch.float32 and b.is_contiguous()
+        t, k = a.shape
+        s = num_splits
+        assert d.shape == (s, t, b.shape[0]) and sqr_sum.shape == (s, t) and k % 64 == 0
+        blocks = k // 64
+        bounds = [i * blocks // s * 64 for i in range(s + 1)]
+        af = a.float()
+        for i in range(s):
+            lo, hi = bounds[i], bounds[i + 1]
+            d[i] = af[:, lo:hi] @ b[:, lo:hi].t()
+            sqr_sum[i] = (af[:, lo:hi] ** 2).sum(1)
+        calls.append(s)
+
+    return tf32_hc_prenorm_gemm
+
+
+@pytest.mark.parametrize(("t", "d", "iters"), [(1, 64, 20), (7, 64, 1), (33, 64, 20), (3, 256, 20), (0, 64, 20)])
+def test_matches_the_reference_with_deepgemms_layout(monkeypatch: pytest.MonkeyPatch, t: int, d: int,
+                                                     iters: int) -> None:
+    calls: list[int] = []
+    install_modules(monkeypatch, {"deep_gemm": fake_module("deep_gemm", __version__="2.5.0",
+                                                           tf32_hc_prenorm_gemm=_stand_in(calls))})
+    g = torch.Generator().manual_seed(t * 7 + d)
+    x = torch.randn(t, 4, d, generator=g).bfloat16()
+    fn = torch.randn(24, 4 * d, generator=g) / math.sqrt(4 * d)
+    base, scale = 0.5 * torch.randn(24, generator=g), 0.5 + 1.5 * torch.rand(3, generator=g)
+    y, post, comb = deepgemm_mhc.mhc_pre(x, fn, base, scale, sinkhorn_iters=iters)
+    want_y, want_post, want_comb = ref_mhc.mhc_pre(x, fn, base, scale, sinkhorn_iters=iters)
+    assert (y.dtype, post.dtype, comb.dtype) == (torch.bfloat16, torch.float32, torch.float32)
+    assert y.shape == (t, d) and post.shape == (t, 4) and comb.shape == (t, 4, 4)
+    assert calls == ([] if t == 0 else [deepgemm_mhc.splits(t, 4 * d, 4)])
+    if t:
+        assert calls[0] > 1  # the partials really are split: the Triton gates sum them
+    mix, out = TOLERANCES["mhc_pre"], BF16_OUTPUT_TOLERANCE
+    for got, want, tol in ((post, want_post, mix), (comb, want_comb, mix), (y, want_y, out)):
+        assert bool(torch.isfinite(got).all())
+        assert torch.allclose(got.float(), want.float(), atol=tol.atol, rtol=tol.rtol)

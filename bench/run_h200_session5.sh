@@ -4,7 +4,7 @@
 # straight into the call's output folder ($OUT), so a call cut short still brings back what it finished:
 #   R=$OUT bash bench/run_h200_session5.sh verify   # GPU tests of the FP8 decoder fix, the triton_kernels MoE and the
 #                                                   # GPU-capable pack_store tile tests; the compiled decode graph;
-#                                                   # conformance of the new MoE and mhc_pre (forced) and of the cache ops
+#                                                   # conformance of the new MoE and mHC kernels (forced) and of the cache ops
 #   R=$OUT bash bench/run_h200_session5.sh time     # MoE and mHC benches (with triton_kernels and DeepGEMM's
 #                                                   # mhc_pre), the lock re-tuned for both ops, host cost, demo
 set -uo pipefail
@@ -22,8 +22,10 @@ if [[ $part == verify ]]; then
     stamp "conformance: the triton_kernels MoE forced, the cache ops"
     DSV4HAL_KERNELS=moe_experts=triton_kernels_mxfp4_sm90 timeout 150 $D conformance --platform cuda_sm90 \
       --ops moe_experts --json "$R/conformance-cuda_sm90-moe-triton-kernels.json" --quiet | tail -2
-    DSV4HAL_KERNELS=mhc_pre=deepgemm_mhc_pre_sm90 timeout 90 $D conformance --platform cuda_sm90 --ops mhc_pre \
-      --json "$R/conformance-cuda_sm90-mhc-deepgemm.json" --quiet | tail -2
+    DSV4HAL_KERNELS=mhc_pre=deepgemm_mhc_pre_sm90,mhc_post_pre=deepgemm_mhc_post_pre_sm90 timeout 120 $D conformance \
+      --platform cuda_sm90 --ops mhc_pre,mhc_post_pre --json "$R/conformance-cuda_sm90-mhc-deepgemm.json" --quiet | tail -2
+    DSV4HAL_KERNELS=mhc_post_pre=triton_mhc_post_then_pre timeout 90 $D conformance --platform cuda_sm90 \
+      --ops mhc_post_pre --json "$R/conformance-cuda_sm90-mhc-post-then-pre.json" --quiet | tail -2
     timeout 60 $D conformance --platform cuda_sm90 --ops pack_store,dequant_gather \
       --json "$R/conformance-cuda_sm90-cache.json" --quiet | tail -2
   } 2>&1 | tee "$R/log-verify5.txt"
@@ -34,7 +36,7 @@ else
     timeout 90 $D bench mhc --quick --json "$R/bench-mhc.json" 2>&1 | grep -v Warning | tail -12
     stamp "moe_experts and mhc_pre re-tuned into the committed lock"
     cp bench/results/h200/cuda_sm90.lock.json "$R/cuda_sm90.lock.json"
-    timeout 150 $D tune --platform cuda_sm90 --ops moe_experts,mhc_pre --update --out "$R/cuda_sm90.lock.json" \
+    timeout 150 $D tune --platform cuda_sm90 --ops moe_experts,mhc_pre,mhc_post_pre --update --out "$R/cuda_sm90.lock.json" \
       --markdown "$R/tune-moe-mhc.md" 2>&1 | tail -8
     stamp "host cost, demo"
     timeout 50 $D bench attention --quick --json "$R/bench-attention-host.json" 2>&1 | grep -v Warning | tail -6

@@ -38,21 +38,23 @@ def test_split_rule_limits() -> None:
 
 
 @pytest.mark.parametrize(("arch", "platform"), [("sm90", "cuda_sm90"), ("sm100", "cuda_sm100")])
-def test_selection_below_the_triton_kernel_with_reasons(arch: str, platform: str) -> None:
+@pytest.mark.parametrize(("op", "triton"), [("mhc_pre", "triton_mhc_pre"),
+                                            ("mhc_post_pre", "triton_mhc_post_then_pre")])
+def test_selection_below_the_triton_kernels_with_reasons(arch: str, platform: str, op: str, triton: str) -> None:
     reg = registry_with(strict=True)
-    name = f"deepgemm_mhc_pre_{arch}"
+    name = f"deepgemm_{op}_{arch}"
 
     def decide(case: dict, **libs: str):  # noqa: ANN202
         info = simulated(arch, libraries={"torch": "2", "triton": "3", **libs})
-        return select_kernel(reg, "mhc_pre", case, info, platform, ov.Overrides())
+        return select_kernel(reg, op, case, info, platform, ov.Overrides())
 
     d = decide({"hidden": 4096, "sinkhorn_iters": 20}, deep_gemm="2.5.0")
     cand = {c.name: c for c in d.candidates}
-    assert d.chosen.name == "triton_mhc_pre" and cand[name].status == "eligible"
-    assert cand[name].priority < cand["triton_mhc_pre"].priority
-    with ov.overrides(kernels={"mhc_pre": name}):
+    assert d.chosen.name == triton and cand[name].status == "eligible"
+    assert cand[name].priority < min(c.priority for c in d.candidates if c.name.startswith("triton_"))
+    with ov.overrides(kernels={op: name}):
         info = simulated(arch, libraries={"torch": "2", "triton": "3", "deep_gemm": "2.5.0"})
-        assert select_kernel(reg, "mhc_pre", {"hidden": 4096, "sinkhorn_iters": 20}, info, platform,
+        assert select_kernel(reg, op, {"hidden": 4096, "sinkhorn_iters": 20}, info, platform,
                              ov.current()).chosen.name == name
     reasons = next(c for c in decide({"hidden": 4100, "sinkhorn_iters": 20}, deep_gemm="2.4.1").candidates
                    if c.name == name).reasons
@@ -103,3 +105,26 @@ def test_matches_the_reference_with_deepgemms_layout(monkeypatch: pytest.MonkeyP
     for got, want, tol in ((post, want_post, mix), (comb, want_comb, mix), (y, want_y, out)):
         assert bool(torch.isfinite(got).all())
         assert torch.allclose(got.float(), want.float(), atol=tol.atol, rtol=tol.rtol)
+
+
+def test_post_pre_is_triton_post_then_deepgemm_pre(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsv4hal.kernels.triton.mhc import mhc_post
+
+    calls: list[int] = []
+    install_modules(monkeypatch, {"deep_gemm": fake_module("deep_gemm", __version__="2.5.0",
+                                                           tf32_hc_prenorm_gemm=_stand_in(calls))})
+    t, d = 6, 64
+    g = torch.Generator().manual_seed(11)
+    x, f = torch.randn(t, 4, d, generator=g).bfloat16(), torch.randn(t, d, generator=g).bfloat16()
+    post, comb = torch.rand(t, 4, generator=g), torch.rand(t, 4, 4, generator=g)
+    fn = torch.randn(24, 4 * d, generator=g) / math.sqrt(4 * d)
+    base, scale = 0.5 * torch.randn(24, generator=g), 0.5 + 1.5 * torch.rand(3, generator=g)
+    got = deepgemm_mhc.mhc_post_pre(f, x, post, comb, fn, base, scale)
+    stream = mhc_post(f, x, post, comb)
+    assert torch.equal(got[0], stream) and len(calls) == 1
+    for a, b in zip(got[1:], deepgemm_mhc.mhc_pre(stream, fn, base, scale), strict=True):
+        assert torch.equal(a, b)
+    want = ref_mhc.mhc_post_pre(f, x, post, comb, fn, base, scale)
+    tol = TOLERANCES["mhc_post_pre"]
+    for a, b in zip(got[2:], want[2:], strict=True):
+        assert torch.allclose(a, b, atol=tol.atol, rtol=tol.rtol)

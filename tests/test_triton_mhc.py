@@ -28,16 +28,34 @@ def ops():  # noqa: ANN201
     return p.ops
 
 
-CATALOG = [(s, b) for s, b in load_catalog(FORCED) if not s.gpu_only]
+THEN = {"mhc_post_pre": "triton_mhc_post_then_pre"}  # the unfused composition, ranked above the fused kernel
+CATALOG = [(forced, s, b) for forced in (FORCED, THEN) for s, b in load_catalog(forced) if not s.gpu_only]
 
 
-@pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[f"{s.op}:{s.name}" for s, _ in CATALOG])
-def test_catalog_cells(spec, build) -> None:  # noqa: ANN001
-    with dsv4hal.overrides(kernels=FORCED):
+@pytest.mark.parametrize(("forced", "spec", "build"), CATALOG,
+                         ids=[f"{s.op}:{f[s.op]}:{s.name}" for f, s, _ in CATALOG])
+def test_catalog_cells(forced, spec, build) -> None:  # noqa: ANN001
+    with dsv4hal.overrides(kernels=forced):
         p = dsv4hal.select_platform()
     cell = run_cell(p, spec, build, "eager")
-    assert cell.implementation == FORCED[spec.op]
+    assert cell.implementation == forced[spec.op]
     assert cell.status == "pass", cell.detail
+
+
+def test_post_then_pre_is_post_followed_by_pre(ops) -> None:  # noqa: ANN001
+    """The composition returns exactly what the two Triton kernels give when called one after the other."""
+    from dsv4hal.kernels.triton.mhc import mhc_post_then_pre
+
+    t, d = 5, 64
+    x, f = _stream(t, d, 3), _stream(t, d, 4)[:, 0]
+    g = torch.Generator().manual_seed(5)
+    post, comb = torch.rand(t, 4, generator=g).to(DEV), torch.rand(t, 4, 4, generator=g).to(DEV)
+    fn, base, scale = _gates(24, 3, d, 6)
+    got = mhc_post_then_pre(f, x, post, comb, fn, base, scale)
+    stream = ops.mhc_post(f, x, post, comb)
+    want = (stream, *ops.mhc_pre(stream, fn, base, scale))
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
 
 
 def _gates(rows: int, scales: int, d: int, seed: int, spread: float = 1.0) -> tuple[torch.Tensor, ...]:

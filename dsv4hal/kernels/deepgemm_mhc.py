@@ -56,14 +56,16 @@ def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     return reasons
 
 
-def kernel(platform: str, name: str, priority: int, arch: str,
+def kernel(platform: str, name: str, priority: int, arch: str, op: str = "mhc_pre",
            supports_fn: Callable[[Mapping[str, object], PlatformInfo], list[str]] = supports) -> KernelImpl:
-    """The KernelImpl each CUDA plugin registers (the same target; its own name, priority and arch)."""
+    """The KernelImpl each CUDA plugin registers for `op` (mhc_pre, or mhc_post_pre: triton_mhc_post, then this
+    mhc_pre on the stream it stored): the same target, its own name, priority and arch."""
+    then = "triton_mhc_post, then " if op == "mhc_post_pre" else ""
     return KernelImpl(
-        op="mhc_pre", name=name, target="dsv4hal.kernels.deepgemm_mhc:mhc_pre", platforms=(platform,),
+        op=op, name=name, target=f"dsv4hal.kernels.deepgemm_mhc:{op}", platforms=(platform,),
         priority=priority, tier="vendor", requires=(LIBRARY, "triton"), supports=supports_fn,
-        description=f"DeepGEMM tf32_hc_prenorm_gemm ({arch}; split-K partials, one wave) then the Triton gates, "
-                    "Sinkhorn and weighted sum of triton_mhc_pre")
+        description=f"{then}DeepGEMM tf32_hc_prenorm_gemm ({arch}; split-K partials, one wave) and the Triton "
+                    "gates, Sinkhorn and weighted sum of triton_mhc_pre")
 
 
 def _entry() -> Any:
@@ -103,3 +105,15 @@ def mhc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.
     sq = torch.empty(s, t, dtype=torch.float32, device=dev)
     _entry()(x.view(t, k), fn.float().contiguous(), mix, sq, num_splits=s)
     return mhc_pre_from_partials(x, mix, sq, base, scale, rms_eps, hc_eps, sinkhorn_iters)
+
+
+def mhc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
+                 base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
+                 sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x' bf16 [T, 4, d], y, post', comb') (contract: ops.mhc): the Triton mhc_post, then mhc_pre above on the
+    bf16 stream it stored (the contract's definition; the Triton composition measured faster than the fused
+    kernel on the H200)."""
+    from dsv4hal.kernels.triton.mhc import mhc_post
+
+    stream = mhc_post(f, x, post, comb)
+    return (stream, *mhc_pre(stream, fn, base, scale, rms_eps, hc_eps, sinkhorn_iters))

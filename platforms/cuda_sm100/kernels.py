@@ -44,8 +44,8 @@ PRIORITY = 300  # FlashMLA attention: above the portable Triton kernels (100) an
 FLASHINFER_MOE_PRIORITY = 300  # TRTLLM-Gen MXFP4 experts: Blackwell's own MoE kernels, preferred
 DEEPGEMM_MOE_PRIORITY = 290  # DeepGEMM FP8 x FP4 experts with dsv4hal's Triton glue: when FlashInfer is missing
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
-# mhc_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): not yet timed inside the op, so just below
-# triton_mhc_pre (100) until `dsv4hal tune` measures both
+# mhc_pre and mhc_post_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): not yet timed inside the
+# ops, so just below the Triton kernels (100, 101) until `dsv4hal tune` measures them
 DEEPGEMM_MHC_PRIORITY = 99
 DEEPGEMM_INDEXER = "deepgemm_paged_mqa_logits_sm100"
 DEEPGEMM_BLOCK_KVS = (32, 64)  # SM100 fp8_paged_mqa_logits: block_kv == 32 or 64
@@ -137,3 +137,5 @@ def register(registry: Registry) -> None:
     registry.add_kernel(deepgemm_indexer.kernel(PLATFORM, DEEPGEMM_INDEXER, DEEPGEMM_INDEXER_PRIORITY,
                                                 deepgemm_indexer_supports, "SM100"))
     registry.add_kernel(deepgemm_mhc.kernel(PLATFORM, "deepgemm_mhc_pre_sm100", DEEPGEMM_MHC_PRIORITY, "SM100"))
+    registry.add_kernel(deepgemm_mhc.kernel(PLATFORM, "deepgemm_mhc_post_pre_sm100", DEEPGEMM_MHC_PRIORITY,
+                                            "SM100", op="mhc_post_pre"))

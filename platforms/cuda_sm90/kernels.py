@@ -30,8 +30,8 @@ DEEPGEMM_MOE_PSUM_PRIORITY = 291
 OAI_TRITON_MOE_PRIORITY = 250
 ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (same file)
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
-# mhc_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): not yet timed inside the op, so just below
-# triton_mhc_pre (100) until `dsv4hal tune` measures both
+# mhc_pre and mhc_post_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): not yet timed inside the
+# ops, so just below the Triton kernels (100, 101) until `dsv4hal tune` measures them
 DEEPGEMM_MHC_PRIORITY = 99
 
 FLASHMLA_H_Q = (64, 128)
@@ -107,3 +107,5 @@ def register(registry: Registry) -> None:
     registry.add_kernel(deepgemm_indexer.kernel(PLATFORM, DEEPGEMM_INDEXER, DEEPGEMM_INDEXER_PRIORITY,
                                                 deepgemm_indexer_supports, "SM90"))
     registry.add_kernel(deepgemm_mhc.kernel(PLATFORM, "deepgemm_mhc_pre_sm90", DEEPGEMM_MHC_PRIORITY, "SM90"))
+    registry.add_kernel(deepgemm_mhc.kernel(PLATFORM, "deepgemm_mhc_post_pre_sm90", DEEPGEMM_MHC_PRIORITY,
+                                            "SM90", op="mhc_post_pre"))

@@ -131,5 +131,12 @@ def register(registry: Registry) -> None:
                                    target=f"{_MOD}.mhc:mhc_post_pre",
                                    description="post-mix fused into the next pre's split-K GEMM (stream read "
                                                "once), then the pre epilogue: 2 launches", **common))
+    # above the fused kernel: mhc_post then mhc_pre measured faster at every T on the H200 (bench-mhc.json: 1.09-1.12x
+    # up to T = 64, 1.52x at T = 4096)
+    registry.add_kernel(KernelImpl(op="mhc_post_pre", name="triton_mhc_post_then_pre",
+                                   target=f"{_MOD}.mhc:mhc_post_then_pre",
+                                   description="triton_mhc_post, then triton_mhc_pre on the bf16 stream it stored: "
+                                               "3 launches", **{**common, "priority": {p: v + 1 for p, v in
+                                                                                       PRIORITY.items()}}))
     registry.add_kernel(KernelImpl(op="mhc_head", name="triton_mhc_head", target=f"{_MOD}.mhc:mhc_head",
                                    description=gemm + "gates and stream sum: 2 launches", **common))

@@ -1,46 +1,50 @@
 #!/usr/bin/env bash
 # The H200 plan after the fourth session (2026-12-01): what that session changed without a GPU left to check it.
-# Two calls back to back (a machine goes back after 30 s idle; a process dies with its call). Results are written
-# straight into the call's output folder ($OUT), so a call cut short still brings back what it finished:
+# Three calls back to back (a machine goes back after 30 s idle; a process dies with its call). Results are written
+# straight into the call's output folder, so a call cut short still brings back what it finished:
 #   R=$OUT bash bench/run_h200_session5.sh verify   # GPU tests of the FP8 decoder fix, the triton_kernels MoE and the
-#                                                   # GPU-capable pack_store tile tests; the compiled decode graph;
-#                                                   # conformance of the new MoE and mHC kernels (forced) and of the cache ops
+#                                                   # pack_store tiles; the compiled decode graph; the new MoE forced
+#   R=$OUT bash bench/run_h200_session5.sh conform  # conformance of the new mHC kernels (forced) and the cache ops
 #   R=$OUT bash bench/run_h200_session5.sh time     # MoE and mHC benches (with triton_kernels and DeepGEMM's
-#                                                   # mhc_pre), the lock re-tuned for both ops, host cost, demo
+#                                                   # mhc_pre), the lock re-tuned for those ops, host cost, demo
 set -uo pipefail
-part=${1:?verify or time}
+part=${1:?verify, conform or time}
 source bench/h200_env.sh
 D="python3 -m dsv4hal"
 if [[ $part == verify ]]; then
   {
     stamp "GPU tests"
-    timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_fp8_codec.py \
+    timeout 220 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_fp8_codec.py \
       tests/test_oai_triton_moe.py tests/test_triton_pack_store_tiles.py 2>&1 | tail -15
     stamp "compiled decode step in a CUDA graph"
     timeout 60 python3 bench/compiled_decode_graph.py > "$R/compiled-decode-graph.json"; echo "rc=$?"
     tail -c 600 "$R/compiled-decode-graph.json"
-    stamp "conformance: the triton_kernels MoE forced, the cache ops"
-    DSV4HAL_KERNELS=moe_experts=triton_kernels_mxfp4_sm90 timeout 150 $D conformance --platform cuda_sm90 \
+    stamp "conformance: the triton_kernels MoE forced"
+    DSV4HAL_KERNELS=moe_experts=triton_kernels_mxfp4_sm90 timeout 200 $D conformance --platform cuda_sm90 \
       --ops moe_experts --json "$R/conformance-cuda_sm90-moe-triton-kernels.json" --quiet | tail -2
-    DSV4HAL_KERNELS=mhc_pre=deepgemm_mhc_pre_sm90,mhc_post_pre=deepgemm_mhc_post_pre_sm90 timeout 120 $D conformance \
-      --platform cuda_sm90 --ops mhc_pre,mhc_post_pre --json "$R/conformance-cuda_sm90-mhc-deepgemm.json" --quiet | tail -2
-    DSV4HAL_KERNELS=mhc_post_pre=triton_mhc_post_then_pre timeout 90 $D conformance --platform cuda_sm90 \
-      --ops mhc_post_pre --json "$R/conformance-cuda_sm90-mhc-post-then-pre.json" --quiet | tail -2
-    timeout 60 $D conformance --platform cuda_sm90 --ops pack_store,dequant_gather \
-      --json "$R/conformance-cuda_sm90-cache.json" --quiet | tail -2
   } 2>&1 | tee "$R/log-verify5.txt"
+elif [[ $part == conform ]]; then
+  {
+    stamp "conformance: the DeepGEMM mHC kernels forced, the Triton post-then-pre forced, the cache ops"
+    DSV4HAL_KERNELS=mhc_pre=deepgemm_mhc_pre_sm90,mhc_post_pre=deepgemm_mhc_post_pre_sm90 timeout 200 $D conformance \
+      --platform cuda_sm90 --ops mhc_pre,mhc_post_pre --json "$R/conformance-cuda_sm90-mhc-deepgemm.json" --quiet | tail -2
+    DSV4HAL_KERNELS=mhc_post_pre=triton_mhc_post_then_pre timeout 150 $D conformance --platform cuda_sm90 \
+      --ops mhc_post_pre --json "$R/conformance-cuda_sm90-mhc-post-then-pre.json" --quiet | tail -2
+    timeout 120 $D conformance --platform cuda_sm90 --ops pack_store,dequant_gather \
+      --json "$R/conformance-cuda_sm90-cache.json" --quiet | tail -2
+  } 2>&1 | tee "$R/log-conform5.txt"
 else
   {
-    stamp "MoE bench"
+    stamp "MoE and mHC benches"
     timeout 200 $D bench moe --json "$R/bench-moe.json" --plot "$R/bench-moe.png" 2>&1 | grep -v Warning | tail -30
     timeout 90 $D bench mhc --quick --json "$R/bench-mhc.json" 2>&1 | grep -v Warning | tail -12
-    stamp "moe_experts and mhc_pre re-tuned into the committed lock"
+    stamp "moe_experts, mhc_pre and mhc_post_pre re-tuned into the committed lock"
     cp bench/results/h200/cuda_sm90.lock.json "$R/cuda_sm90.lock.json"
-    timeout 150 $D tune --platform cuda_sm90 --ops moe_experts,mhc_pre,mhc_post_pre --update --out "$R/cuda_sm90.lock.json" \
-      --markdown "$R/tune-moe-mhc.md" 2>&1 | tail -8
+    timeout 150 $D tune --platform cuda_sm90 --ops moe_experts,mhc_pre,mhc_post_pre --update \
+      --out "$R/cuda_sm90.lock.json" --markdown "$R/tune-moe-mhc.md" 2>&1 | tail -8
     stamp "host cost, demo"
     timeout 50 $D bench attention --quick --json "$R/bench-attention-host.json" 2>&1 | grep -v Warning | tail -6
-    timeout 120 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random \
+    timeout 100 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random \
       --json "$R/demo-flash.json" --plot "$R/demo-flash.png" 2>&1 | tail -18
   } 2>&1 | tee "$R/log-time5.txt"
 fi

@@ -19,6 +19,7 @@ This module imports torch and deep_gemm only inside functions: registering the p
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +79,9 @@ def _entry() -> Any:
     return entry
 
 
+@functools.lru_cache(maxsize=8)
 def _num_sms(device: torch.device) -> int:
+    """The device's SM count, asked once (the hot path of every call); 4 off CUDA (the tests' stand-in)."""
     import torch
 
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4

@@ -4,7 +4,9 @@
 # straight into the call's output folder, so a call cut short still brings back what it finished:
 #   R=$OUT bash bench/run_h200_session5.sh verify   # GPU tests of the FP8 decoder fix, the triton_kernels MoE and the
 #                                                   # pack_store tiles; the compiled decode graph; the new MoE forced
-#   R=$OUT bash bench/run_h200_session5.sh conform  # conformance of the new mHC kernels (forced) and the cache ops
+#   R=$OUT bash bench/run_h200_session5.sh conform  # conformance of the new mHC kernels and of the FP8 psum MoE
+#                                                   # (now the static FP8 choice; so far checked by tune) forced, and
+#                                                   # of the cache ops
 #   R=$OUT bash bench/run_h200_session5.sh time     # MoE and mHC benches (with triton_kernels and DeepGEMM's
 #                                                   # mhc_pre), the lock re-tuned for those ops, host cost, demo
 set -uo pipefail
@@ -25,12 +27,14 @@ if [[ $part == verify ]]; then
   } 2>&1 | tee "$R/log-verify5.txt"
 elif [[ $part == conform ]]; then
   {
-    stamp "conformance: the DeepGEMM mHC kernels forced, the Triton post-then-pre forced, the cache ops"
-    DSV4HAL_KERNELS=mhc_pre=deepgemm_mhc_pre_sm90,mhc_post_pre=deepgemm_mhc_post_pre_sm90 timeout 200 $D conformance \
+    stamp "conformance: the DeepGEMM mHC kernels, the Triton post-then-pre, the FP8 psum MoE forced; the cache ops"
+    DSV4HAL_KERNELS=mhc_pre=deepgemm_mhc_pre_sm90,mhc_post_pre=deepgemm_mhc_post_pre_sm90 timeout 160 $D conformance \
       --platform cuda_sm90 --ops mhc_pre,mhc_post_pre --json "$R/conformance-cuda_sm90-mhc-deepgemm.json" --quiet | tail -2
-    DSV4HAL_KERNELS=mhc_post_pre=triton_mhc_post_then_pre timeout 150 $D conformance --platform cuda_sm90 \
+    DSV4HAL_KERNELS=mhc_post_pre=triton_mhc_post_then_pre timeout 120 $D conformance --platform cuda_sm90 \
       --ops mhc_post_pre --json "$R/conformance-cuda_sm90-mhc-post-then-pre.json" --quiet | tail -2
-    timeout 120 $D conformance --platform cuda_sm90 --ops pack_store,dequant_gather \
+    DSV4HAL_KERNELS=moe_experts=deepgemm_fp8_psum_sm90 timeout 120 $D conformance --platform cuda_sm90 \
+      --ops moe_experts --json "$R/conformance-cuda_sm90-moe-psum.json" --quiet | tail -2
+    timeout 90 $D conformance --platform cuda_sm90 --ops pack_store,dequant_gather \
       --json "$R/conformance-cuda_sm90-cache.json" --quiet | tail -2
   } 2>&1 | tee "$R/log-conform5.txt"
 else

@@ -9,6 +9,8 @@ import math
 
 import pytest
 import torch
+from conftest import registry_with
+from vendor_fakes import fake_module, install_modules
 
 from dsv4hal import override as ov
 from dsv4hal.conformance.cases_mhc import BF16_OUTPUT_TOLERANCE, TOLERANCES
@@ -16,8 +18,6 @@ from dsv4hal.hardware import simulated
 from dsv4hal.kernels import deepgemm_mhc
 from dsv4hal.reference import mhc as ref_mhc
 from dsv4hal.selection import select_kernel
-from tests.conftest import registry_with
-from tests.vendor_fakes import fake_module, install_modules
 
 pytest.importorskip("triton")
 

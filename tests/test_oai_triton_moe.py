@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 import torch
+from conftest import registry_with
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +19,6 @@ from dsv4hal.hardware import simulated
 from dsv4hal.ops.moe import case_expert_weights
 from dsv4hal.reference.moe import moe_experts as ref_moe_experts
 from dsv4hal.selection import select_kernel
-from tests.conftest import registry_with
 
 pytest.importorskip("triton")
 from dsv4hal_cuda_sm90 import oai_triton_moe as oai  # noqa: E402

@@ -19,7 +19,6 @@ This module imports torch and deep_gemm only inside functions: registering the p
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +40,8 @@ MIX_ROWS = 24  # mhc_pre's fn: 4 pre + 4 post + 16 comb rows
 
 def splits(t: int, k: int, num_sms: int) -> int:
     """The split count: one wave of CTAs over the 64-token blocks, at most 64, at most one per 64-column K block."""
-    return max(1, min(MAX_SPLITS, num_sms // -(-t // TOKEN_BLOCK), k // K_BLOCK))
+    token_blocks = max(1, -(-t // TOKEN_BLOCK))
+    return max(1, min(MAX_SPLITS, num_sms // token_blocks, k // K_BLOCK))
 
 
 def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
@@ -79,34 +79,22 @@ def _entry() -> Any:
     return entry
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    """The device's SM count, asked once (the hot path of every call); 4 off CUDA (the tests' stand-in)."""
-    import torch
-
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def mhc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6,
             hc_eps: float = 1e-6, sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y bf16 [T, d], post fp32 [T, 4], comb fp32 [T, 4, 4]) (contract: ops.mhc)."""
     import torch
 
-    from dsv4hal.kernels.triton.mhc import HC, mhc_pre_from_partials
+    from dsv4hal.kernels.triton.mhc import HC, mhc_pre_from_partials, sm_count
 
     t, _, d = x.shape
     dev = x.device
-    if t == 0:
-        return (torch.empty(0, d, dtype=torch.bfloat16, device=dev),
-                torch.empty(0, HC, dtype=torch.float32, device=dev),
-                torch.empty(0, HC, HC, dtype=torch.float32, device=dev))
     x = x.contiguous()
     k = HC * d
-    rows = fn.shape[0]
-    s = splits(t, k, _num_sms(dev))
-    mix = torch.empty(s, t, rows, dtype=torch.float32, device=dev)
+    s = splits(t, k, sm_count(dev))
+    mix = torch.empty(s, t, fn.shape[0], dtype=torch.float32, device=dev)
     sq = torch.empty(s, t, dtype=torch.float32, device=dev)
-    _entry()(x.view(t, k), fn.float().contiguous(), mix, sq, num_splits=s)
+    if t:  # no tokens: no GEMM, and the gates write nothing
+        _entry()(x.view(t, k), fn.float().contiguous(), mix, sq, num_splits=s)
     return mhc_pre_from_partials(x, mix, sq, base, scale, rms_eps, hc_eps, sinkhorn_iters)
 
 

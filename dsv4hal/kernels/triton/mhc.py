@@ -29,7 +29,8 @@ MIX = 24
 
 
 @functools.lru_cache(maxsize=8)
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
+    """The device's SM count, asked once per device (kernels size their split-K grids by it)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4  # the interpreter: a few programs are enough to exercise the split
@@ -285,7 +286,7 @@ def _block_d(t: int) -> int:
 
 def _splits(t_blocks: int, width: int, block: int, device: torch.device) -> tuple[int, int]:
     """(splits, columns per split) so that token blocks x splits is about two programs per SM."""
-    target = 2 * _sm_count(device)
+    target = 2 * sm_count(device)
     most = triton.cdiv(width, block)
     s = max(1, min(most, triton.cdiv(target, t_blocks)))
     chunk = triton.cdiv(triton.cdiv(width, s), block) * block
@@ -377,12 +378,14 @@ def mhc_pre_from_partials(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Te
                           sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """mhc_pre's outputs from split-K partials made elsewhere (a vendor's pre-norm GEMM): mix_ws fp32 [S, T, rows]
     contiguous, summed over S x.flatten(1) @ fn^T (rows >= 24: pre, post, comb), and sq_ws fp32 [S, T], summed
-    over S the sum of x.flatten(1)^2 per token. x bf16 [T, 4, d] contiguous, T >= 1."""
+    over S the sum of x.flatten(1)^2 per token. x bf16 [T, 4, d] contiguous."""
     t, _, d = x.shape
     dev = x.device
     y = torch.empty(t, d, dtype=torch.bfloat16, device=dev)
     post = torch.empty(t, HC, dtype=torch.float32, device=dev)
     comb = torch.empty(t, HC, HC, dtype=torch.float32, device=dev)
+    if t == 0:
+        return y, post, comb
     _apply(x, mix_ws, sq_ws, mix_ws.shape[2], base.contiguous(), scale.contiguous(), y, post, comb, rms_eps,
            hc_eps, sinkhorn_iters, False)
     return y, post, comb

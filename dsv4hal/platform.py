@@ -204,12 +204,19 @@ class BoundOp(Generic[P, R]):
         memo[key] = fn
         return fn
 
-    def prepare_weights(self, weights: Any) -> PreparedWeights:
-        """Choose this op's kernel for these weights and lay them out for it, once, before serving."""
+    def prepare_weights(self, weights: Any, *, tokens: int | None = None) -> PreparedWeights:
+        """Choose this op's kernel for these weights and lay them out for it, once, before serving.
+
+        tokens: how many tokens a call is expected to carry (a decode server's batch, a prefill server's chunk).
+        Its class joins the case that picks the kernel, and so the layout, which every later call then uses
+        whatever its size (e.g. moe_experts on the H200: Marlin for decode, triton_kernels for prefill).
+        None: the op's default class (decode)."""
         if self._weights_pos < 0:
             raise Dsv4HalError(f"op {self.name} has no weights to prepare")
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise InvalidArgumentError(self.name, "tokens", "an int >= 1 (or None: the decode class)", repr(tokens))
         self._validate_weights(weights, checked=self.platform.checked)
-        case = dict(self._weights_case(weights))
+        case = dict(self._weights_case(weights, tokens))
         p = self.platform
         while True:  # as _resolve: a kernel whose functions do not import is refused from then on
             impl = select_kernel(p.registry, self.name, case, p.info, p.name, p.overrides, p.lock).chosen

@@ -66,14 +66,29 @@ class KernelImpl:
     # set by dsv4hal when the kernel turned out broken (its target did not import): it is never chosen again
     fault: str = ""
     platform_capability: str = ""
+    # case-conditional priorities, explicit data: the first (condition, priority) whose condition's every
+    # feature equals the case's replaces `priority` (e.g. ({"tokens": "prefill"}, 310): a kernel measured faster
+    # only for one class of cases)
+    priority_when: tuple[tuple[Mapping[str, object], int | Mapping[str, int]], ...] = ()
 
     def priority_on(self, platform: str) -> int:
-        if isinstance(self.priority, Mapping):
-            return int(self.priority.get(platform, self.priority.get("*", 0)))
-        return int(self.priority)
+        return _resolve_priority(self.priority, platform)
+
+    def priority_for(self, platform: str, case: Mapping[str, object]) -> int:
+        """The priority selection uses for `case` on `platform`: a matching priority_when entry, else priority."""
+        for when, prio in self.priority_when:
+            if all(case.get(f) == v for f, v in when.items()):
+                return _resolve_priority(prio, platform)
+        return self.priority_on(platform)
 
     def applies_to(self, platform: str) -> bool:
         return "*" in self.platforms or platform in self.platforms
+
+
+def _resolve_priority(priority: int | Mapping[str, int], platform: str) -> int:
+    if isinstance(priority, Mapping):
+        return int(priority.get(platform, priority.get("*", 0)))
+    return int(priority)
 
 
 @dataclass(frozen=True)
@@ -155,11 +170,15 @@ class Registry:
             items = list(impls.values())
             for i, a in enumerate(items):
                 for b in items[i + 1:]:
+                    # the unconditional priorities, and both kernels' under each condition either one states
+                    cases = ({}, *(when for when, _ in (*a.priority_when, *b.priority_when)))
                     for plat in _shared_platforms(a, b, self.platforms):
-                        if a.priority_on(plat) == b.priority_on(plat):
+                        tied = next((c for c in cases if a.priority_for(plat, c) == b.priority_for(plat, c)), None)
+                        if tied is not None:
+                            where = f" for cases [{', '.join(f'{f}={v}' for f, v in tied.items())}]" if tied else ""
                             return RegistryError(
                                 f"op {op!r}: kernels {a.name!r} ({a.plugin}) and {b.name!r} ({b.plugin}) both apply "
-                                f"to platform {plat!r} at priority {a.priority_on(plat)}",
+                                f"to platform {plat!r} at priority {a.priority_for(plat, tied)}{where}",
                                 remedy="give them distinct priorities (order of registration never decides), "
                                        "or disable one plugin with DSV4HAL_DISABLE_PLUGINS")
         return None

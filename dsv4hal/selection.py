@@ -94,7 +94,7 @@ def select_kernel(registry: Registry, op: str, case: Mapping[str, object], info:
     candidate's reasons. A forced implementation is used only if it can run; otherwise error. A lock in
     force (dsv4hal.lock) replaces the static priority by the measured choice, or raises LockMismatchError;
     a forced implementation still wins over it."""
-    impls = sorted(registry.kernels_for(op), key=lambda k: (-k.priority_on(platform), k.name))
+    impls = sorted(registry.kernels_for(op), key=lambda k: (-k.priority_for(platform, case), k.name))
     verdicts = [(k, kernel_reasons(k, case, info, platform, overrides)) for k in impls]
     forced = overrides.kernels.get(op)
     if forced is not None:
@@ -126,7 +126,7 @@ def select_kernel(registry: Registry, op: str, case: Mapping[str, object], info:
         if pick is not None and pick.name is not None:
             chosen, source = next(k for k in impls if k.name == pick.name), "lock"
     cands = tuple(  # kernels of other platforms are left out: they are not candidates here
-        Candidate(k.name, k.priority_on(platform), k.tier, k.plugin,
+        Candidate(k.name, k.priority_for(platform, case), k.tier, k.plugin,
                   "chosen" if k is chosen else ("rejected" if r else "eligible"), tuple(r))
         for k, r in verdicts if k.applies_to(platform))
     return Decision(op=op, platform=platform, case=dict(case), chosen=chosen, source=source, candidates=cands,

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from dsv4hal import override as ov
-from dsv4hal.conformance.runner import clone_args, load_catalog
+from dsv4hal.conformance.runner import clone_args, expected_tokens, load_catalog
 from dsv4hal.conformance.types import CaseSpec, Fixture, Tolerance, compare_close
 from dsv4hal.errors import Dsv4HalError, LockMismatchError
 from dsv4hal.hardware import PlatformInfo
@@ -55,8 +55,8 @@ class Sample:
 
 def _case_of(spec: OpSpec, fx: Fixture) -> Mapping[str, object]:
     contract = importlib.import_module(spec.contract)
-    if spec.weights_arg:  # decided when the weights are prepared: that case is what selection sees
-        return getattr(contract, spec.weights_case)(fx.args[spec.weights_arg])
+    if spec.weights_arg:  # decided when the weights are prepared (for the sample's token count): what selection sees
+        return getattr(contract, spec.weights_case)(fx.args[spec.weights_arg], expected_tokens(fx.args))
     return getattr(contract, spec.case)(**fx.args)
 
 

@@ -46,3 +46,18 @@ def test_catalog_lists_each_case_once() -> None:
 
     keys = [(s.op, s.name) for s, _ in load_catalog()]
     assert len(keys) == len(set(keys)) and any(op == "moe_experts" for op, _ in keys)
+
+
+class _Layout:  # a library object without __eq__, like triton_kernels' layout descriptors
+    def __init__(self, shape: list[int], buf: torch.Tensor) -> None:
+        self.shape, self.buf = shape, buf
+
+
+def test_graph_replay_copy_compares_plain_objects_by_field() -> None:
+    from dsv4hal.conformance.runner import copy_into
+
+    static = _Layout([2, 3], torch.zeros(2))
+    copy_into(static, _Layout([2, 3], torch.ones(2)))  # another instance with equal fields: its tensors are copied
+    assert torch.equal(static.buf, torch.ones(2))
+    with pytest.raises(ValueError, match="differs between capture and replay"):
+        copy_into(static, _Layout([4, 3], torch.ones(2)))

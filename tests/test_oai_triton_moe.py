@@ -109,11 +109,20 @@ def _weights(fmt: str = "mxfp4", h: int = 256, i: int = 128):  # noqa: ANN202
     return quantize_experts(torch.randn(4, 2 * i, h, generator=g) * 0.1, torch.randn(4, h, i, generator=g) * 0.1, fmt)
 
 
-def test_selection_below_marlin_above_portable_and_reasons() -> None:
-    d = _decide(case_expert_weights(_weights()), {"triton_kernels": "1", "vllm_moe": "0.24"})
-    cand = {c.name: c for c in d.candidates}
-    assert d.chosen.name == "marlin_mxfp4_sm90" and cand[oai.NAME].status == "eligible"
-    assert cand["marlin_mxfp4_sm90"].priority > cand[oai.NAME].priority > cand["triton_fused_moe"].priority
+def test_selection_below_marlin_for_decode_above_it_for_prefill_and_reasons() -> None:
+    both = {"triton_kernels": "1", "vllm_moe": "0.24"}
+    for tokens in (None, 1, 64):  # decode (the default class): Marlin
+        d = _decide(case_expert_weights(_weights(), tokens), both)
+        cand = {c.name: c for c in d.candidates}
+        assert d.chosen.name == "marlin_mxfp4_sm90" and cand[oai.NAME].status == "eligible"
+        assert cand["marlin_mxfp4_sm90"].priority > cand[oai.NAME].priority > cand["triton_fused_moe"].priority
+    for tokens in (65, 4096):  # weights prepared for prefill: triton_kernels, measured faster from T = 64 up
+        d = _decide(case_expert_weights(_weights(), tokens), both)
+        cand = {c.name: c for c in d.candidates}
+        assert d.chosen.name == oai.NAME and cand["marlin_mxfp4_sm90"].status == "eligible"
+        assert cand[oai.NAME].priority > cand["marlin_mxfp4_sm90"].priority
+    d = _decide(case_expert_weights(_weights("fp8_block"), 4096), both)  # no MXFP4: its reason, whatever the class
+    assert d.chosen.name != oai.NAME and next(c for c in d.candidates if c.name == oai.NAME).reasons
     with ov.overrides(kernels={"moe_experts": oai.NAME}):  # without Marlin's library it is the vendor choice
         d = _decide(case_expert_weights(_weights()), {"triton_kernels": "1"})
     assert d.chosen.name == oai.NAME
@@ -169,3 +178,15 @@ def test_matches_the_reference_on_the_gpu(t: int, k: int, e: int, h: int, i: int
     torch.cuda.synchronize()
     want = ref_moe_experts(x, ids, tw, w)
     assert float((out.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-6)) < 2e-2
+
+
+def test_prepare_weights_states_the_token_class() -> None:
+    from dsv4hal.errors import InvalidArgumentError
+
+    op = dsv4hal.select_platform("cpu").ops.moe_experts
+    assert op.prepare_weights(_weights()).case["tokens"] == "decode"
+    assert op.prepare_weights(_weights(), tokens=64).case["tokens"] == "decode"
+    assert op.prepare_weights(_weights(), tokens=65).case["tokens"] == "prefill"
+    for bad in (0, -3, 2.5, True, "4096"):
+        with pytest.raises(InvalidArgumentError, match="tokens"):
+            op.prepare_weights(_weights(), tokens=bad)  # type: ignore[arg-type]

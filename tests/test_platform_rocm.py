@@ -53,13 +53,13 @@ def test_indexer_topk_choice_and_reasons() -> None:
     d = _decide(TOPK, TOPK_CASE, sgl_kernel="0.4.10", triton="3.9")
     assert d.chosen.name == "sgl_kernel_hip_topk" and d.chosen.tier == "vendor" and d.chosen.plugin == "rocm"
     assert _decide(TOPK, {**TOPK_CASE, "k": 1024}, sgl_kernel="0.4.10").chosen.name == "sgl_kernel_hip_topk"
-    d = _decide(TOPK, TOPK_CASE, triton="3.9")
-    assert d.chosen.name == "triton_radix_topk"
+    d = _decide(TOPK, TOPK_CASE, triton="3.9")  # a wide row (size=large): the portable sampled top-k
+    assert d.chosen.name == "triton_sampled_topk"
     assert _candidate(d, "sgl_kernel_hip_topk").reasons == ("missing sgl_kernel",)
     d = _decide(TOPK, TOPK_CASE)
     assert d.chosen.name == "torch_reference"
     d = _decide(TOPK, {**TOPK_CASE, "page_transform": False}, sgl_kernel="0.4.10", triton="3.9")
-    assert d.chosen.name == "triton_radix_topk"
+    assert d.chosen.name == "triton_sampled_topk"
     assert any("needs a page_table" in r for r in _candidate(d, "sgl_kernel_hip_topk").reasons)
     d = _decide(TOPK, {**TOPK_CASE, "k": 2048}, sgl_kernel="0.4.10")
     assert any("k <= 1024" in r for r in _candidate(d, "sgl_kernel_hip_topk").reasons)
@@ -96,7 +96,7 @@ def test_cli_info_simulated_gfx942(capsys: pytest.CaptureFixture[str]) -> None:
     assert any("gfx950" in r for r in attn["aiter_pa_decode_sparse"]["reasons"])
     data = _info_json(capsys, "--simulate", "gfx942")
     topk = {c["name"]: c for c in data["ops"][TOPK]["candidates"]}
-    assert data["ops"][TOPK]["chosen"] in ("triton_radix_topk", "torch_reference")
+    assert data["ops"][TOPK]["chosen"] in ("triton_sampled_topk", "torch_reference")
     assert topk["sgl_kernel_hip_topk"]["reasons"] == ["missing sgl_kernel"]
 
 

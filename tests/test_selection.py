@@ -147,6 +147,35 @@ def test_priority_tie_is_a_registry_error() -> None:
         registry_with(("a", plugin_module("a", a)), ("b", plugin_module("b", b)), strict=True)
 
 
+def test_case_conditional_priority_is_data_and_explained() -> None:
+    def plugin(registry):  # noqa: ANN001, ANN202
+        registry.add_kernel(KernelImpl(op=OP, name="steady", target="builtins:len", platforms=("cuda_sm90",),
+                                       priority=950))
+        registry.add_kernel(KernelImpl(op=OP, name="big_batches", target="builtins:len", platforms=("cuda_sm90",),
+                                       priority=940,
+                                       priority_when=(({"tokens": "prefill", "h_q": 64}, 960),)))
+
+    reg = registry_with(("p", plugin_module("p", plugin)), strict=True)
+    decode = select_kernel(reg, OP, {**CASE, "tokens": "decode"}, fake("sm90"), "cuda_sm90", ov.Overrides())
+    prefill = select_kernel(reg, OP, {**CASE, "tokens": "prefill"}, fake("sm90"), "cuda_sm90", ov.Overrides())
+    other = select_kernel(reg, OP, {**CASE, "tokens": "prefill", "h_q": 128}, fake("sm90"), "cuda_sm90",
+                          ov.Overrides())  # every feature of the condition must match
+    assert decode.chosen.name == "steady" and other.chosen.name == "steady"
+    assert prefill.chosen.name == "big_batches"
+    assert {c.name: c.priority for c in prefill.candidates}["big_batches"] == 960  # what explain shows
+    assert {c.name: c.priority for c in decode.candidates}["big_batches"] == 940
+
+
+def test_conditional_priority_tie_is_a_registry_error() -> None:
+    def plugin(registry):  # noqa: ANN001, ANN202
+        registry.add_kernel(KernelImpl(op=OP, name="a", target="m:f", platforms=("cuda_sm90",), priority=5))
+        registry.add_kernel(KernelImpl(op=OP, name="b", target="m:f", platforms=("cuda_sm90",), priority=3,
+                                       priority_when=(({"tokens": "prefill"}, 5),)))
+
+    with pytest.raises(RegistryError, match="priority 5 for cases \\[tokens=prefill\\]"):
+        registry_with(("p", plugin_module("p", plugin)), strict=True)
+
+
 def test_duplicate_kernel_name_rejected_and_plugin_reported() -> None:
     def dup(registry):  # noqa: ANN001, ANN202
         registry.add_kernel(KernelImpl(op="mhc_pre", name="torch_reference", target="m:f", platforms=("cpu",),

@@ -11,24 +11,20 @@ import pytest
 import torch
 
 import dsv4hal
-from dsv4hal.conformance.runner import load_catalog, run_cell
 from dsv4hal.errors import UnsupportedCaseError
 from dsv4hal.hardware import simulated
 from dsv4hal.ops.indexer_topk import case as topk_case
 from dsv4hal.reference.indexer_topk import page_transform
 from tests.test_triton_row_topk import _batch, _table, check_rows
+from tests.topk_forced import DEV, assert_cell_passes, forced_platform, wide_catalog
 
 pytest.importorskip("triton")
 
 from dsv4hal.kernels.triton import topk_row  # noqa: E402
 from dsv4hal.kernels.triton.topk_chunked import MAX_CAND, indexer_topk, launch_config, max_width  # noqa: E402
 
-FORCED = {"indexer_topk": "triton_chunked_topk"}
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-GPU = torch.cuda.is_available()
-# the size=large cases; B64 x 262144 takes ~40 s under the interpreter, so only on a GPU
-CATALOG = [(s, b) for s, b in load_catalog(FORCED) if s.op == "indexer_topk" and int(s.params["s"]) > 16384
-           and (GPU or int(s.params["b"]) * int(s.params["s"]) <= 8 * 65536)]
+NAME = "triton_chunked_topk"
+CATALOG = wide_catalog(NAME)
 
 
 def _run(scores: torch.Tensor, lengths: torch.Tensor, k: int, pt: torch.Tensor | None = None, page_size: int = 64,
@@ -130,15 +126,12 @@ def test_launch_config_fits_stage_two() -> None:
 
 @pytest.fixture(scope="module")
 def platform():  # noqa: ANN201
-    with dsv4hal.overrides(kernels=FORCED):
-        return dsv4hal.select_platform()
+    return forced_platform(NAME)
 
 
 @pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[s.name for s, _ in CATALOG])
 def test_conformance_catalog(platform, spec, build) -> None:  # noqa: ANN001
-    cell = run_cell(platform, spec, build, "eager")
-    assert cell.implementation == "triton_chunked_topk"
-    assert cell.status == "pass", cell.detail
+    assert_cell_passes(platform, spec, build, NAME)
 
 
 def test_refusals(platform) -> None:  # noqa: ANN001
@@ -156,11 +149,14 @@ def test_refusals(platform) -> None:  # noqa: ANN001
         indexer_topk(too_wide, lengths, 1024)
 
 
-def test_static_priority_row_above_radix_above_chunked() -> None:
-    """The measured row kernel first where it fits; the width-limited chunked kernel only by lock or override."""
+def test_static_priority_row_sampled_radix_chunked() -> None:
+    """The measured row kernel first where it fits, then the sampled kernel (any width); the width-limited chunked
+    kernel only by lock or override."""
     impls = {i.name: i for i in dsv4hal.load_registry().kernels_for("indexer_topk")}
     assert impls["triton_chunked_topk"].priority_on("cuda_sm90") == 99
     assert impls["triton_row_topk"].priority_on("cuda_sm90") == 102
+    assert impls["triton_sampled_topk"].priority_on("cuda_sm90") == 101
+    names = ("triton_row_topk", "triton_sampled_topk", "triton_radix_topk", "triton_chunked_topk")
     for plat in ("cpu", "cuda_sm90", "cuda_sm100", "rocm"):
-        prio = {n: impls[n].priority_on(plat) for n in ("triton_row_topk", "triton_radix_topk", "triton_chunked_topk")}
-        assert prio["triton_row_topk"] > prio["triton_radix_topk"] > prio["triton_chunked_topk"], (plat, prio)
+        prio = [impls[n].priority_on(plat) for n in names]
+        assert prio == sorted(prio, reverse=True) and len(set(prio)) == 4, (plat, prio)

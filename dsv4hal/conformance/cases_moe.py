@@ -112,6 +112,11 @@ def _experts_cases() -> list[CaseSpec]:
                               _experts_params("flash-mini", 64, fmt, masked_fraction=MASKED_FRACTION)))
     cases.append(CaseSpec(OP_EXPERTS, "flash-mini-fp8_block-e4m3fnuz-T8",
                           _experts_params("flash-mini", 8, "fp8_block", fp8="e4m3fnuz")))
+    # just past the decode class (ops.moe.DECODE_MAX_TOKENS): weights prepared for prefill, every format and flavour
+    for fmt, fp8 in (("mxfp4", "e4m3fn"), ("fp8_block", "e4m3fn"), ("fp8_block", "e4m3fnuz")):
+        flavour = "-e4m3fnuz" if fp8 == "e4m3fnuz" else ""
+        cases.append(CaseSpec(OP_EXPERTS, f"flash-mini-{fmt}{flavour}-T80-prefill",
+                              _experts_params("flash-mini", 80, fmt, fp8=fp8)))
     cases.append(CaseSpec(OP_EXPERTS, "flash-mini-fp8_block-ue8m0-T8",
                           _experts_params("flash-mini", 8, "fp8_block", pow2_scales=True)))
     cases.append(CaseSpec(OP_EXPERTS, "flash-clamp-mxfp4-T64",

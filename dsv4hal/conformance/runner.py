@@ -11,7 +11,7 @@ import os
 import re
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +106,9 @@ def copy_into(static: Any, new: Any) -> None:
     elif isinstance(static, (tuple, list)):
         for a, b in zip(static, new, strict=True):
             copy_into(a, b)
+    elif type(static) is type(new) and hasattr(static, "__dict__") and not callable(static):
+        # a library's plain object (e.g. triton_kernels' layout descriptors): equal when its fields are
+        copy_into(vars(static), vars(new))
     elif static != new:
         raise ValueError(f"non-tensor argument differs between capture and replay: {static!r} != {new!r}")
 
@@ -176,11 +179,18 @@ def run_cell(platform: Platform, spec: CaseSpec, build: Callable[..., Fixture], 
     return cell
 
 
+def expected_tokens(args: Mapping[str, Any]) -> int | None:
+    """The token count an op with weights is prepared for in a fixture: the rows of its activations (x)."""
+    x = args.get("x")
+    return x.shape[0] or None if isinstance(x, torch.Tensor) and x.dim() > 0 else None
+
+
 def _prepared(bound: Any, fx: Fixture) -> Fixture:
-    """Ops with weights get them prepared for this platform's kernel first, as an engine does at load."""
+    """Ops with weights get them prepared for this platform's kernel first, as an engine does at load, for the
+    case's token count (a prefill case gets the kernel a prefill server would)."""
     name = bound.spec.weights_arg
     if name and not isinstance(fx.args.get(name), PreparedWeights):
-        fx.args[name] = bound.prepare_weights(fx.args[name])
+        fx.args[name] = bound.prepare_weights(fx.args[name], tokens=expected_tokens(fx.args))
     return fx
 
 

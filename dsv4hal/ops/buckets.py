@@ -111,7 +111,8 @@ DECLARED: Mapping[str, OpBuckets] = MappingProxyType({b.op: b for b in (
     OpBuckets("sparse_attention_decode", "sparse_attention", ("compress_ratio", "extra_class", "h_q", "tokens")),
     OpBuckets("sparse_attention_prefill", "sparse_attention", ("h_q",)),
     OpBuckets("moe_route", "moe", ("hash", "tokens")),
-    OpBuckets("moe_experts", "moe", ("format", "fp8")),  # the weights' case: decided at prepare_weights
+    # the weights' case, decided at prepare_weights: tokens is the class the weights are prepared for
+    OpBuckets("moe_experts", "moe", ("format", "fp8", "tokens")),
     OpBuckets("mhc_pre", "mhc", ("sinkhorn_iters",)),
     OpBuckets("mhc_post", "mhc", ()),
     OpBuckets("mhc_post_pre", "mhc", ("sinkhorn_iters",)),

@@ -180,10 +180,12 @@ def validate_expert_weights(weights: object, *, checked: bool = False) -> Expert
     return w
 
 
-def case_expert_weights(weights: ExpertWeights) -> dict[str, Any]:
-    """Features of the logical weights that fix the kernel (and so the layout)."""
+def case_expert_weights(weights: ExpertWeights, tokens: int | None = None) -> dict[str, Any]:
+    """Features of the logical weights that fix the kernel (and so the layout), and the token class the weights
+    are prepared for (`tokens` per call expected; None: decode), as a call's case states it."""
     return {"format": weights.format, "fp8": weights.fp8 if weights.format == "fp8_block" else None,
-            "E": weights.num_experts, "H": weights.hidden, "I": weights.intermediate}
+            "E": weights.num_experts, "H": weights.hidden, "I": weights.intermediate,
+            "tokens": token_class(1 if tokens is None else tokens)}
 
 
 def _check_prepared(weights: object, h: int) -> PreparedWeights:

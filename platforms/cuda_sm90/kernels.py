@@ -25,14 +25,17 @@ DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200
 # per-row layout, faster in 9 of the 10 shapes of bench/results/h200/bench-moe.json (1.07-1.34x from T=8, 1.5-3.6x with
 # 50-90% of the routes dropped for expert parallelism); slower only for one token (98.7 against 75.1 us)
 DEEPGEMM_MOE_PSUM_PRIORITY = 291
-# OpenAI's triton_kernels (vLLM 0.24's bundle) for MXFP4 experts: not yet run on the H200, so below Marlin and above
-# the portable Triton MoE (100) until `dsv4hal tune` times it
+# OpenAI's triton_kernels (vLLM 0.24's bundle) for MXFP4 experts, against Marlin on the H200 (V4-Flash, bench-moe.json,
+# 2026-12-01): 1.11x faster at T=64, 1.19x at 512, 1.95x at 4096 (0.49 of the bf16 peak), but 3.0x slower at T=1 and
+# 1.43x at T=8. Weights prepared for prefill (prepare_weights(tokens > 64)) get it; decode keeps Marlin
 OAI_TRITON_MOE_PRIORITY = 250
+OAI_TRITON_MOE_PREFILL_PRIORITY = 310
 ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (same file)
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
-# mhc_pre and mhc_post_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): not yet timed inside the
-# ops, so just below the Triton kernels (100, 101) until `dsv4hal tune` measures them
-DEEPGEMM_MHC_PRIORITY = 99
+# mhc_pre and mhc_post_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): above the Triton kernels
+# (100, 101), faster in every measured H200 shape (2026-12-01: tune 5.2 vs 5.6 us and 13.3 vs 14.8 for mhc_pre;
+# bench-mhc-session5.json 13.7 vs 14.5 us at T=1 and 17.5 vs 19.8 at T=64 for mhc_post_pre), conformance passed forced
+DEEPGEMM_MHC_PRIORITY = 102
 
 FLASHMLA_H_Q = (64, 128)
 PREFILL_TOPK_ALIGN = 128  # SM90 sparse prefill asserts topk % 128 == 0 for h64 and h128
@@ -99,7 +102,8 @@ def register(registry: Registry) -> None:
         oai_triton_moe.NAME, "dsv4hal_cuda_sm90.oai_triton_moe", PLATFORM, OAI_TRITON_MOE_PRIORITY,
         (oai_triton_moe.LIBRARY,), oai_triton_moe.LAYOUT, oai_triton_moe.supports,
         "triton_kernels matmul_ogs (vLLM 0.24's bundle; W4A16 MXFP4 in the Hopper layouts): routing from the top-k, "
-        "GEMM1 with DSV4's clamped SwiGLU fused, GEMM2 with the routing weights and the per-token sum"))
+        "GEMM1 with DSV4's clamped SwiGLU fused, GEMM2 with the routing weights and the per-token sum",
+        priority_when=(({"tokens": "prefill"}, OAI_TRITON_MOE_PREFILL_PRIORITY),)))
     registry.add_kernel(KernelImpl(
         op="moe_route", name=vllm_router.NAME, target="dsv4hal_cuda_sm90.vllm_router:moe_route",
         platforms=(PLATFORM,), priority=ROUTER_PRIORITY, tier="vendor", supports=vllm_router.supports,

@@ -27,7 +27,7 @@ from dsv4hal.registry import KernelImpl, Registry
 PLATFORM = "rocm"
 SGL_KERNEL = "sgl_kernel"  # import name; importing it registers torch.ops.sgl_kernel.*
 AITER = "aiter"
-TOPK_PRIORITY = 250  # above the portable Triton radix top-k (100)
+TOPK_PRIORITY = 250  # above the portable Triton top-k kernels (99-102)
 DECODE_PRIORITY = 300  # above the portable Triton attention (100)
 MOE_PRIORITY = 300  # aiter's a8w4 MXFP4 experts: above the portable triton_fused_moe (100)
 TOPK_MAX_K = 1024  # the HIP op's kMaxTopK

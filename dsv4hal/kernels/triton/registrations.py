@@ -68,17 +68,17 @@ def register(registry: Registry) -> None:
                                                "of 8 bits find the k-th key), then an atomic collect pass with the "
                                                "page transform", **common))
     # above triton_radix_topk where a row fits it (size=small): 3.0-3.7x faster at 8192 scores on the H200, and 3.1-3.7x
-    # in every tuned bucket (bench/results/h200/bench-topk.json, cuda_sm90.lock.json, 2026-12-01)
+    # in every tuned bucket (bench/results/h200/bench-topk.json, cuda_sm90.lock-2026-12-01-16ops.json)
     registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_row_topk", target=f"{_MOD}.topk_row:indexer_topk",
                                    description="one launch, one program per row of at most 16384 scores: the row "
                                                "as a register tile of 32-bit keys, bisection over the key bits for "
                                                "the exact k-th key, one prefix sum for the output slots",
                                    **{**common, "supports": _row_topk_supports,
                                       "priority": {p: v + 2 for p, v in PRIORITY.items()}}))
-    # below triton_radix_topk although faster in 10 of the 12 wide shapes of bench-topk.json (up to 1.8x at 64 x 65536)
-    # and in every tuned bucket (1.04-1.41x, cuda_sm90.lock.json): it holds rows of at most 16384 // k chunks (262144
-    # scores at k=1024) and the case carries no width, so the static choice stays the kernel that takes any width; a
-    # lock (dsv4hal tune) picks it per bucket, and a wider row then raises UnsupportedCaseError naming the radix kernel
+    # below the radix and sampled kernels: it holds rows of at most 16384 // k chunks (262144 scores at k=1024) and the
+    # case carries no width, so the static choice stays a kernel that takes any width; a lock picks it per bucket (it
+    # beat the radix kernel in 10 of 12 wide shapes, bench-topk.json; the sampled kernel beats it in 10 of 12), and a
+    # wider row then raises UnsupportedCaseError naming the radix kernel
     registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_chunked_topk",
                                    target=f"{_MOD}.topk_chunked:indexer_topk",
                                    description="two launches for rows wider than 16384 scores: each chunk's exact "
@@ -87,6 +87,16 @@ def register(registry: Registry) -> None:
                                                "candidates and writes the outputs",
                                    **{**common, "supports": _chunked_topk_supports,
                                       "priority": {p: v - 1 for p, v in PRIORITY.items()}}))
+    # above triton_radix_topk (and the chunked kernel): faster at every wide shape of bench-topk.json on the H200
+    # (2026-12-01: 1.3-3.6x the radix kernel; 64 x 262144 in 109 us, 2.3x torch.topk), any width (its fallback is
+    # the radix kernel past the chunked kernel's width); below triton_row_topk, which is faster where a row fits it
+    registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_sampled_topk",
+                                   target=f"{_MOD}.topk_sampled:indexer_topk",
+                                   description="3 launches for wide rows: a threshold from 4096 sampled scores "
+                                               "(about 2k keys above it), one read appending the keys above it to "
+                                               "a candidate tile, the exact select there; rows whose estimate "
+                                               "missed fall back on the device to the chunked (or radix) kernel",
+                                   **{**common, "priority": {p: v + 1 for p, v in PRIORITY.items()}}))
     registry.add_kernel(KernelImpl(op="sparse_attention_decode", name="triton_sparse_decode",
                                    target=f"{_MOD}.sparse_attention:sparse_attention_decode",
                                    layout="v4-584 (e4m3fn or e4m3fnuz)",

@@ -44,13 +44,23 @@ def _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, 
 
 
 @triton.jit
-def _hist_kernel(scores_ptr, stride_s, len_ptr, state_ptr, hist_ptr, K, S, CHUNK: tl.constexpr,
+def gate_open(gate_ptr, row, HAS_GATE: tl.constexpr):
+    """Whether `row` runs: with a gate (another top-k falling back to this one), only rows flagged non-zero."""
+    if HAS_GATE:
+        go = tl.load(gate_ptr + row) != 0
+    else:
+        go = row >= 0
+    return go
+
+
+@triton.jit
+def _hist_kernel(scores_ptr, stride_s, len_ptr, state_ptr, hist_ptr, gate_ptr, K, S, CHUNK: tl.constexpr,
                  BLOCK: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr, PREFIX_SHIFT: tl.constexpr,
-                 FIRST: tl.constexpr):
+                 FIRST: tl.constexpr, HAS_GATE: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     n = tl.minimum(tl.load(len_ptr + row), S)  # a length past S (refused in checked mode) reads no further
-    if n > K:
+    if (n > K) & gate_open(gate_ptr, row, HAS_GATE):
         prefix = tl.load(state_ptr + row * 4).to(tl.uint32, bitcast=True)
         offs = tl.arange(0, BLOCK)
         acc = tl.zeros([NBINS_C], dtype=tl.int32)
@@ -68,15 +78,15 @@ def _hist_kernel(scores_ptr, stride_s, len_ptr, state_ptr, hist_ptr, K, S, CHUNK
 
 
 @triton.jit
-def _resolve_kernel(len_ptr, state_ptr, hist_ptr, K, S, SHIFT: tl.constexpr, BITS: tl.constexpr,
-                    FIRST: tl.constexpr):
+def _resolve_kernel(len_ptr, state_ptr, hist_ptr, gate_ptr, K, S, SHIFT: tl.constexpr, BITS: tl.constexpr,
+                    FIRST: tl.constexpr, HAS_GATE: tl.constexpr):
     """Pick the digit holding the need-th largest remaining key; record prefix and remaining need."""
     row = tl.program_id(0)
     n = tl.minimum(tl.load(len_ptr + row), S)
     bins = tl.arange(0, NBINS_C)
     h = tl.load(hist_ptr + row * NBINS_C + bins)
     tl.store(hist_ptr + row * NBINS_C + bins, tl.zeros([NBINS_C], dtype=tl.int32))  # ready for the next level
-    if n > K:
+    if (n > K) & gate_open(gate_ptr, row, HAS_GATE):
         if FIRST:
             need = K
             prefix = 0
@@ -91,22 +101,24 @@ def _resolve_kernel(len_ptr, state_ptr, hist_ptr, K, S, SHIFT: tl.constexpr, BIT
 
 
 @triton.jit
-def _collect_kernel(scores_ptr, stride_s, len_ptr, state_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, K, S, P,
-                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr):
+def _collect_kernel(scores_ptr, stride_s, len_ptr, state_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, gate_ptr, K, S,
+                    P, CHUNK: tl.constexpr, BLOCK: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr,
+                    HAS_GATE: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     n_given = tl.load(len_ptr + row)
     n = tl.minimum(n_given, S)
     offs = tl.arange(0, BLOCK)
     out_row = row.to(tl.int64) * K
-    if n <= K:  # indices 0..n-1 in order, then -1 (scores ignored)
+    go = gate_open(gate_ptr, row, HAS_GATE)
+    if go & (n <= K):  # indices 0..n-1 in order, then -1 (scores ignored)
         n = tl.minimum(n_given, K)  # the contract's n <= k rule needs no score, so a length past S stays
         for start in range(chunk * CHUNK, (chunk + 1) * CHUNK, BLOCK):
             p = start + offs
             m = p < K
             raw = tl.where(p < n, p, -1)
             _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, p, raw, m, PAGE_SHIFT, HAS_PT)
-    else:
+    elif go:
         thr = tl.load(state_ptr + row * 4).to(tl.uint32, bitcast=True)
         need = tl.load(state_ptr + row * 4 + 1)
         for start in range(chunk * CHUNK, (chunk + 1) * CHUNK, BLOCK):
@@ -136,26 +148,34 @@ def topk_outputs(b: int, k: int, with_pages: bool, device: torch.device) -> tupl
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
                  page_size: int = 64, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    raw, pages = topk_outputs(scores.shape[0], k, page_table is not None, scores.device)
+    if scores.shape[0]:
+        launch(scores, lengths, k, raw, pages, page_table, page_size, config)
+    return raw, pages
+
+
+def launch(scores: torch.Tensor, lengths: torch.Tensor, k: int, raw: torch.Tensor, pages: torch.Tensor | None,
+           page_table: torch.Tensor | None, page_size: int, config: dict | None = None,
+           gate: torch.Tensor | None = None) -> None:
+    """Write the top-k of every row (with a gate, int32 [B]: of the rows flagged non-zero only) into raw/pages."""
     b, s = scores.shape
     dev = scores.device
-    raw, pages = topk_outputs(b, k, page_table is not None, dev)
-    if b == 0:
-        return raw, pages
     state = torch.zeros(b, 4, dtype=torch.int32, device=dev)  # prefix, need, count above, count equal
     hist = torch.zeros(b, NBINS, dtype=torch.int32, device=dev)
     cfg = {**CONFIG, **(config or {})}
     block, chunk, warps = cfg["block"], cfg["chunk"], cfg["num_warps"]
     nchunks = triton.cdiv(max(s, k), chunk)
+    g = gate if gate is not None else state
     done = 32
     for i, (shift, bits) in enumerate(LEVELS):
         _hist_kernel[(b, max(1, triton.cdiv(s, chunk)))](
-            scores, scores.stride(0), lengths, state, hist, k, s, CHUNK=chunk, BLOCK=block, SHIFT=shift, BITS=bits,
-            PREFIX_SHIFT=done, FIRST=i == 0, num_warps=warps)
-        _resolve_kernel[(b,)](lengths, state, hist, k, s, SHIFT=shift, BITS=bits, FIRST=i == 0, num_warps=4)
+            scores, scores.stride(0), lengths, state, hist, g, k, s, CHUNK=chunk, BLOCK=block, SHIFT=shift,
+            BITS=bits, PREFIX_SHIFT=done, FIRST=i == 0, HAS_GATE=gate is not None, num_warps=warps)
+        _resolve_kernel[(b,)](lengths, state, hist, g, k, s, SHIFT=shift, BITS=bits, FIRST=i == 0,
+                              HAS_GATE=gate is not None, num_warps=4)
         done = shift
     pt = page_table if page_table is not None else raw
     _collect_kernel[(b, nchunks)](scores, scores.stride(0), lengths, state, raw, pages if pages is not None else raw,
-                                  pt, pt.stride(0), k, s, pt.shape[1], CHUNK=chunk, BLOCK=block,
+                                  pt, pt.stride(0), g, k, s, pt.shape[1], CHUNK=chunk, BLOCK=block,
                                   PAGE_SHIFT=page_size.bit_length() - 1, HAS_PT=page_table is not None,
-                                  num_warps=warps)
-    return raw, pages
+                                  HAS_GATE=gate is not None, num_warps=warps)

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from dsv4hal.errors import UnsupportedCaseError
-from dsv4hal.kernels.triton.topk import _order_key, _store_selected, topk_outputs
+from dsv4hal.kernels.triton.topk import _order_key, _store_selected, gate_open, topk_outputs
 from dsv4hal.kernels.triton.topk_row import MAX_ROW, _kth_key, _select_slots, _store_first
 
 MAX_CAND = MAX_ROW  # candidates stage 2 holds in one tile: nchunks * k <= 16384
@@ -43,13 +43,14 @@ def max_width(k: int) -> int:
 
 
 @triton.jit
-def _chunk_topk_kernel(scores_ptr, stride_s, len_ptr, ckey_ptr, cidx_ptr, drop_ptr, S, NCAND, NCHUNKS,
-                       K: tl.constexpr, CHUNK: tl.constexpr):
+def _chunk_topk_kernel(scores_ptr, stride_s, len_ptr, ckey_ptr, cidx_ptr, drop_ptr, gate_ptr, S, NCAND, NCHUNKS,
+                       K: tl.constexpr, CHUNK: tl.constexpr, HAS_GATE: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     n = tl.minimum(tl.load(len_ptr + row), S)  # a length past S (refused in checked mode) reads no further
     base = c * CHUNK
-    if (n > K) & (base < n):  # stage 2 reads no candidate of a row with n <= k, nor of a chunk past n
+    # stage 2 reads no candidate of a row with n <= k, nor of a chunk past n
+    if (n > K) & (base < n) & gate_open(gate_ptr, row, HAS_GATE):
         j = tl.arange(0, CHUNK)
         m = base + j < n
         x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + base + j, mask=m, other=0.0)
@@ -70,17 +71,18 @@ def _chunk_topk_kernel(scores_ptr, stride_s, len_ptr, ckey_ptr, cidx_ptr, drop_p
 
 
 @triton.jit
-def _merge_topk_kernel(len_ptr, ckey_ptr, cidx_ptr, drop_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, S, P, NCAND,
-                       NCHUNKS, K: tl.constexpr, CHUNK: tl.constexpr, CBLOCK: tl.constexpr, NBLOCK: tl.constexpr,
-                       PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr):
+def _merge_topk_kernel(len_ptr, ckey_ptr, cidx_ptr, drop_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, gate_ptr, S, P,
+                       NCAND, NCHUNKS, K: tl.constexpr, CHUNK: tl.constexpr, CBLOCK: tl.constexpr,
+                       NBLOCK: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr, HAS_GATE: tl.constexpr):
     row = tl.program_id(0)
     n_given = tl.load(len_ptr + row)
     n = tl.minimum(n_given, S)
     out_row = row.to(tl.int64) * K
-    if n <= K:  # needs no score, so a length past S is only capped by K
+    go = gate_open(gate_ptr, row, HAS_GATE)
+    if go & (n <= K):  # needs no score, so a length past S is only capped by K
         _store_first(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, tl.minimum(n_given, K), K,
                      PAGE_SHIFT, HAS_PT)
-    else:
+    elif go:
         q = tl.arange(0, CBLOCK)
         nlive = tl.cdiv(n, CHUNK)  # stage 1 wrote the chunks holding valid positions
         live = q < nlive * K
@@ -121,8 +123,17 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
             f"{MAX_CAND} candidates in one program); got {s}",
             remedy="force triton_radix_topk for rows this wide (DSV4HAL_KERNELS=indexer_topk=triton_radix_topk)")
     raw, pages = topk_outputs(b, k, page_table is not None, scores.device)
-    if b == 0:
-        return raw, pages
+    if b:
+        launch(scores, lengths, k, raw, pages, page_table, page_size, config)
+    return raw, pages
+
+
+def launch(scores: torch.Tensor, lengths: torch.Tensor, k: int, raw: torch.Tensor, pages: torch.Tensor | None,
+           page_table: torch.Tensor | None, page_size: int, config: dict | None = None,
+           gate: torch.Tensor | None = None) -> None:
+    """Write the top-k of every row (with a gate, int32 [B]: of the rows flagged non-zero only) into raw/pages;
+    rows of at most max_width(k) scores."""
+    b, s = scores.shape
     cfg = {**launch_config(s, k), **(config or {})}
     chunk = cfg["chunk"]
     assert chunk & (chunk - 1) == 0 and chunk <= MAX_CHUNK, "a chunk is one power-of-two tile"
@@ -132,13 +143,14 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     ckey = torch.empty(b, ncand, dtype=torch.int32, device=scores.device)
     cidx = torch.empty(b, ncand, dtype=torch.int32, device=scores.device)
     drop = torch.empty(b, nchunks, dtype=torch.int32, device=scores.device)
-    _chunk_topk_kernel[(b, nchunks)](scores, scores.stride(0), lengths, ckey, cidx, drop, s, ncand, nchunks, K=k,
-                                     CHUNK=chunk, num_warps=cfg.get("num_warps", _warps(chunk)))
+    g = gate if gate is not None else drop
+    _chunk_topk_kernel[(b, nchunks)](scores, scores.stride(0), lengths, ckey, cidx, drop, g, s, ncand, nchunks, K=k,
+                                     CHUNK=chunk, HAS_GATE=gate is not None,
+                                     num_warps=cfg.get("num_warps", _warps(chunk)))
     pt = page_table if page_table is not None else raw
     cblock = triton.next_power_of_2(ncand)
     _merge_topk_kernel[(b,)](lengths, ckey, cidx, drop, raw, pages if pages is not None else raw, pt, pt.stride(0),
-                             s, pt.shape[1], ncand, nchunks, K=k, CHUNK=chunk, CBLOCK=cblock,
+                             g, s, pt.shape[1], ncand, nchunks, K=k, CHUNK=chunk, CBLOCK=cblock,
                              NBLOCK=triton.next_power_of_2(nchunks),
                              PAGE_SHIFT=page_size.bit_length() - 1, HAS_PT=page_table is not None,
-                             num_warps=cfg.get("merge_warps", _warps(cblock)))
-    return raw, pages
+                             HAS_GATE=gate is not None, num_warps=cfg.get("merge_warps", _warps(cblock)))

@@ -30,7 +30,7 @@ MIN_BLOCK = 256  # keep every thread of 4+ warps owning at least one key; shorte
 
 
 @triton.jit
-def _kth_key(key, K: tl.constexpr, floor):
+def _kth_key(key, K, floor):
     """The threshold of the K largest of `key` (uint32 order keys; masked positions must hold key 0 and at
     least K positions must be real) by bisection over the key bits. Step i tries thr | 2^(31-i) and keeps it
     when at least K keys are >= it; every trial is >= 1, so a key 0 is never counted (the caller's mask tells

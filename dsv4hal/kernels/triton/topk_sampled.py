@@ -1,0 +1,138 @@
+"""Sample-threshold top-k for the indexer (spec 4.3) on wide rows, in Triton: one read of the row in the common
+case, and an exact fallback for the rows where the estimate misses.
+
+  1. grid (B,): a program takes NSAMPLE evenly spaced scores of its row (all of them when the row is shorter) and
+     finds a threshold t with about r = ceil(2k * samples / n) + MARGIN samples >= t (the bisection of the row
+     kernel), so that about twice k of the row's keys are >= t; t = 0 (every key) when r reaches the samples.
+     It zeroes the row's candidate count;
+  2. grid (B, cdiv(S, CHUNK)): every key >= t is appended to the row's candidate buffer [B, CAP] (one atomic
+     add a block of keys reserves its slots; keys past CAP are counted, not written);
+  3. grid (B,): when the count c satisfies k <= c <= CAP, t is at or below the k-th largest key T (c keys are
+     >= t), so the candidates are every key >= t and hold the k largest with all the ties at T: the row kernel's
+     bisection and slot ranks over the candidate tile give the exact top-k, written with the page transform.
+     Otherwise (an estimate that missed: heavy ties, an adversarial order) the row is flagged;
+  4. the flagged rows only (a gate the kernels read on the device): triton_chunked_topk's two launches, or the
+     radix kernel's for rows wider than the chunked kernel holds. Unflagged rows exit at once.
+Outputs: the contract's set; keys above T first, then ties, each in candidate order (which blocks reserve their
+slots first varies from run to run, as in the radix kernel's collect pass); rows with n <= k get 0..n-1 in order,
+then -1; a length past S selects among the S scores there are; a position whose page is past the table gets slot
+-1. Fixed grids, buffers sized from the shapes, no host sync: CUDA-graph safe."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4hal.kernels.triton import topk, topk_chunked
+from dsv4hal.kernels.triton.topk import _order_key, _store_selected, topk_outputs
+from dsv4hal.kernels.triton.topk_row import _kth_key, _select_slots, _store_first
+
+NSAMPLE = 4096  # scores sampled a row: the threshold's rank error is ~sqrt(r) of the ~2k target
+CAP = 4096  # candidates the select program holds (one register tile): ~2k expected, at k <= 1024
+MARGIN = 8  # samples added to the target rank, so that a short tail still yields >= k candidates
+CHUNK = 4096  # scores a filter program reads
+BLOCK = 1024  # scores a filter step holds (one atomic reserves the slots of a step's candidates)
+
+
+@triton.jit
+def _sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, S, K: tl.constexpr, NS: tl.constexpr,
+                   MARGIN_: tl.constexpr):
+    row = tl.program_id(0)
+    n = tl.minimum(tl.load(len_ptr + row), S)  # a length past S (refused in checked mode) reads no further
+    tl.store(count_ptr + row, 0)
+    thr = tl.full((), 0, tl.uint32)
+    if n > K:
+        i = tl.arange(0, NS)
+        nv = tl.minimum(n, NS)
+        m = i < nv
+        pos = (i.to(tl.int64) * n) // nv  # distinct, evenly spaced in [0, n)
+        x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + pos, mask=m, other=0.0)
+        key = tl.where(m, _order_key(x), 0)  # unsampled slots get key 0: never counted by the bisection
+        r = (2 * K * nv + n - 1) // n + MARGIN_
+        if r < nv:
+            thr = _kth_key(key, r, 0)
+    tl.store(thr_ptr + row, thr.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _filter_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, ckey_ptr, cidx_ptr, S, K: tl.constexpr,
+                   CAP_: tl.constexpr, CHUNK_: tl.constexpr, BLOCK_: tl.constexpr):
+    row = tl.program_id(0)
+    base = tl.program_id(1) * CHUNK_
+    n = tl.minimum(tl.load(len_ptr + row), S)
+    if (n > K) & (base < n):
+        thr = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True)
+        out = row.to(tl.int64) * CAP_
+        for start in range(base, base + CHUNK_, BLOCK_):
+            j = start + tl.arange(0, BLOCK_)
+            m = j < n
+            key = _order_key(tl.load(scores_ptr + row.to(tl.int64) * stride_s + j, mask=m, other=0.0))
+            sel = (m & (key >= thr)).to(tl.int32)
+            cnt = tl.sum(sel, axis=0)
+            if cnt > 0:
+                first = tl.atomic_add(count_ptr + row, cnt, sem="relaxed")
+                slot = first + tl.cumsum(sel, axis=0) - sel
+                ok = (sel != 0) & (slot < CAP_)
+                tl.store(ckey_ptr + out + slot, key.to(tl.int32, bitcast=True), mask=ok)
+                tl.store(cidx_ptr + out + slot, j, mask=ok)
+
+
+@triton.jit
+def _select_kernel(len_ptr, count_ptr, ckey_ptr, cidx_ptr, gate_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, S, P,
+                   K: tl.constexpr, CAP_: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr):
+    row = tl.program_id(0)
+    n_given = tl.load(len_ptr + row)
+    n = tl.minimum(n_given, S)
+    out_row = row.to(tl.int64) * K
+    if n <= K:  # needs no score, so a length past S is only capped by K
+        _store_first(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, tl.minimum(n_given, K), K,
+                     PAGE_SHIFT, HAS_PT)
+        tl.store(gate_ptr + row, 0)
+    else:
+        cnt = tl.load(count_ptr + row)
+        fast = (cnt >= K) & (cnt <= CAP_)
+        tl.store(gate_ptr + row, tl.where(fast, 0, 1))
+        if fast:
+            q = tl.arange(0, CAP_)
+            m = q < cnt
+            cand = row.to(tl.int64) * CAP_ + q
+            idx = tl.load(cidx_ptr + cand, mask=m, other=-1)
+            key = tl.where(m, tl.load(ckey_ptr + cand, mask=m, other=0).to(tl.uint32, bitcast=True), 0)
+            thr = _kth_key(key, K, 0)  # m tells a real key 0 (an all-ones NaN) from an empty slot
+            ok, pos = _select_slots(key, m, thr, K)
+            _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT, HAS_PT)
+
+
+def _warps(block: int) -> int:
+    return min(16, max(4, block // 1024))  # ~32 keys a thread, as in the row kernel
+
+
+def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
+                 page_size: int = 64, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    b, s = scores.shape
+    raw, pages = topk_outputs(b, k, page_table is not None, scores.device)
+    if b == 0:
+        return raw, pages
+    cfg = {"nsample": NSAMPLE, "cap": CAP, "margin": MARGIN, "chunk": CHUNK, "block": BLOCK, **(config or {})}
+    ns, cap = cfg["nsample"], cfg["cap"]
+    assert cap >= k and all(v & (v - 1) == 0 for v in (ns, cap, cfg["block"])), "power-of-two tiles, cap >= k"
+    dev = scores.device
+    thr = torch.empty(b, dtype=torch.int32, device=dev)
+    count = torch.empty(b, dtype=torch.int32, device=dev)  # zeroed by the sample pass
+    gate = torch.empty(b, dtype=torch.int32, device=dev)
+    ckey = torch.empty(b, cap, dtype=torch.int32, device=dev)
+    cidx = torch.empty(b, cap, dtype=torch.int32, device=dev)
+    _sample_kernel[(b,)](scores, scores.stride(0), lengths, thr, count, s, K=k, NS=ns, MARGIN_=cfg["margin"],
+                         num_warps=_warps(ns))
+    _filter_kernel[(b, max(1, triton.cdiv(s, cfg["chunk"])))](
+        scores, scores.stride(0), lengths, thr, count, ckey, cidx, s, K=k, CAP_=cap, CHUNK_=cfg["chunk"],
+        BLOCK_=cfg["block"], num_warps=4)
+    pt = page_table if page_table is not None else raw
+    _select_kernel[(b,)](lengths, count, ckey, cidx, gate, raw, pages if pages is not None else raw, pt, pt.stride(0),
+                         s, pt.shape[1], K=k, CAP_=cap, PAGE_SHIFT=page_size.bit_length() - 1,
+                         HAS_PT=page_table is not None, num_warps=_warps(cap))
+    # the exact fallback for flagged rows; which one is a matter of the width only (a shape: no sync)
+    fallback = topk_chunked.launch if s <= topk_chunked.max_width(k) else topk.launch
+    fallback(scores, lengths, k, raw, pages, page_table, page_size, cfg.get("fallback"), gate=gate)
+    return raw, pages

@@ -1,0 +1,135 @@
+"""triton_sampled_topk (a threshold from sampled scores, one filtering read into a candidate tile, the exact select
+there, and an exact fallback on the device for the rows whose estimate missed): the indexer_topk contract on wide
+rows (both k, lengths 0, < k, == k, > S, random, heavy ties, all equal, +-inf, NaN, with and without a page
+table), which rows take the fast path and which fall back (to the chunked kernel, or to the radix kernel past the
+chunked kernel's width), small tiles through the config, the conformance catalog's size=large cases forced through
+the platform, and the registration. Under the interpreter on CPU machines, natively on a GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import dsv4hal
+from dsv4hal.reference.indexer_topk import page_transform
+from tests.test_triton_row_topk import _batch, _table, check_rows
+from tests.topk_forced import DEV, assert_cell_passes, forced_platform, wide_catalog
+
+pytest.importorskip("triton")
+
+from dsv4hal.kernels.triton import topk, topk_chunked, topk_sampled  # noqa: E402
+
+NAME = "triton_sampled_topk"
+CATALOG = wide_catalog(NAME)
+
+
+def _run(scores: torch.Tensor, lengths: torch.Tensor, k: int, pt: torch.Tensor | None = None, page_size: int = 64,
+         config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return topk_sampled.indexer_topk(scores.to(DEV), lengths.to(DEV), k, None if pt is None else pt.to(DEV),
+                                     page_size, config=config)
+
+
+@pytest.fixture()
+def fallbacks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Records the gate each fallback was launched with (rows flagged 1 are the ones it computes)."""
+    seen: dict[str, Any] = {}
+    for mod in (topk_chunked, topk):
+        def rec(*args: Any, _orig: Any = mod.launch, _name: str = mod.__name__, gate: Any = None,
+                **kwargs: Any) -> None:
+            seen[_name.rsplit(".", 1)[1]] = gate.cpu().clone()
+            _orig(*args, gate=gate, **kwargs)
+        monkeypatch.setattr(mod, "launch", rec)
+    return seen
+
+
+@pytest.mark.parametrize("k", [512, 1024])
+@pytest.mark.parametrize("s", [16385, 20000, 65536])
+def test_matches_contract(s: int, k: int, fallbacks: dict[str, Any]) -> None:
+    gen = torch.Generator().manual_seed(s * 7 + k)
+    scores, lengths = _batch(s, k, gen)
+    pt = _table(scores.shape[0], s, gen) if (s + k // 512) % 2 == 0 else None
+    check_rows(_run(scores, lengths, k, pt), scores, lengths, pt, k)
+    # rows: 4 random, heavy ties, all equal, +-inf, rounded; lengths s, 0, k-1, k, k+1, s+5, s, random. Only the
+    # all-equal row (every key a candidate: more than the tile holds) falls back, to the chunked kernel
+    assert fallbacks["topk_chunked"].tolist() == [0, 0, 0, 0, 0, 1, 0, 0]
+
+
+def test_spread_scores_take_the_fast_path_only(fallbacks: dict[str, Any]) -> None:
+    gen = torch.Generator().manual_seed(11)
+    s, k = 100000, 512
+    scores = torch.cat([torch.randn(3, s, generator=gen), torch.rand(2, s, generator=gen) * 100,
+                        torch.randn(1, s, generator=gen).exp()])  # normal, uniform, heavy-tailed
+    lengths = torch.tensor([s, 70000, 40000, s, 3000, s], dtype=torch.int32)
+    pt = _table(scores.shape[0], s, gen)
+    raw, pages = _run(scores, lengths, k, pt)
+    check_rows((raw, pages), scores, lengths, pt, k)
+    assert fallbacks["topk_chunked"].tolist() == [0] * 6
+    assert torch.equal(pages.cpu(), page_transform(raw.cpu(), pt, 64))
+
+
+def test_unrepresentative_samples_and_wide_ties_fall_back_exactly(fallbacks: dict[str, Any]) -> None:
+    """Too few candidates (samples unlike the rest of the row: the threshold above the k-th key) or too many (a tie
+    wider than the tile) flag the row; the fallback's outputs are exact."""
+    gen = torch.Generator().manual_seed(4)
+    s, k = 40000, 512
+    hidden = torch.randn(s, generator=gen) - 5
+    # the sampled positions hold the largest keys: the threshold (~113th largest sample) has only ~113 keys >= it
+    hidden[(torch.arange(topk_sampled.NSAMPLE) * s) // topk_sampled.NSAMPLE] = 10 + torch.rand(topk_sampled.NSAMPLE,
+                                                                                             generator=gen)
+    tie = torch.randn(s, generator=gen)
+    tie[torch.randperm(s, generator=gen)[:6000]] = 3.0  # 6000 tied keys at the top
+    scores = torch.stack([hidden, tie, torch.randn(s, generator=gen)])
+    lengths = torch.full((3,), s, dtype=torch.int32)
+    check_rows(_run(scores, lengths, k), scores, lengths, None, k)
+    assert fallbacks["topk_chunked"].tolist() == [1, 1, 0]
+
+
+def test_past_the_chunked_width_the_radix_kernel_falls_back(fallbacks: dict[str, Any]) -> None:
+    s, k = topk_chunked.max_width(1024) + 7, 1024
+    gen = torch.Generator().manual_seed(8)
+    scores = torch.stack([torch.randn(s, generator=gen), torch.ones(s)])
+    lengths = torch.tensor([s, s - 100], dtype=torch.int32)
+    check_rows(_run(scores, lengths, k), scores, lengths, None, k)
+    assert "topk_chunked" not in fallbacks and fallbacks["topk"].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize(("s", "k", "cfg"), [(5000, 512, {"nsample": 256, "cap": 1024, "chunk": 1024, "block": 256}),
+                                             (3000, 512, {"nsample": 4096, "cap": 512}),
+                                             (20000, 1024, {"nsample": 1024, "cap": 2048, "margin": 0})])
+def test_small_tiles(s: int, k: int, cfg: dict[str, int]) -> None:
+    """Samples, tiles and filter steps smaller than the defaults (a tile of exactly k, no margin): still exact."""
+    gen = torch.Generator().manual_seed(s + k)
+    scores, lengths = _batch(s, k, gen)
+    pt = _table(scores.shape[0], s, gen)
+    check_rows(_run(scores, lengths, k, pt, config=cfg), scores, lengths, pt, k)
+
+
+def test_nan_scores_and_row_stride() -> None:
+    gen = torch.Generator().manual_seed(5)
+    s, k = 30000, 512
+    wide = torch.randn(3, s + 3, generator=gen)
+    scores = wide[:, :s]  # a free row stride
+    nan_at = torch.randperm(s, generator=gen)[:40]
+    scores[0, nan_at] = float("nan")  # sign bit clear: above +inf
+    scores[1, nan_at] = -float("nan")  # sign bit set: below -inf
+    scores[2, torch.randperm(s, generator=gen)[: s - 100]] = torch.full((), -1, dtype=torch.int32).view(
+        torch.float32)  # the all-ones NaN, key 0, almost everywhere: some are taken
+    lengths = torch.full((3,), s, dtype=torch.int32)
+    raw = _run(scores, lengths, k)[0].cpu()
+    want = topk_chunked.indexer_topk(scores.to(DEV), lengths.to(DEV), k)[0].cpu()
+    for got_row, want_row in zip(raw, want, strict=True):  # the same set as the chunked kernel's (order differs)
+        assert sorted(got_row.tolist()) == sorted(want_row.tolist())
+
+
+@pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[s.name for s, _ in CATALOG])
+def test_conformance_catalog(spec, build) -> None:  # noqa: ANN001
+    assert_cell_passes(forced_platform(NAME), spec, build, NAME)
+
+
+def test_registration() -> None:
+    impls = {i.name: i for i in dsv4hal.load_registry().kernels_for("indexer_topk")}
+    assert "topk_sampled:indexer_topk" in impls["triton_sampled_topk"].target
+    for plat in ("cpu", "cuda_sm90", "cuda_sm100", "rocm"):
+        assert impls["triton_sampled_topk"].applies_to(plat)

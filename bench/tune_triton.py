@@ -3,6 +3,7 @@ median) on the benchmark shapes, after checking its output against the reference
 
     python3 bench/tune_triton.py --json out/tune-triton.json
     python3 bench/tune_triton.py --json out/tune-cache.json --ops cache   # pack_store / dequant_gather only
+    python3 bench/tune_triton.py --json out/tune-topk.json --ops topk     # the sampled top-k, pass by pass
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dsv4hal.bench.pools import random_pool
 from dsv4hal.bench.timing import copy_bandwidth, graph_us
 from dsv4hal.formats.v4_cache import V4PagedCache
 from dsv4hal.kernels.triton import sparse_attention as tattn
-from dsv4hal.kernels.triton import topk as ttopk
+from dsv4hal.kernels.triton import topk_sampled as ttopk
 from dsv4hal.kernels.triton import v4_cache_kernels as tcache
 from dsv4hal.reference.indexer_topk import indexer_topk as ref_topk
 from dsv4hal.reference.pack_store import dequant_gather as ref_gather
@@ -30,9 +31,12 @@ from dsv4hal.reference.sparse_attention import sparse_attention_decode as ref_de
 ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
                 for bh, bk, w, st in ((32, 32, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2),
                                       (32, 64, 4, 2), (64, 32, 4, 3), (16, 32, 4, 2), (64, 16, 4, 2))]
-TOPK_CONFIGS = [dict(chunk=c, block=b, num_warps=w)
-                for c, b, w in ((4096, 1024, 4), (2048, 1024, 4), (16384, 1024, 4), (4096, 2048, 8), (8192, 2048, 8),
-                                (4096, 512, 4))]
+# the sampled top-k (the static kernel for rows wider than 16384): samples, candidate tile, the bisections from the
+# keys' common high bits, filter chunk; each also timed pass by pass (passes=1..4: cumulative)
+TOPK_CONFIGS = [dict(nsample=ns, cap=cap, range=r, chunk=c)
+                for ns, cap, r, c in ((4096, 4096, False, 4096), (4096, 4096, True, 4096), (2048, 4096, True, 4096),
+                                      (4096, 4096, True, 8192), (4096, 8192, True, 4096), (2048, 4096, False, 4096),
+                                      (1024, 4096, True, 4096))]
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
 TOPK_SHAPES = [(64, 262144, 512), (8, 262144, 512), (1, 262144, 512), (64, 65536, 1024)]
@@ -137,12 +141,15 @@ def main() -> None:
                "ok": {}}
         ref = ref_topk(scores, lengths, k, table)[0]
         for c in TOPK_CONFIGS:
-            name = "chunk{chunk}-block{block}-w{num_warps}".format(**c)
+            name = "ns{nsample}-cap{cap}-range{range:d}-chunk{chunk}".format(**c)
             try:
                 raw = ttopk.indexer_topk(scores, lengths, k, table, config=c)[0]
                 row["ok"][name] = bool(torch.equal(raw.sort(1).values, ref.sort(1).values))
                 row["us"][name] = graph_us(lambda c=c, s=scores, ln=lengths, k=k, t=table:
                                            ttopk.indexer_topk(s, ln, k, t, config=c))
+                row.setdefault("us_passes", {})[name] = [  # cumulative: sample, +filter, +select, +fallback
+                    graph_us(lambda c=c, p=p, s=scores, ln=lengths, k=k, t=table:
+                             ttopk.indexer_topk(s, ln, k, t, config={**c, "passes": p})) for p in (1, 2, 3)]
             except Exception as exc:
                 row["ok"][name] = f"{type(exc).__name__}: {str(exc)[:200]}"
         out["topk"].append(row)

@@ -133,3 +133,26 @@ def test_registration() -> None:
     assert "topk_sampled:indexer_topk" in impls["triton_sampled_topk"].target
     for plat in ("cpu", "cuda_sm90", "cuda_sm100", "rocm"):
         assert impls["triton_sampled_topk"].applies_to(plat)
+
+
+@pytest.mark.parametrize(("s", "k"), [(20000, 512), (65536, 1024)])
+def test_bisection_from_the_common_high_bits(s: int, k: int, fallbacks: dict[str, Any]) -> None:
+    """config range=True: both bisections start below the bits every valid key shares; the contract holds, the
+    same rows fall back, and a row of close keys (one exponent) takes the fast path."""
+    gen = torch.Generator().manual_seed(s - k)
+    scores, lengths = _batch(s, k, gen)
+    close = 1.0 + torch.rand(2, s, generator=gen)  # [1, 2): keys share their sign and exponent bits
+    scores, lengths = torch.cat([scores, close]), torch.cat([lengths, torch.tensor([s, s // 2], dtype=torch.int32)])
+    pt = _table(scores.shape[0], s, gen)
+    check_rows(_run(scores, lengths, k, pt, config={"range": True}), scores, lengths, pt, k)
+    assert fallbacks["topk_chunked"].tolist() == [0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+
+
+def test_passes_stop_early_for_timing(fallbacks: dict[str, Any]) -> None:
+    """passes < 4 (bench/tune_triton.py's per-pass timing) leaves the later passes out: no fallback is launched."""
+    s, k = 20000, 512
+    scores, lengths = torch.ones(1, s), torch.tensor([s], dtype=torch.int32)  # every key a candidate: falls back
+    _run(scores, lengths, k, config={"passes": 3})
+    assert fallbacks == {}
+    raw = _run(scores, lengths, k)[0].cpu()
+    assert fallbacks["topk_chunked"].tolist() == [1] and sorted(raw[0].tolist()) == list(range(k))

@@ -37,8 +37,12 @@ def _kth_key(key, K, floor):
     a real key 0, an all-ones NaN, from a masked one). Stops once exactly K keys are >= the trial value and it
     is above `floor` (a whole row: 0; candidates: the largest key left out of them, so that the search stops
     where it would on the whole row), else ends at the exact K-th largest key."""
-    thr = tl.full((), 0, tl.uint32)  # invariant: at least K keys are >= thr
-    step = tl.full((), 0x80000000, tl.uint32)
+    return _bisect(key, K, floor, tl.full((), 0, tl.uint32), tl.full((), 0x80000000, tl.uint32))
+
+
+@triton.jit
+def _bisect(key, K, floor, thr, step):
+    """From `thr` (at least K keys are >= it: the invariant) and the highest bit still unknown, `step`."""
     while step != 0:
         trial = thr | step
         c = tl.sum((key >= trial).to(tl.int32), axis=0)
@@ -46,6 +50,25 @@ def _kth_key(key, K, floor):
         # exactly K keys >= trial: thr is final and its ties are all taken (need below = their count)
         step = tl.where((c == K) & (trial > floor), 0, step >> 1)
     return thr
+
+
+@triton.jit
+def _kth_key_in_range(key, m, K, floor):
+    """_kth_key starting at the common high bits of the valid keys (those where `m`): every valid key lies in
+    [lo, hi], so bits above the highest bit where lo and hi differ are known and the bisection starts below them
+    (two reductions for the leading bits all keys share: most of them when the keys are close, as candidates
+    above a threshold are). Same threshold as _kth_key, except that an early stop may come at another trial."""
+    lo = tl.min(tl.where(m, key, 0xFFFFFFFF), axis=0).to(tl.uint32)
+    hi = tl.max(tl.where(m, key, 0), axis=0).to(tl.uint32)
+    d = lo ^ hi  # smeared: every bit at or below the highest differing one set
+    d = d | (d >> 1)
+    d = d | (d >> 2)
+    d = d | (d >> 4)
+    d = d | (d >> 8)
+    d = d | (d >> 16)
+    # from the common prefix (at or below every valid key, so at least K keys are >= it) and the highest differing
+    # bit (0 when every valid key is equal: the prefix is then the answer)
+    return _bisect(key, K, floor, lo & ~d, d ^ (d >> 1))
 
 
 @triton.jit

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from dsv4hal.kernels.triton import topk, topk_chunked
 from dsv4hal.kernels.triton.topk import _order_key, _store_selected, topk_outputs
-from dsv4hal.kernels.triton.topk_row import _kth_key, _select_slots, _store_first
+from dsv4hal.kernels.triton.topk_row import _kth_key, _kth_key_in_range, _select_slots, _store_first
 
 NSAMPLE = 4096  # scores sampled a row: the threshold's rank error is ~sqrt(r) of the ~2k target
 CAP = 4096  # candidates the select program holds (one register tile): ~2k expected, at k <= 1024
@@ -37,7 +37,7 @@ BLOCK = 1024  # scores a filter step holds (one atomic reserves the slots of a s
 
 @triton.jit
 def _sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, S, K: tl.constexpr, NS: tl.constexpr,
-                   MARGIN_: tl.constexpr):
+                   MARGIN_: tl.constexpr, RANGE: tl.constexpr):
     row = tl.program_id(0)
     n = tl.minimum(tl.load(len_ptr + row), S)  # a length past S (refused in checked mode) reads no further
     tl.store(count_ptr + row, 0)
@@ -51,7 +51,10 @@ def _sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, S, K: tl.c
         key = tl.where(m, _order_key(x), 0)  # unsampled slots get key 0: never counted by the bisection
         r = (2 * K * nv + n - 1) // n + MARGIN_
         if r < nv:
-            thr = _kth_key(key, r, 0)
+            if RANGE:
+                thr = _kth_key_in_range(key, m, r, 0)
+            else:
+                thr = _kth_key(key, r, 0)
     tl.store(thr_ptr + row, thr.to(tl.int32, bitcast=True))
 
 
@@ -80,7 +83,8 @@ def _filter_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, ckey_ptr, 
 
 @triton.jit
 def _select_kernel(len_ptr, count_ptr, ckey_ptr, cidx_ptr, gate_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, S, P,
-                   K: tl.constexpr, CAP_: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr):
+                   K: tl.constexpr, CAP_: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr,
+                   RANGE: tl.constexpr):
     row = tl.program_id(0)
     n_given = tl.load(len_ptr + row)
     n = tl.minimum(n_given, S)
@@ -99,7 +103,11 @@ def _select_kernel(len_ptr, count_ptr, ckey_ptr, cidx_ptr, gate_ptr, raw_ptr, pa
             cand = row.to(tl.int64) * CAP_ + q
             idx = tl.load(cidx_ptr + cand, mask=m, other=-1)
             key = tl.where(m, tl.load(ckey_ptr + cand, mask=m, other=0).to(tl.uint32, bitcast=True), 0)
-            thr = _kth_key(key, K, 0)  # m tells a real key 0 (an all-ones NaN) from an empty slot
+            # m tells a real key 0 (an all-ones NaN) from an empty slot
+            if RANGE:
+                thr = _kth_key_in_range(key, m, K, 0)
+            else:
+                thr = _kth_key(key, K, 0)
             ok, pos = _select_slots(key, m, thr, K)
             _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT, HAS_PT)
 
@@ -114,7 +122,8 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     raw, pages = topk_outputs(b, k, page_table is not None, scores.device)
     if b == 0:
         return raw, pages
-    cfg = {"nsample": NSAMPLE, "cap": CAP, "margin": MARGIN, "chunk": CHUNK, "block": BLOCK, **(config or {})}
+    cfg = {"nsample": NSAMPLE, "cap": CAP, "margin": MARGIN, "chunk": CHUNK, "block": BLOCK, "range": False,
+           "passes": 4, **(config or {})}
     ns, cap = cfg["nsample"], cfg["cap"]
     assert cap >= k and all(v & (v - 1) == 0 for v in (ns, cap, cfg["block"])), "power-of-two tiles, cap >= k"
     dev = scores.device
@@ -123,16 +132,21 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     gate = torch.empty(b, dtype=torch.int32, device=dev)
     ckey = torch.empty(b, cap, dtype=torch.int32, device=dev)
     cidx = torch.empty(b, cap, dtype=torch.int32, device=dev)
+    # "range": bisections from the keys' common high bits; "passes" < 4 stops early (per-pass timing only: the
+    # outputs are then incomplete)
     _sample_kernel[(b,)](scores, scores.stride(0), lengths, thr, count, s, K=k, NS=ns, MARGIN_=cfg["margin"],
-                         num_warps=_warps(ns))
-    _filter_kernel[(b, max(1, triton.cdiv(s, cfg["chunk"])))](
-        scores, scores.stride(0), lengths, thr, count, ckey, cidx, s, K=k, CAP_=cap, CHUNK_=cfg["chunk"],
-        BLOCK_=cfg["block"], num_warps=4)
+                         RANGE=cfg["range"], num_warps=_warps(ns))
+    if cfg["passes"] >= 2:
+        _filter_kernel[(b, max(1, triton.cdiv(s, cfg["chunk"])))](
+            scores, scores.stride(0), lengths, thr, count, ckey, cidx, s, K=k, CAP_=cap, CHUNK_=cfg["chunk"],
+            BLOCK_=cfg["block"], num_warps=4)
     pt = page_table if page_table is not None else raw
-    _select_kernel[(b,)](lengths, count, ckey, cidx, gate, raw, pages if pages is not None else raw, pt, pt.stride(0),
-                         s, pt.shape[1], K=k, CAP_=cap, PAGE_SHIFT=page_size.bit_length() - 1,
-                         HAS_PT=page_table is not None, num_warps=_warps(cap))
-    # the exact fallback for flagged rows; which one is a matter of the width only (a shape: no sync)
-    fallback = topk_chunked.launch if s <= topk_chunked.max_width(k) else topk.launch
-    fallback(scores, lengths, k, raw, pages, page_table, page_size, cfg.get("fallback"), gate=gate)
+    if cfg["passes"] >= 3:
+        _select_kernel[(b,)](lengths, count, ckey, cidx, gate, raw, pages if pages is not None else raw, pt,
+                             pt.stride(0), s, pt.shape[1], K=k, CAP_=cap, PAGE_SHIFT=page_size.bit_length() - 1,
+                             HAS_PT=page_table is not None, RANGE=cfg["range"], num_warps=_warps(cap))
+    if cfg["passes"] >= 4:
+        # the exact fallback for flagged rows; which one is a matter of the width only (a shape: no sync)
+        fallback = topk_chunked.launch if s <= topk_chunked.max_width(k) else topk.launch
+        fallback(scores, lengths, k, raw, pages, page_table, page_size, cfg.get("fallback"), gate=gate)
     return raw, pages

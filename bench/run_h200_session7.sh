@@ -5,7 +5,8 @@
 #                                                 # common high bits, filter chunk): bench/tune_triton.py --ops topk
 #   R=$OUT bash bench/run_h200_session7.sh lock   # the 11 ops the committed lock does not cover, tuned strict into a
 #                                                 # copy of it (--update: same machine and libraries as that lock)
-#   R=$OUT bash bench/run_h200_session7.sh final   # host cost of a bound call; the demo
+#   R=$OUT bash bench/run_h200_session7.sh final  # MoE kernel by kernel (bench/profile_moe.py), compress and indexer
+#                                                 # benches, host cost of a bound call, the demo
 set -uo pipefail
 part=${1:?topk, lock or final}
 source bench/h200_env.sh
@@ -29,6 +30,10 @@ elif [[ $part == lock ]]; then
   } 2>&1 | tee "$R/log-lock7.txt"
 else
   {
+    stamp "MoE kernel by kernel (the FP8 psum at T=4096, triton_kernels and Marlin)"
+    timeout 120 python3 bench/profile_moe.py --json "$R/profile-moe.json" 2>&1 | tail -40
+    stamp "compress prefill and indexer logits against their goals (copy share; a direct DeepGEMM call)"
+    timeout 90 $D bench compress,indexer --quick --json "$R/bench-compress-indexer.json" 2>&1 | grep -v Warning | tail -16
     stamp "host cost"
     timeout 60 $D bench attention --quick --json "$R/bench-attention-host.json" 2>&1 | grep -v Warning | tail -6
     stamp "demo"

@@ -32,11 +32,12 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
                 for bh, bk, w, st in ((32, 32, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2),
                                       (32, 64, 4, 2), (64, 32, 4, 3), (16, 32, 4, 2), (64, 16, 4, 2))]
 # the sampled top-k (the static kernel for rows wider than 16384): samples, candidate tile, the bisections from the
-# keys' common high bits, filter chunk; each also timed pass by pass (passes=1..4: cumulative)
-TOPK_CONFIGS = [dict(nsample=ns, cap=cap, range=r, chunk=c)
-                for ns, cap, r, c in ((4096, 4096, False, 4096), (4096, 4096, True, 4096), (2048, 4096, True, 4096),
-                                      (4096, 4096, True, 8192), (4096, 8192, True, 4096), (2048, 4096, False, 4096),
-                                      (1024, 4096, True, 4096))]
+# keys' common high bits, the sample threshold's resolution, filter chunk; each also timed pass by pass (cumulative)
+TOPK_CONFIGS = [dict(nsample=ns, cap=cap, range=r, coarse=co, chunk=c)
+                for ns, cap, r, co, c in ((4096, 4096, False, 0, 4096), (4096, 4096, True, 0, 4096),
+                                          (4096, 4096, True, 16, 4096), (4096, 4096, True, 12, 4096),
+                                          (2048, 4096, True, 16, 4096), (2048, 4096, False, 0, 4096),
+                                          (4096, 4096, True, 16, 8192), (4096, 8192, True, 16, 4096))]
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
 TOPK_SHAPES = [(64, 262144, 512), (8, 262144, 512), (1, 262144, 512), (64, 65536, 1024)]
@@ -141,7 +142,7 @@ def main() -> None:
                "ok": {}}
         ref = ref_topk(scores, lengths, k, table)[0]
         for c in TOPK_CONFIGS:
-            name = "ns{nsample}-cap{cap}-range{range:d}-chunk{chunk}".format(**c)
+            name = "ns{nsample}-cap{cap}-range{range:d}-coarse{coarse}-chunk{chunk}".format(**c)
             try:
                 raw = ttopk.indexer_topk(scores, lengths, k, table, config=c)[0]
                 row["ok"][name] = bool(torch.equal(raw.sort(1).values, ref.sort(1).values))

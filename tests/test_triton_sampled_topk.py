@@ -135,16 +135,17 @@ def test_registration() -> None:
         assert impls["triton_sampled_topk"].applies_to(plat)
 
 
-@pytest.mark.parametrize(("s", "k"), [(20000, 512), (65536, 1024)])
-def test_bisection_from_the_common_high_bits(s: int, k: int, fallbacks: dict[str, Any]) -> None:
-    """config range=True: both bisections start below the bits every valid key shares; the contract holds, the
-    same rows fall back, and a row of close keys (one exponent) takes the fast path."""
+@pytest.mark.parametrize(("s", "k", "coarse"), [(20000, 512, 0), (65536, 1024, 0), (20000, 512, 14)])
+def test_bisection_from_the_common_high_bits(s: int, k: int, coarse: int, fallbacks: dict[str, Any]) -> None:
+    """config range=True: both bisections start below the bits every valid key shares (with coarse, the sample
+    threshold is resolved to that many bits only); the contract holds, the same rows fall back, and a row of close
+    keys (one exponent) takes the fast path."""
     gen = torch.Generator().manual_seed(s - k)
     scores, lengths = _batch(s, k, gen)
     close = 1.0 + torch.rand(2, s, generator=gen)  # [1, 2): keys share their sign and exponent bits
     scores, lengths = torch.cat([scores, close]), torch.cat([lengths, torch.tensor([s, s // 2], dtype=torch.int32)])
     pt = _table(scores.shape[0], s, gen)
-    check_rows(_run(scores, lengths, k, pt, config={"range": True}), scores, lengths, pt, k)
+    check_rows(_run(scores, lengths, k, pt, config={"range": True, "coarse": coarse}), scores, lengths, pt, k)
     assert fallbacks["topk_chunked"].tolist() == [0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
 
 

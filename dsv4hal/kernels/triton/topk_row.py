@@ -37,13 +37,14 @@ def _kth_key(key, K, floor):
     a real key 0, an all-ones NaN, from a masked one). Stops once exactly K keys are >= the trial value and it
     is above `floor` (a whole row: 0; candidates: the largest key left out of them, so that the search stops
     where it would on the whole row), else ends at the exact K-th largest key."""
-    return _bisect(key, K, floor, tl.full((), 0, tl.uint32), tl.full((), 0x80000000, tl.uint32))
+    return _bisect(key, K, floor, tl.full((), 0, tl.uint32), tl.full((), 0x80000000, tl.uint32), 0)
 
 
 @triton.jit
-def _bisect(key, K, floor, thr, step):
-    """From `thr` (at least K keys are >= it: the invariant) and the highest bit still unknown, `step`."""
-    while step != 0:
+def _bisect(key, K, floor, thr, step, last):
+    """From `thr` (at least K keys are >= it: the invariant) and the highest bit still unknown, `step`, down to the
+    bit above `last` (0: every bit, the exact threshold)."""
+    while step > last:
         trial = thr | step
         c = tl.sum((key >= trial).to(tl.int32), axis=0)
         thr = tl.where(c >= K, trial, thr)
@@ -53,11 +54,13 @@ def _bisect(key, K, floor, thr, step):
 
 
 @triton.jit
-def _kth_key_in_range(key, m, K, floor):
+def _kth_key_in_range(key, m, K, floor, COARSE: tl.constexpr):
     """_kth_key starting at the common high bits of the valid keys (those where `m`): every valid key lies in
     [lo, hi], so bits above the highest bit where lo and hi differ are known and the bisection starts below them
     (two reductions for the leading bits all keys share: most of them when the keys are close, as candidates
-    above a threshold are). Same threshold as _kth_key, except that an early stop may come at another trial."""
+    above a threshold are). Same threshold as _kth_key, except that an early stop may come at another trial.
+    COARSE > 0 resolves only that many bits below the highest differing one: a threshold with at least K keys
+    >= it, not the exact K-th key (enough for an estimate)."""
     lo = tl.min(tl.where(m, key, 0xFFFFFFFF), axis=0).to(tl.uint32)
     hi = tl.max(tl.where(m, key, 0), axis=0).to(tl.uint32)
     d = lo ^ hi  # smeared: every bit at or below the highest differing one set
@@ -68,7 +71,12 @@ def _kth_key_in_range(key, m, K, floor):
     d = d | (d >> 16)
     # from the common prefix (at or below every valid key, so at least K keys are >= it) and the highest differing
     # bit (0 when every valid key is equal: the prefix is then the answer)
-    return _bisect(key, K, floor, lo & ~d, d ^ (d >> 1))
+    high = d ^ (d >> 1)
+    if COARSE > 0:
+        last = high >> COARSE
+    else:
+        last = high * 0
+    return _bisect(key, K, floor, lo & ~d, high, last)
 
 
 @triton.jit

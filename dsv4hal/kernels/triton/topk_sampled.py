@@ -37,7 +37,7 @@ BLOCK = 1024  # scores a filter step holds (one atomic reserves the slots of a s
 
 @triton.jit
 def _sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, S, K: tl.constexpr, NS: tl.constexpr,
-                   MARGIN_: tl.constexpr, RANGE: tl.constexpr):
+                   MARGIN_: tl.constexpr, RANGE: tl.constexpr, COARSE: tl.constexpr):
     row = tl.program_id(0)
     n = tl.minimum(tl.load(len_ptr + row), S)  # a length past S (refused in checked mode) reads no further
     tl.store(count_ptr + row, 0)
@@ -52,7 +52,7 @@ def _sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, S, K: tl.c
         r = (2 * K * nv + n - 1) // n + MARGIN_
         if r < nv:
             if RANGE:
-                thr = _kth_key_in_range(key, m, r, 0)
+                thr = _kth_key_in_range(key, m, r, 0, COARSE)
             else:
                 thr = _kth_key(key, r, 0)
     tl.store(thr_ptr + row, thr.to(tl.int32, bitcast=True))
@@ -105,7 +105,7 @@ def _select_kernel(len_ptr, count_ptr, ckey_ptr, cidx_ptr, gate_ptr, raw_ptr, pa
             key = tl.where(m, tl.load(ckey_ptr + cand, mask=m, other=0).to(tl.uint32, bitcast=True), 0)
             # m tells a real key 0 (an all-ones NaN) from an empty slot
             if RANGE:
-                thr = _kth_key_in_range(key, m, K, 0)
+                thr = _kth_key_in_range(key, m, K, 0, 0)
             else:
                 thr = _kth_key(key, K, 0)
             ok, pos = _select_slots(key, m, thr, K)
@@ -123,7 +123,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     if b == 0:
         return raw, pages
     cfg = {"nsample": NSAMPLE, "cap": CAP, "margin": MARGIN, "chunk": CHUNK, "block": BLOCK, "range": False,
-           "passes": 4, **(config or {})}
+           "coarse": 0, "passes": 4, **(config or {})}
     ns, cap = cfg["nsample"], cfg["cap"]
     assert cap >= k and all(v & (v - 1) == 0 for v in (ns, cap, cfg["block"])), "power-of-two tiles, cap >= k"
     dev = scores.device
@@ -132,10 +132,11 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     gate = torch.empty(b, dtype=torch.int32, device=dev)
     ckey = torch.empty(b, cap, dtype=torch.int32, device=dev)
     cidx = torch.empty(b, cap, dtype=torch.int32, device=dev)
-    # "range": bisections from the keys' common high bits; "passes" < 4 stops early (per-pass timing only: the
-    # outputs are then incomplete)
+    # "range": bisections from the keys' common high bits; "coarse" (with range): the sample threshold resolved to
+    # that many bits below them only (an estimate needs no more); "passes" < 4 stops early (per-pass timing only:
+    # the outputs are then incomplete)
     _sample_kernel[(b,)](scores, scores.stride(0), lengths, thr, count, s, K=k, NS=ns, MARGIN_=cfg["margin"],
-                         RANGE=cfg["range"], num_warps=_warps(ns))
+                         RANGE=cfg["range"], COARSE=cfg["coarse"], num_warps=_warps(ns))
     if cfg["passes"] >= 2:
         _filter_kernel[(b, max(1, triton.cdiv(s, cfg["chunk"])))](
             scores, scores.stride(0), lengths, thr, count, ckey, cidx, s, K=k, CAP_=cap, CHUNK_=cfg["chunk"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import os
 import threading
 import weakref
@@ -213,8 +214,15 @@ class BoundOp(Generic[P, R]):
         None: the op's default class (decode)."""
         if self._weights_pos < 0:
             raise Dsv4HalError(f"op {self.name} has no weights to prepare")
-        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
-            raise InvalidArgumentError(self.name, "tokens", "an int >= 1 (or None: the decode class)", repr(tokens))
+        if tokens is not None:
+            given = tokens
+            try:  # any integer (a numpy or torch scalar too), never a bool or a float
+                tokens = -1 if isinstance(tokens, bool) else operator.index(tokens)
+            except TypeError:
+                tokens = -1
+            if tokens < 1:
+                raise InvalidArgumentError(self.name, "tokens", "an integer >= 1 (or None: the decode class)",
+                                           repr(given))
         self._validate_weights(weights, checked=self.platform.checked)
         case = dict(self._weights_case(weights, tokens))
         p = self.platform

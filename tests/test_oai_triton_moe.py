@@ -187,6 +187,8 @@ def test_prepare_weights_states_the_token_class() -> None:
     assert op.prepare_weights(_weights()).case["tokens"] == "decode"
     assert op.prepare_weights(_weights(), tokens=64).case["tokens"] == "decode"
     assert op.prepare_weights(_weights(), tokens=65).case["tokens"] == "prefill"
-    for bad in (0, -3, 2.5, True, "4096"):
-        with pytest.raises(InvalidArgumentError, match="tokens"):
+    assert op.prepare_weights(_weights(), tokens=torch.tensor(4096)).case["tokens"] == "prefill"  # any integer
+    for bad in (0, -3, 2.5, True, "4096", torch.tensor(1.5)):
+        with pytest.raises(InvalidArgumentError, match="tokens") as err:
             op.prepare_weights(_weights(), tokens=bad)  # type: ignore[arg-type]
+        assert repr(bad) in str(err.value)  # the value given, as given

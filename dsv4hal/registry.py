@@ -170,8 +170,10 @@ class Registry:
             items = list(impls.values())
             for i, a in enumerate(items):
                 for b in items[i + 1:]:
-                    # the unconditional priorities, and both kernels' under each condition either one states
-                    cases = ({}, *(when for when, _ in (*a.priority_when, *b.priority_when)))
+                    # the unconditional priorities, and both kernels' under each condition either one states and
+                    # under each pair of their conditions together (a case may meet one of each)
+                    cases = ({}, *(when for when, _ in (*a.priority_when, *b.priority_when)),
+                             *({**wa, **wb} for wa, _ in a.priority_when for wb, _ in b.priority_when))
                     for plat in _shared_platforms(a, b, self.platforms):
                         tied = next((c for c in cases if a.priority_for(plat, c) == b.priority_for(plat, c)), None)
                         if tied is not None:

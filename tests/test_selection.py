@@ -175,6 +175,15 @@ def test_conditional_priority_tie_is_a_registry_error() -> None:
     with pytest.raises(RegistryError, match="priority 5 for cases \\[tokens=prefill\\]"):
         registry_with(("p", plugin_module("p", plugin)), strict=True)
 
+    def both(registry):  # noqa: ANN001, ANN202  (each raised under its own condition: a case can meet both)
+        registry.add_kernel(KernelImpl(op=OP, name="a", target="m:f", platforms=("cuda_sm90",), priority=5,
+                                       priority_when=(({"format": "mxfp4"}, 8),)))
+        registry.add_kernel(KernelImpl(op=OP, name="b", target="m:f", platforms=("cuda_sm90",), priority=3,
+                                       priority_when=(({"tokens": "prefill"}, 8),)))
+
+    with pytest.raises(RegistryError, match="priority 8 for cases \\[format=mxfp4, tokens=prefill\\]"):
+        registry_with(("p", plugin_module("p", both)), strict=True)
+
 
 def test_duplicate_kernel_name_rejected_and_plugin_reported() -> None:
     def dup(registry):  # noqa: ANN001, ANN202

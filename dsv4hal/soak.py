@@ -147,8 +147,8 @@ class CheckingOps:
             self._check(name, out, args, kwargs, before_a, before_k)
             return out
 
-        def prepare_weights(weights: Any) -> Any:  # remember the logical weights for the reference
-            prepared = op.prepare_weights(weights)
+        def prepare_weights(weights: Any, **kwargs: Any) -> Any:  # remember the logical weights for the reference
+            prepared = op.prepare_weights(weights, **kwargs)
             self._weights[id(prepared)] = weights
             return prepared
 

@@ -64,7 +64,8 @@ class DemoModel:
             for name in ("attn", "ffn"):
                 w[f"hc_{name}"] = (rnd(24, 4 * d, scale=0.01, dtype=torch.float32), torch.zeros(24, device=dev),
                                    torch.ones(3, device=dev))
-            w["experts"] = self.ops.moe_experts.prepare_weights(self._experts(randn))
+            # prepared for a decode step's token count, as an engine serving this batch would
+            w["experts"] = self.ops.moe_experts.prepare_weights(self._experts(randn), tokens=batch)
             if ratio:
                 coff = 2 if ratio == 4 else 1
                 w.update(wkv_gate=rnd(2 * coff * D_HEAD, d, scale=d ** -0.5),

@@ -46,7 +46,7 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
         e, h, i, k = p["E"], p["H"], p["I"], p["top_k"]
         weights = _expert_weights(p, torch.device("cuda"), gen)
         impls = {}
-        for name in candidates(platform, "moe_experts", case={**case_expert_weights(weights), "tokens": "decode"}):
+        for name in candidates(platform, "moe_experts", case=case_expert_weights(weights)):  # decode-class case
             op = bound_op(platform, "moe_experts", name)
             try:
                 impls[name] = (op, op.prepare_weights(weights))

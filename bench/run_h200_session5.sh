@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # The H200 plan after the fourth session (2026-12-01): what that session changed without a GPU left to check it.
-# Three calls back to back (a machine goes back after 30 s idle; a process dies with its call). Results are written
+# Two calls back to back (a machine goes back after 30 s idle; a process dies with its call). Results are written
 # straight into the call's output folder, so a call cut short still brings back what it finished:
 #   R=$OUT bash bench/run_h200_session5.sh verify   # GPU tests of the FP8 decoder fix, the triton_kernels MoE and the
 #                                                   # pack_store tiles; the compiled decode graph; the new MoE forced
 #   R=$OUT bash bench/run_h200_session5.sh conform  # conformance of the new mHC kernels and of the FP8 psum MoE
 #                                                   # (now the static FP8 choice; so far checked by tune) forced, and
 #                                                   # of the cache ops
-#   R=$OUT bash bench/run_h200_session5.sh time     # MoE and mHC benches (with triton_kernels and DeepGEMM's
-#                                                   # mhc_pre), the lock re-tuned for those ops, host cost, demo
+# Its third call was not run as written: bench/run_h200_session6.sh (moe, topk, final, lock) took its place.
 set -uo pipefail
-part=${1:?verify, conform or time}
+part=${1:?verify or conform}
 source bench/h200_env.sh
 D="python3 -m dsv4hal"
 if [[ $part == verify ]]; then
@@ -25,7 +24,7 @@ if [[ $part == verify ]]; then
     DSV4HAL_KERNELS=moe_experts=triton_kernels_mxfp4_sm90 timeout 200 $D conformance --platform cuda_sm90 \
       --ops moe_experts --json "$R/conformance-cuda_sm90-moe-triton-kernels.json" --quiet | tail -2
   } 2>&1 | tee "$R/log-verify5.txt"
-elif [[ $part == conform ]]; then
+else
   {
     stamp "conformance: the DeepGEMM mHC kernels, the Triton post-then-pre, the FP8 psum MoE forced; the cache ops"
     DSV4HAL_KERNELS=mhc_pre=deepgemm_mhc_pre_sm90,mhc_post_pre=deepgemm_mhc_post_pre_sm90 timeout 160 $D conformance \
@@ -37,18 +36,4 @@ elif [[ $part == conform ]]; then
     timeout 90 $D conformance --platform cuda_sm90 --ops pack_store,dequant_gather \
       --json "$R/conformance-cuda_sm90-cache.json" --quiet | tail -2
   } 2>&1 | tee "$R/log-conform5.txt"
-else
-  {
-    stamp "MoE and mHC benches"
-    timeout 200 $D bench moe --json "$R/bench-moe.json" --plot "$R/bench-moe.png" 2>&1 | grep -v Warning | tail -30
-    timeout 90 $D bench mhc --quick --json "$R/bench-mhc.json" 2>&1 | grep -v Warning | tail -12
-    stamp "moe_experts, mhc_pre and mhc_post_pre re-tuned into the committed lock"
-    cp bench/results/h200/cuda_sm90.lock.json "$R/cuda_sm90.lock.json"
-    timeout 150 $D tune --platform cuda_sm90 --ops moe_experts,mhc_pre,mhc_post_pre --update \
-      --out "$R/cuda_sm90.lock.json" --markdown "$R/tune-moe-mhc.md" 2>&1 | tail -8
-    stamp "host cost, demo"
-    timeout 50 $D bench attention --quick --json "$R/bench-attention-host.json" 2>&1 | grep -v Warning | tail -6
-    timeout 100 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random \
-      --json "$R/demo-flash.json" --plot "$R/demo-flash.png" 2>&1 | tail -18
-  } 2>&1 | tee "$R/log-time5.txt"
 fi

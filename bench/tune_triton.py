@@ -21,7 +21,7 @@ from dsv4hal.bench.pools import random_pool
 from dsv4hal.bench.timing import copy_bandwidth, graph_us
 from dsv4hal.formats.v4_cache import V4PagedCache
 from dsv4hal.kernels.triton import sparse_attention as tattn
-from dsv4hal.kernels.triton import topk_sampled as ttopk
+from dsv4hal.kernels.triton import topk_sampled
 from dsv4hal.kernels.triton import v4_cache_kernels as tcache
 from dsv4hal.reference.indexer_topk import indexer_topk as ref_topk
 from dsv4hal.reference.pack_store import dequant_gather as ref_gather
@@ -144,13 +144,13 @@ def main() -> None:
         for c in TOPK_CONFIGS:
             name = "ns{nsample}-cap{cap}-range{range:d}-coarse{coarse}-chunk{chunk}".format(**c)
             try:
-                raw = ttopk.indexer_topk(scores, lengths, k, table, config=c)[0]
+                raw = topk_sampled.indexer_topk(scores, lengths, k, table, config=c)[0]
                 row["ok"][name] = bool(torch.equal(raw.sort(1).values, ref.sort(1).values))
                 row["us"][name] = graph_us(lambda c=c, s=scores, ln=lengths, k=k, t=table:
-                                           ttopk.indexer_topk(s, ln, k, t, config=c))
+                                           topk_sampled.indexer_topk(s, ln, k, t, config=c))
                 row.setdefault("us_passes", {})[name] = [  # cumulative: sample, +filter, +select, +fallback
                     graph_us(lambda c=c, p=p, s=scores, ln=lengths, k=k, t=table:
-                             ttopk.indexer_topk(s, ln, k, t, config={**c, "passes": p})) for p in (1, 2, 3)]
+                             topk_sampled.indexer_topk(s, ln, k, t, config={**c, "passes": p})) for p in (1, 2, 3)]
             except Exception as exc:
                 row["ok"][name] = f"{type(exc).__name__}: {str(exc)[:200]}"
         out["topk"].append(row)

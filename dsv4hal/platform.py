@@ -215,14 +215,14 @@ class BoundOp(Generic[P, R]):
         if self._weights_pos < 0:
             raise Dsv4HalError(f"op {self.name} has no weights to prepare")
         if tokens is not None:
-            given = tokens
             try:  # any integer (a numpy or torch scalar too), never a bool or a float
-                tokens = -1 if isinstance(tokens, bool) else operator.index(tokens)
+                count = -1 if isinstance(tokens, bool) else operator.index(tokens)
             except TypeError:
-                tokens = -1
-            if tokens < 1:
+                count = -1
+            if count < 1:
                 raise InvalidArgumentError(self.name, "tokens", "an integer >= 1 (or None: the decode class)",
-                                           repr(given))
+                                           repr(tokens))
+            tokens = count
         self._validate_weights(weights, checked=self.platform.checked)
         case = dict(self._weights_case(weights, tokens))
         p = self.platform

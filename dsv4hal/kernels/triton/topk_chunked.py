@@ -30,7 +30,7 @@ import triton.language as tl
 
 from dsv4hal.errors import UnsupportedCaseError
 from dsv4hal.kernels.triton.topk import _order_key, _store_selected, gate_open, topk_outputs
-from dsv4hal.kernels.triton.topk_row import MAX_ROW, _kth_key, _select_slots, _store_first
+from dsv4hal.kernels.triton.topk_row import MAX_ROW, _kth_key, _select_slots, _store_first, tile_warps
 
 MAX_CAND = MAX_ROW  # candidates stage 2 holds in one tile: nchunks * k <= 16384
 MAX_CHUNK = MAX_ROW  # scores a stage-1 program holds in registers
@@ -100,16 +100,12 @@ def _merge_topk_kernel(len_ptr, ckey_ptr, cidx_ptr, drop_ptr, raw_ptr, page_ptr,
         _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT, HAS_PT)
 
 
-def _warps(block: int) -> int:
-    return min(16, max(4, block // 1024))  # ~32 keys a thread, as in the row kernel
-
-
 def launch_config(s: int, k: int) -> dict[str, int]:
     """chunk: the smallest power of two >= MIN_CHUNK whose candidates (cdiv(s, chunk) * k) fit stage 2."""
     chunk = MIN_CHUNK
     while chunk < MAX_CHUNK and triton.cdiv(s, chunk) * k > MAX_CAND:
         chunk *= 2
-    return {"chunk": chunk, "num_warps": _warps(chunk)}
+    return {"chunk": chunk, "num_warps": tile_warps(chunk)}
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
@@ -146,11 +142,11 @@ def launch(scores: torch.Tensor, lengths: torch.Tensor, k: int, raw: torch.Tenso
     g = gate if gate is not None else drop
     _chunk_topk_kernel[(b, nchunks)](scores, scores.stride(0), lengths, ckey, cidx, drop, g, s, ncand, nchunks, K=k,
                                      CHUNK=chunk, HAS_GATE=gate is not None,
-                                     num_warps=cfg.get("num_warps", _warps(chunk)))
+                                     num_warps=cfg.get("num_warps", tile_warps(chunk)))
     pt = page_table if page_table is not None else raw
     cblock = triton.next_power_of_2(ncand)
     _merge_topk_kernel[(b,)](lengths, ckey, cidx, drop, raw, pages if pages is not None else raw, pt, pt.stride(0),
                              g, s, pt.shape[1], ncand, nchunks, K=k, CHUNK=chunk, CBLOCK=cblock,
                              NBLOCK=triton.next_power_of_2(nchunks),
                              PAGE_SHIFT=page_size.bit_length() - 1, HAS_PT=page_table is not None,
-                             HAS_GATE=gate is not None, num_warps=cfg.get("merge_warps", _warps(cblock)))
+                             HAS_GATE=gate is not None, num_warps=cfg.get("merge_warps", tile_warps(cblock)))

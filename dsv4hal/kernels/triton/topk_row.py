@@ -128,7 +128,13 @@ def _row_topk_kernel(scores_ptr, stride_s, len_ptr, raw_ptr, page_ptr, pt_ptr, s
 def launch_config(s: int) -> dict[str, int]:
     """BLOCK: the row padded to a power of two; warps: ~32 keys a thread (4 warps at least, 16 at most)."""
     block = max(triton.next_power_of_2(max(s, 1)), MIN_BLOCK)
-    return {"block": block, "num_warps": min(16, max(4, block // 1024))}
+    return {"block": block, "num_warps": tile_warps(block)}
+
+
+def tile_warps(block: int) -> int:
+    """Warps for a program holding `block` keys as one register tile: ~32 keys a thread, 4 warps at least, 16 at
+    most (the row, chunked and sampled top-k kernels)."""
+    return min(16, max(4, block // 1024))
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from dsv4hal.kernels.triton import topk, topk_chunked
 from dsv4hal.kernels.triton.topk import _order_key, _store_selected, topk_outputs
-from dsv4hal.kernels.triton.topk_row import _kth_key, _kth_key_in_range, _select_slots, _store_first
+from dsv4hal.kernels.triton.topk_row import _kth_key, _kth_key_in_range, _select_slots, _store_first, tile_warps
 
 NSAMPLE = 4096  # scores sampled a row: the threshold's rank error is ~sqrt(r) of the ~2k target
 CAP = 4096  # candidates the select program holds (one register tile): ~2k expected, at k <= 1024
@@ -112,10 +112,6 @@ def _select_kernel(len_ptr, count_ptr, ckey_ptr, cidx_ptr, gate_ptr, raw_ptr, pa
             _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT, HAS_PT)
 
 
-def _warps(block: int) -> int:
-    return min(16, max(4, block // 1024))  # ~32 keys a thread, as in the row kernel
-
-
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
                  page_size: int = 64, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     b, s = scores.shape
@@ -136,7 +132,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     # that many bits below them only (an estimate needs no more); "passes" < 4 stops early (per-pass timing only:
     # the outputs are then incomplete)
     _sample_kernel[(b,)](scores, scores.stride(0), lengths, thr, count, s, K=k, NS=ns, MARGIN_=cfg["margin"],
-                         RANGE=cfg["range"], COARSE=cfg["coarse"], num_warps=_warps(ns))
+                         RANGE=cfg["range"], COARSE=cfg["coarse"], num_warps=tile_warps(ns))
     if cfg["passes"] >= 2:
         _filter_kernel[(b, max(1, triton.cdiv(s, cfg["chunk"])))](
             scores, scores.stride(0), lengths, thr, count, ckey, cidx, s, K=k, CAP_=cap, CHUNK_=cfg["chunk"],
@@ -145,7 +141,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     if cfg["passes"] >= 3:
         _select_kernel[(b,)](lengths, count, ckey, cidx, gate, raw, pages if pages is not None else raw, pt,
                              pt.stride(0), s, pt.shape[1], K=k, CAP_=cap, PAGE_SHIFT=page_size.bit_length() - 1,
-                             HAS_PT=page_table is not None, RANGE=cfg["range"], num_warps=_warps(cap))
+                             HAS_PT=page_table is not None, RANGE=cfg["range"], num_warps=tile_warps(cap))
     if cfg["passes"] >= 4:
         # the exact fallback for flagged rows; which one is a matter of the width only (a shape: no sync)
         fallback = topk_chunked.launch if s <= topk_chunked.max_width(k) else topk.launch

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ from dsv4hal.bench.pools import random_pool
 from dsv4hal.bench.timing import copy_bandwidth, graph_us
 from dsv4hal.formats.v4_cache import V4PagedCache
 from dsv4hal.kernels.triton import sparse_attention as tattn
-from dsv4hal.kernels.triton import topk_sampled
+from dsv4hal.kernels.triton import topk_row, topk_sampled
 from dsv4hal.kernels.triton import v4_cache_kernels as tcache
 from dsv4hal.reference.indexer_topk import indexer_topk as ref_topk
 from dsv4hal.reference.pack_store import dequant_gather as ref_gather
@@ -31,13 +32,19 @@ from dsv4hal.reference.sparse_attention import sparse_attention_decode as ref_de
 ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
                 for bh, bk, w, st in ((32, 32, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2),
                                       (32, 64, 4, 2), (64, 32, 4, 3), (16, 32, 4, 2), (64, 16, 4, 2))]
-# the sampled top-k (the static kernel for rows wider than 16384): samples, candidate tile, the bisections from the
-# keys' common high bits, the sample threshold's resolution, filter chunk; each also timed pass by pass (cumulative)
-TOPK_CONFIGS = [dict(nsample=ns, cap=cap, range=r, coarse=co, chunk=c)
-                for ns, cap, r, co, c in ((4096, 4096, False, 0, 4096), (4096, 4096, True, 0, 4096),
-                                          (4096, 4096, True, 16, 4096), (4096, 4096, True, 12, 4096),
-                                          (2048, 4096, True, 16, 4096), (2048, 4096, False, 0, 4096),
-                                          (4096, 4096, True, 16, 8192), (4096, 8192, True, 16, 4096))]
+# the sampled top-k (the static kernel for rows wider than 16384): samples, the bisections from the keys' common high
+# bits, the sample threshold's resolution, the filter's chunk a program. Each also timed pass by pass (cumulative). This
+# session's three sweeps (some options tried there were taken out again, measured slower: two bits a bisection
+# step, the interval in thirds, an early-stopping sample search, an atomic a candidate):
+# tune-triton-topk-sweep1.json and -sweep2.json, and the third in log-session6.txt (its JSON did not come back). The
+# first here is the default for <= 8 rows (when the expected candidates fit; topk_sampled.default_config), the second
+# for more.
+TOPK_CONFIGS = [dict(nsample=ns, range=r, coarse=co, chunk=c, block=min(c, 1024))
+                for ns, r, co, c in ((2048, True, 0, 1024), (4096, True, 0, 1024), (2048, False, 0, 1024),
+                                     (2048, True, 16, 1024), (2048, True, 0, 2048), (4096, True, 0, 4096))]
+# the row kernel (static for rows up to 16384: the demo's 64 x 8192): warps
+ROW_CONFIGS = [dict(num_warps=w) for w in (8, 16)]
+ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512)]
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
 TOPK_SHAPES = [(64, 262144, 512), (8, 262144, 512), (1, 262144, 512), (64, 65536, 1024)]
@@ -94,6 +101,29 @@ def _cache_rows(gen: torch.Generator) -> list[dict]:
     return rows
 
 
+def _topk_inputs(b: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """Random scores of b full rows of n, a page table, the reference's indices and a result row with torch.topk
+    timed."""
+    scores = torch.randn(b, n, device="cuda")
+    lengths = torch.full((b,), n, device="cuda", dtype=torch.int32)
+    table = torch.randint(0, 1 << 16, (b, n // 64), device="cuda", dtype=torch.int32)
+    row = {"B": b, "N": n, "k": k, "us": {"torch.topk": graph_us(lambda s=scores, k=k: torch.topk(s, k, dim=1))},
+           "ok": {}}
+    return scores, lengths, table, ref_topk(scores, lengths, k, table)[0], row
+
+
+def _time_topk(row: dict, name: str, ref: torch.Tensor, run: Callable[[], tuple]) -> bool:
+    """Check one config's indices against the reference's, then time it (graph); a config that fails to compile
+    or run is recorded, not fatal. Whether it ran."""
+    try:
+        row["ok"][name] = bool(torch.equal(run()[0].sort(1).values, ref.sort(1).values))
+        row["us"][name] = graph_us(run)
+        return True
+    except Exception as exc:
+        row["ok"][name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return False
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
@@ -135,24 +165,30 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")  # partial results survive a time-out
     for b, n, k in TOPK_SHAPES if "topk" in ops else ():
-        scores = torch.randn(b, n, device="cuda")
-        lengths = torch.full((b,), n, device="cuda", dtype=torch.int32)
-        table = torch.randint(0, 1 << 16, (b, n // 64), device="cuda", dtype=torch.int32)
-        row = {"B": b, "N": n, "k": k, "us": {"torch.topk": graph_us(lambda s=scores, k=k: torch.topk(s, k, dim=1))},
-               "ok": {}}
-        ref = ref_topk(scores, lengths, k, table)[0]
+        scores, lengths, table, ref, row = _topk_inputs(b, n, k)
+        for ns in (2048, 4096):  # the sample estimate's candidate count c a row (exact search, no slack): k <= c <= CAP
+            r = -(-2 * k * ns // n) + topk_sampled.MARGIN  # or the row falls back
+            t = scores[:, torch.arange(ns, device="cuda") * n // ns].topk(r, dim=1).values[:, -1:]
+            c = (scores >= t).sum(1)
+            row.setdefault("estimate", {})[f"ns{ns}"] = {"c_min": int(c.min()), "c_max": int(c.max()), "misses": int(
+                ((c < k) | (c > topk_sampled.CAP)).sum())}
         for c in TOPK_CONFIGS:
-            name = "ns{nsample}-cap{cap}-range{range:d}-coarse{coarse}-chunk{chunk}".format(**c)
-            try:
-                raw = topk_sampled.indexer_topk(scores, lengths, k, table, config=c)[0]
-                row["ok"][name] = bool(torch.equal(raw.sort(1).values, ref.sort(1).values))
-                row["us"][name] = graph_us(lambda c=c, s=scores, ln=lengths, k=k, t=table:
-                                           topk_sampled.indexer_topk(s, ln, k, t, config=c))
+            name = "ns{nsample}-range{range:d}-coarse{coarse}-chunk{chunk}".format(**c)
+            if _time_topk(row, name, ref, lambda c=c, s=scores, ln=lengths, k=k, t=table:
+                          topk_sampled.indexer_topk(s, ln, k, t, config=c)):
                 row.setdefault("us_passes", {})[name] = [  # cumulative: sample, +filter, +select, +fallback
                     graph_us(lambda c=c, p=p, s=scores, ln=lengths, k=k, t=table:
                              topk_sampled.indexer_topk(s, ln, k, t, config={**c, "passes": p})) for p in (1, 2, 3)]
-            except Exception as exc:
-                row["ok"][name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        out["topk"].append(row)
+        print(json.dumps(row), flush=True)
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    for b, n, k in ROW_SHAPES if "topk" in ops else ():
+        scores, lengths, table, ref, row = _topk_inputs(b, n, k)
+        row = {"kernel": "triton_row_topk", **row, "default": topk_row.launch_config(n)}
+        for c in ROW_CONFIGS:
+            name = "w{num_warps}".format(**c)
+            _time_topk(row, name, ref, lambda c=c, s=scores, ln=lengths, k=k, t=table:
+                       topk_row.indexer_topk(s, ln, k, t, config=c))
         out["topk"].append(row)
         print(json.dumps(row), flush=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -96,7 +96,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 # Case features whose values are a closed set (others: a non-negative int, a bool, or a word, as the default is).
 CASE_CHOICES: dict[str, tuple[object, ...]] = {
     "fp8": ("e4m3fn", "e4m3fnuz"), "h_q": (64, 128), "compress_ratio": (0, 4, 128), "ratio": (4, 128),
-    "format": ("mxfp4", "fp8_block"), "tokens": ("decode", "prefill"), "size": ("small", "large")}
+    "format": ("mxfp4", "fp8_block"), "tokens": ("few", "decode", "prefill"), "size": ("small", "large")}
 
 
 def _case_value(op: str, key: str, raw: str, default: object) -> object:

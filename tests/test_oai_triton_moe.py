@@ -109,14 +109,14 @@ def _weights(fmt: str = "mxfp4", h: int = 256, i: int = 128):  # noqa: ANN202
     return quantize_experts(torch.randn(4, 2 * i, h, generator=g) * 0.1, torch.randn(4, h, i, generator=g) * 0.1, fmt)
 
 
-def test_selection_below_marlin_for_decode_above_it_for_prefill_and_reasons() -> None:
+def test_selection_below_marlin_for_few_tokens_above_it_from_nine_and_reasons() -> None:
     both = {"triton_kernels": "1", "vllm_moe": "0.24"}
-    for tokens in (None, 1, 64):  # decode (the default class): Marlin
+    for tokens in (None, 1, 8):  # the class few (the default): Marlin
         d = _decide(case_expert_weights(_weights(), tokens), both)
         cand = {c.name: c for c in d.candidates}
         assert d.chosen.name == "marlin_mxfp4_sm90" and cand[oai.NAME].status == "eligible"
         assert cand["marlin_mxfp4_sm90"].priority > cand[oai.NAME].priority > cand["triton_fused_moe"].priority
-    for tokens in (65, 4096):  # weights prepared for prefill: triton_kernels, measured faster from T = 64 up
+    for tokens in (9, 64, 65, 4096):  # decode and prefill: triton_kernels, measured faster from T = 16 up
         d = _decide(case_expert_weights(_weights(), tokens), both)
         cand = {c.name: c for c in d.candidates}
         assert d.chosen.name == oai.NAME and cand["marlin_mxfp4_sm90"].status == "eligible"
@@ -184,7 +184,9 @@ def test_prepare_weights_states_the_token_class() -> None:
     from dsv4hal.errors import InvalidArgumentError
 
     op = dsv4hal.select_platform("cpu").ops.moe_experts
-    assert op.prepare_weights(_weights()).case["tokens"] == "decode"
+    assert op.prepare_weights(_weights()).case["tokens"] == "few"
+    assert op.prepare_weights(_weights(), tokens=8).case["tokens"] == "few"
+    assert op.prepare_weights(_weights(), tokens=9).case["tokens"] == "decode"
     assert op.prepare_weights(_weights(), tokens=64).case["tokens"] == "decode"
     assert op.prepare_weights(_weights(), tokens=65).case["tokens"] == "prefill"
     assert op.prepare_weights(_weights(), tokens=torch.tensor(4096)).case["tokens"] == "prefill"  # any integer

@@ -191,7 +191,7 @@ def test_validate_experts_accepts_good_args(fmt: str):
     validate_moe_experts(**args, checked=True)
     assert case_moe_experts(**args) == {
         "format": fmt, "fp8": "e4m3fn" if fmt == "fp8_block" else None, "E": 5, "H": 64, "I": 32, "top_k": 2,
-        "tokens": "decode",
+        "tokens": "few",  # T = 4
     }
     hash(frozenset(case_moe_experts(**args).items()))
 
@@ -294,7 +294,7 @@ def test_validate_route():
     with pytest.raises(InvalidArgumentError, match="index 20"):
         validate_moe_route(logits, None, 6, 1.5, table, torch.tensor([0, 20, 1]), checked=True)
     assert case_moe_route(logits, torch.zeros(8), 6) == {"hash": False, "bias": True, "E": 8, "top_k": 6,
-                                                         "tokens": "decode"}
+                                                         "tokens": "few"}  # T <= 8
     assert case_moe_route(torch.zeros(65, 8), None, 6, 1.5, table, torch.zeros(65, dtype=torch.long))["hash"]
 
 

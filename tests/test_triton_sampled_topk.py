@@ -149,6 +149,20 @@ def test_bisection_from_the_common_high_bits(s: int, k: int, coarse: int, fallba
     assert fallbacks["topk_chunked"].tolist() == [0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
 
 
+def test_samples_by_batch_and_expected_candidates() -> None:
+    """Fewer samples (cheaper; a fallback for ~6.6e-4 of rows at k=512 over 256K) for calls of up to FEW_ROWS rows
+    whose expected candidates (2k + MARGIN * width / samples) fill at most half the tile; otherwise the sample that
+    practically never falls back (at k=1024 over 256K, 2048 samples expect 3072 of the 4096 slots)."""
+    rows, cfg = topk_sampled.FEW_ROWS, topk_sampled.default_config
+    few = topk_sampled.NSAMPLE_FEW_ROWS
+    assert cfg(rows, 262144, 512)["nsample"] == cfg(1, 65536, 512)["nsample"] == few < topk_sampled.NSAMPLE
+    for shape in ((rows + 1, 262144, 512), (1, 262144, 1024), (1, 65536, 1024), (64, 65536, 512)):
+        assert cfg(*shape)["nsample"] == topk_sampled.NSAMPLE
+    many = cfg(rows + 1, 262144, 512)
+    assert {k: v for k, v in cfg(1, 262144, 512).items() if k != "nsample"} == {
+        k: v for k, v in many.items() if k != "nsample"}
+
+
 def test_passes_stop_early_for_timing(fallbacks: dict[str, Any]) -> None:
     """passes < 4 (bench/tune_triton.py's per-pass timing) leaves the later passes out: no fallback is launched."""
     s, k = 20000, 512

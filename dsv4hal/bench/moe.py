@@ -22,7 +22,7 @@ from dsv4hal.ops.moe import case_expert_weights
 from dsv4hal.reference.moe import dequantize_expert, expert_nbytes, per_expert_sum, swiglu_mlp
 
 SHAPE = "flash"
-TOKENS = (1, 8, 64, 512, 4096)
+TOKENS = (1, 8, 16, 32, 64, 512, 4096)  # 16 and 32: where MXFP4 decode crosses from Marlin to triton_kernels
 QUICK_TOKENS = (1, 64, 4096)
 EP_TOKENS = (64, 4096)  # expert-parallel inputs: these token counts again with a share of routes dropped
 EP_DROPPED = (0.5, 0.9)

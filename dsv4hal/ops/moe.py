@@ -30,12 +30,18 @@ from dsv4hal.prepared import PreparedWeights
 
 ROUTE_OP = "moe_route"
 EXPERTS_OP = "moe_experts"
-DECODE_MAX_TOKENS = 64  # token-count class boundary: T <= 64 is "decode", larger is "prefill"
+# token-count classes: T <= 8 is "few", T <= 64 "decode", larger "prefill". Kernels' speeds cross at these counts
+# (bench/results/h200/bench-moe.json: Marlin leads triton_kernels up to T = 8, 227 against 323 us, and trails it from
+# T = 16, 433 against 391 us), and a lock measures each class apart
+FEW_MAX_TOKENS = 8
+DECODE_MAX_TOKENS = 64
 FP8_BLOCK = 128
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def token_class(num_tokens: int) -> str:
+    if num_tokens <= FEW_MAX_TOKENS:
+        return "few"
     return "decode" if num_tokens <= DECODE_MAX_TOKENS else "prefill"
 
 
@@ -182,7 +188,7 @@ def validate_expert_weights(weights: object, *, checked: bool = False) -> Expert
 
 def case_expert_weights(weights: ExpertWeights, tokens: int | None = None) -> dict[str, Any]:
     """Features of the logical weights that fix the kernel (and so the layout), and the token class the weights
-    are prepared for (`tokens` per call expected; None: decode), as a call's case states it."""
+    are prepared for (`tokens` per call expected; None: one), as a call's case states it."""
     return {"format": weights.format, "fp8": weights.fp8 if weights.format == "fp8_block" else None,
             "E": weights.num_experts, "H": weights.hidden, "I": weights.intermediate,
             "tokens": token_class(1 if tokens is None else tokens)}

@@ -26,10 +26,11 @@ DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200
 # 50-90% of the routes dropped for expert parallelism); slower only for one token (98.7 against 75.1 us)
 DEEPGEMM_MOE_PSUM_PRIORITY = 291
 # OpenAI's triton_kernels (vLLM 0.24's bundle) for MXFP4 experts, against Marlin on the H200 (V4-Flash, bench-moe.json,
-# 2026-12-01): 1.11x faster at T=64, 1.19x at 512, 1.95x at 4096 (0.49 of the bf16 peak), but 3.0x slower at T=1 and
-# 1.43x at T=8. Weights prepared for prefill (prepare_weights(tokens > 64)) get it; decode keeps Marlin
+# 2026-12-01, sixth session): 1.11x faster at T=16, 1.09x at 32, 1.13x at 64, 1.24x at 512, 1.96x at 4096 (0.49 of the
+# bf16 peak), but 2.9x slower at T=1 and 1.42x at T=8. Weights prepared for more than 8 tokens a call
+# (prepare_weights(tokens=...), the classes decode and prefill) get it; the class few keeps Marlin
 OAI_TRITON_MOE_PRIORITY = 250
-OAI_TRITON_MOE_PREFILL_PRIORITY = 310
+OAI_TRITON_MOE_CLASS_PRIORITY = 310
 ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (same file)
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
 # mhc_pre and mhc_post_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): above the Triton kernels
@@ -103,7 +104,7 @@ def register(registry: Registry) -> None:
         (oai_triton_moe.LIBRARY,), oai_triton_moe.LAYOUT, oai_triton_moe.supports,
         "triton_kernels matmul_ogs (vLLM 0.24's bundle; W4A16 MXFP4 in the Hopper layouts): routing from the top-k, "
         "GEMM1 with DSV4's clamped SwiGLU fused, GEMM2 with the routing weights and the per-token sum",
-        priority_when=(({"tokens": "prefill"}, OAI_TRITON_MOE_PREFILL_PRIORITY),)))
+        priority_when=tuple(({"tokens": c}, OAI_TRITON_MOE_CLASS_PRIORITY) for c in ("decode", "prefill"))))
     registry.add_kernel(KernelImpl(
         op="moe_route", name=vllm_router.NAME, target="dsv4hal_cuda_sm90.vllm_router:moe_route",
         platforms=(PLATFORM,), priority=ROUTER_PRIORITY, tier="vendor", supports=vllm_router.supports,

@@ -18,8 +18,8 @@ contiguous) and converted to HopperMXValueLayout / HopperMXScaleLayout (mx_axis 
 so that the conversion's temporaries stay small. The kernel then needs bf16 activations, and H and I multiples of
 128 (block_k 128; block_n 256 with 8 warps).
 
-On the H200 (2026-12-01; conformance 32 pass): 1.11-1.95x Marlin from T = 64 up, 1.4-3x slower at T <= 8; ranked
-above Marlin for weights prepared for prefill (`prepare_weights(tokens > 64)`), below it for decode.
+On the H200 (2026-12-01; conformance 32 pass): 1.09-1.96x Marlin from T = 16 up, 1.4-3x slower at T <= 8; ranked
+above Marlin for weights prepared for more than 8 tokens a call (`prepare_weights(tokens > 8)`), below it for fewer.
 This module imports torch and triton_kernels only inside functions: registering the plugin stays free."""
 
 from __future__ import annotations

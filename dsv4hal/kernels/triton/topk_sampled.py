@@ -28,10 +28,21 @@ from dsv4hal.kernels.triton import topk, topk_chunked
 from dsv4hal.kernels.triton.topk import _order_key, _store_selected, topk_outputs
 from dsv4hal.kernels.triton.topk_row import _kth_key, _kth_key_in_range, _select_slots, _store_first, tile_warps
 
-NSAMPLE = 4096  # scores sampled a row: the threshold's rank error is ~sqrt(r) of the ~2k target
+# Scores sampled a row: the threshold's rank error is ~sqrt(r) of the ~2k target. At k = 512 over 256K scores,
+# 2048 samples (r = 16) leave a row more than CAP candidates with probability 6.6e-4 (the 16th largest sample lies
+# past 4096 keys: P(Gamma(16) > 32)), and such a row falls back (~40 us on the H200); 4096 samples (r = 24) make it
+# 3e-9. 2048 samples cost ~2.5 us less (H200, log-final7.txt: 20.3 against 22.8 us at 1 x 256K), so they serve calls
+# of up to FEW_ROWS rows (a fallback in < 0.6% of calls) whose expected candidate count, 2k + MARGIN * S / 2048, is at
+# most half of CAP; 4096 the rest (at k = 1024 over 256K, 2048 samples expect 3072 candidates: P(> CAP) ~ 6%, and the
+# H200 measured a fallback there, 71.1 us; bench-topk.json).
+NSAMPLE = 4096
+NSAMPLE_FEW_ROWS = 2048
+FEW_ROWS = 8
 CAP = 4096  # candidates the select program holds (one register tile): ~2k expected, at k <= 1024
 MARGIN = 8  # samples added to the target rank, so that a short tail still yields >= k candidates
-CHUNK = 4096  # scores a filter program reads
+# scores a filter program reads, in one step: 1024 gave the fastest filter pass of 512-4096 on the H200 (at 1 x 256K
+# 3.2 against 8.4 us for 4096 in four steps: more programs in flight; tune-triton-topk-sweep2.json)
+CHUNK = 1024
 BLOCK = 1024  # scores a filter step holds (one atomic reserves the slots of a step's candidates)
 
 
@@ -112,14 +123,21 @@ def _select_kernel(len_ptr, count_ptr, ckey_ptr, cidx_ptr, gate_ptr, raw_ptr, pa
             _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT, HAS_PT)
 
 
+def default_config(rows: int, width: int, k: int) -> dict:
+    """The launch options for `rows` rows of `width` scores at `k`. range on: 1-2.5 us less at every shape timed (the
+    searches start below the bits the keys share)."""
+    few = rows <= FEW_ROWS and 2 * k + MARGIN * width // NSAMPLE_FEW_ROWS <= CAP // 2
+    return {"nsample": NSAMPLE_FEW_ROWS if few else NSAMPLE, "cap": CAP, "margin": MARGIN, "chunk": CHUNK,
+            "block": BLOCK, "range": True, "coarse": 0, "passes": 4}
+
+
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
                  page_size: int = 64, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     b, s = scores.shape
     raw, pages = topk_outputs(b, k, page_table is not None, scores.device)
     if b == 0:
         return raw, pages
-    cfg = {"nsample": NSAMPLE, "cap": CAP, "margin": MARGIN, "chunk": CHUNK, "block": BLOCK, "range": False,
-           "coarse": 0, "passes": 4, **(config or {})}
+    cfg = {**default_config(b, s, k), **(config or {})}
     ns, cap = cfg["nsample"], cfg["cap"]
     assert cap >= k and all(v & (v - 1) == 0 for v in (ns, cap, cfg["block"])), "power-of-two tiles, cap >= k"
     dev = scores.device

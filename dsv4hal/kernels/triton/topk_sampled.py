@@ -31,10 +31,10 @@ from dsv4hal.kernels.triton.topk_row import _kth_key, _kth_key_in_range, _select
 # Scores sampled a row: the threshold's rank error is ~sqrt(r) of the ~2k target. At k = 512 over 256K scores,
 # 2048 samples (r = 16) leave a row more than CAP candidates with probability 6.6e-4 (the 16th largest sample lies
 # past 4096 keys: P(Gamma(16) > 32)), and such a row falls back (~40 us on the H200); 4096 samples (r = 24) make it
-# 3e-9. 2048 samples cost ~2.5 us less (H200, log-final7.txt: 20.3 against 22.8 us at 1 x 256K), so they serve calls
-# of up to FEW_ROWS rows (a fallback in < 0.6% of calls) whose expected candidate count, 2k + MARGIN * S / 2048, is at
-# most half of CAP; 4096 the rest (at k = 1024 over 256K, 2048 samples expect 3072 candidates: P(> CAP) ~ 6%, and the
-# H200 measured a fallback there, 71.1 us; bench-topk.json).
+# 3e-9. 2048 samples cost ~2.5 us less (H200, log-session6.txt, sweep 3: 20.3 against 22.8 us at 1 x 256K), so
+# they serve calls of up to FEW_ROWS rows (a fallback in < 0.6% of calls) whose expected candidate count,
+# 2k + MARGIN * S / 2048, is at most half of CAP; 4096 the rest (at k = 1024 over 256K, 2048 samples expect 3072
+# candidates: P(> CAP) ~ 6%, and the H200 measured a fallback there, 71.1 us; bench-topk.json).
 NSAMPLE = 4096
 NSAMPLE_FEW_ROWS = 2048
 FEW_ROWS = 8

@@ -5,7 +5,7 @@ no vendor platform is named here. The CPU platform gets them only under Triton's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.registry import KernelImpl, Registry
@@ -15,6 +15,7 @@ NATIVE_PRIORITY = 100  # below every vendor kernel (>= 250), above the reference
 INTERPRETED_PRIORITY = -10  # the CPU under TRITON_INTERPRET=1: below the reference, so only when forced
 PRIORITY = {"*": NATIVE_PRIORITY, "cpu": INTERPRETED_PRIORITY}
 _MOD = "dsv4hal.kernels.triton"
+Supports = Callable[[Mapping[str, object], PlatformInfo], list[str]]
 
 
 def interpreter_on_cpu(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
@@ -63,40 +64,33 @@ def register(registry: Registry) -> None:
     registry.add_kernel(KernelImpl(op="dequant_gather", name="triton_dequant_gather",
                                    target=f"{_MOD}.v4_cache_kernels:dequant_gather", layout="v4-584",
                                    description="cache rows to the bf16 prefill workspace", **common))
-    registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_radix_topk", target=f"{_MOD}.topk:indexer_topk",
-                                   description="radix select on order-preserving 32-bit keys (4 histogram levels "
-                                               "of 8 bits find the k-th key), then an atomic collect pass with the "
-                                               "page transform", **common))
+
+    def topk(name: str, module: str, offset: int, description: str, supports: Supports = interpreter_on_cpu) -> None:
+        """An indexer_topk kernel `offset` above (or below) the portable priority."""
+        registry.add_kernel(KernelImpl(op="indexer_topk", name=name, target=f"{_MOD}.{module}:indexer_topk",
+                                       description=description, **{**common, "supports": supports, "priority": {
+                                           p: v + offset for p, v in PRIORITY.items()}}))
+
+    topk("triton_radix_topk", "topk", 0, "radix select on order-preserving 32-bit keys (4 histogram levels of 8 bits "
+         "find the k-th key), then an atomic collect pass with the page transform")
     # above triton_radix_topk where a row fits it (size=small): 3.0-3.7x faster at 8192 scores on the H200, and 3.1-3.7x
     # in every tuned bucket (bench/results/h200/bench-topk.json, cuda_sm90.lock-2026-12-01-16ops.json)
-    registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_row_topk", target=f"{_MOD}.topk_row:indexer_topk",
-                                   description="one launch, one program per row of at most 16384 scores: the row "
-                                               "as a register tile of 32-bit keys, bisection over the key bits for "
-                                               "the exact k-th key, one prefix sum for the output slots",
-                                   **{**common, "supports": _row_topk_supports,
-                                      "priority": {p: v + 2 for p, v in PRIORITY.items()}}))
+    topk("triton_row_topk", "topk_row", 2, "one launch, one program per row of at most 16384 scores: the row as a "
+         "register tile of 32-bit keys, bisection over the key bits for the exact k-th key, one prefix sum for the "
+         "output slots", _row_topk_supports)
     # below the radix and sampled kernels: it holds rows of at most 16384 // k chunks (262144 scores at k=1024) and the
     # case carries no width, so the static choice stays a kernel that takes any width; a lock picks it per bucket (it
     # beat the radix kernel in 10 of 12 wide shapes, bench-topk.json; the sampled kernel beats it in 10 of 12), and a
     # wider row then raises UnsupportedCaseError naming the radix kernel
-    registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_chunked_topk",
-                                   target=f"{_MOD}.topk_chunked:indexer_topk",
-                                   description="two launches for rows wider than 16384 scores: each chunk's exact "
-                                               "top-k (the row kernel's bisection) to a candidate buffer in index "
-                                               "order, then one program a row selects among the <= 16384 "
-                                               "candidates and writes the outputs",
-                                   **{**common, "supports": _chunked_topk_supports,
-                                      "priority": {p: v - 1 for p, v in PRIORITY.items()}}))
+    topk("triton_chunked_topk", "topk_chunked", -1, "two launches for rows wider than 16384 scores: each chunk's exact "
+         "top-k (the row kernel's bisection) to a candidate buffer in index order, then one program a row selects "
+         "among the <= 16384 candidates and writes the outputs", _chunked_topk_supports)
     # above triton_radix_topk (and the chunked kernel): faster at every wide shape of bench-topk.json on the H200
-    # (2026-12-01: 1.3-3.6x the radix kernel; 64 x 262144 in 109 us, 2.3x torch.topk), any width (its fallback is
-    # the radix kernel past the chunked kernel's width); below triton_row_topk, which is faster where a row fits it
-    registry.add_kernel(KernelImpl(op="indexer_topk", name="triton_sampled_topk",
-                                   target=f"{_MOD}.topk_sampled:indexer_topk",
-                                   description="3 launches for wide rows: a threshold from 4096 sampled scores "
-                                               "(about 2k keys above it), one read appending the keys above it to "
-                                               "a candidate tile, the exact select there; rows whose estimate "
-                                               "missed fall back on the device to the chunked (or radix) kernel",
-                                   **{**common, "priority": {p: v + 1 for p, v in PRIORITY.items()}}))
+    # (sixth session: 64 x 262144 in 103 us, 2.4x torch.topk; 1 x 262144 in 22 us), any width (its fallback is the
+    # radix kernel past the chunked kernel's width); below triton_row_topk, which is faster where a row fits it
+    topk("triton_sampled_topk", "topk_sampled", 1, "3 launches for wide rows: a threshold from 2048 or 4096 sampled "
+         "scores (about 2k keys above it), one read appending the keys above it to a candidate tile, the exact select "
+         "there; rows whose estimate missed fall back on the device to the chunked (or radix) kernel")
     registry.add_kernel(KernelImpl(op="sparse_attention_decode", name="triton_sparse_decode",
                                    target=f"{_MOD}.sparse_attention:sparse_attention_decode",
                                    layout="v4-584 (e4m3fn or e4m3fnuz)",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import importlib
 import json
 import math
@@ -48,9 +49,23 @@ DEFAULT_MARGIN = 0.03
 
 @dataclasses.dataclass
 class Sample:
+    """One timed input. On a GPU its fixture is dropped once its case is known and built again when its bucket is
+    measured, then dropped again (release): full-size samples hold a layer's weights (a V4-Pro FP8 expert set is
+    25 GB), and an op's buckets together would not fit in the device's memory."""
+
     name: str
-    fixture: Fixture
     case: Mapping[str, object]
+    build: Callable[[], Fixture]
+    built: Fixture | None = None
+
+    @property
+    def fixture(self) -> Fixture:
+        if self.built is None:
+            self.built = self.build()  # the same inputs again: the builders draw from seeded generators
+        return self.built
+
+    def release(self) -> None:
+        self.built = None
 
 
 def _case_of(spec: OpSpec, fx: Fixture) -> Mapping[str, object]:
@@ -66,6 +81,11 @@ def _build(module: str, spec: CaseSpec, device: torch.device, seed: int) -> Fixt
     return build(spec, device, torch.Generator().manual_seed(seed))
 
 
+def _build_case(build: Callable[..., Fixture], cs: CaseSpec, device: torch.device, seed: int) -> Fixture:
+    return build(dataclasses.replace(cs, params={**cs.params, "mode": "eager"}), device,
+                 torch.Generator().manual_seed(seed))
+
+
 def declared_samples(op: str, on_gpu: bool, device: torch.device, info: PlatformInfo) -> list[tuple[str, list[Sample]]]:
     """(bucket label, samples) of an op declared in dsv4hal.ops.buckets; checks each sample lands in its bucket."""
     decl = DECLARED[op]
@@ -76,14 +96,15 @@ def declared_samples(op: str, on_gpu: bool, device: torch.device, info: Platform
         for i, params in enumerate(b.gpu if on_gpu else b.cpu):
             p = {k: (info.fp8 if v == FP8 else v) for k, v in params.items()}
             name = ",".join(f"{k}={v}" for k, v in p.items() if k in ("b", "s", "n"))
-            fx = _build(f"dsv4hal.conformance.cases_{decl.catalog}", CaseSpec(op, f"tune/{b.label}/{i}", p), device,
-                        seed=i)
+            build = functools.partial(_build, f"dsv4hal.conformance.cases_{decl.catalog}",
+                                      CaseSpec(op, f"tune/{b.label}/{i}", p), device, i)
+            fx = build()
             case = _case_of(spec, fx)
             if bucket_of(op, case) != b.label:
                 raise Dsv4HalError(f"dsv4hal.ops.buckets: sample {p} of {op} bucket [{b.label}] has case "
                                    f"[{bucket_label(case)}]",
                                    remedy="fix the sample's parameters in dsv4hal/ops/buckets.py")
-            samples.append(Sample(name or f"sample{i}", fx, case))
+            samples.append(Sample(name or f"sample{i}", case, build, None if on_gpu else fx))
         out.append((b.label, samples))
     return out
 
@@ -99,12 +120,13 @@ def derived_samples(op: str, on_gpu: bool, device: torch.device) -> list[tuple[s
             continue
         if cs.gpu_only and not on_gpu:
             continue
-        fx = build(dataclasses.replace(cs, params={**cs.params, "mode": "eager"}), device,
-                   torch.Generator().manual_seed(seed))
+        again = functools.partial(_build_case, build, cs, device, seed)
+        fx = again()
         if spec.weights_arg and isinstance(fx.args.get(spec.weights_arg), PreparedWeights):
             continue  # a case about refusing prepared weights, not a shape
         case = _case_of(spec, fx)
-        label, s = bucket_of(op, case), Sample(cs.name, fx, case)
+        label, s = bucket_of(op, case), Sample(cs.name, case, again, None if on_gpu else fx)
+        del fx  # on a GPU only the kept samples are built again, one bucket at a time
         have = by_label.setdefault(label, [])
         if not on_gpu:
             if not have:
@@ -274,6 +296,8 @@ def tune(platform_name: str | None = None, *, ops: Iterable[str] | None = None, 
             times = ", ".join(f"{n} {c['us']:.1f}us" if c["status"] == "measured" else f"{n} {c['status']}"
                               for n, c in cands.items())
             say(f"[{op} {i + 1}/{len(buckets)}] [{label}]: {chosen or 'NONE'} ({times})")
+            for s in samples:
+                s.release()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         table[op] = entry

@@ -246,3 +246,27 @@ def test_every_decode_bucket_has_a_conformance_sample() -> None:
             for t in (1, 64) for h in (64, 128) for r, w in ((0, None), (4, 512 if h == 64 else 1024),
                                                               (128, 1024), (128, 8192))}
     assert want <= seen, sorted(want - seen)
+
+
+def test_gpu_samples_are_built_per_bucket_and_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU a sample keeps no fixture between its case being read and its bucket being measured (full-size
+    MoE samples of all buckets together exceed an H200's memory); rebuilt, it holds the same inputs."""
+    from dsv4hal import tune
+
+    catalog = tune.load_catalog
+    monkeypatch.setattr(tune, "load_catalog", lambda ops: list(catalog(ops))[:6])
+    buckets = tune.derived_samples("build_attention_metadata", True, torch.device("cpu"))
+    samples = [s for _, group in buckets for s in group]
+    assert samples and all(s.built is None for s in samples)
+    first = samples[0]
+    fx = first.fixture
+    assert first.built is fx and first.fixture is fx  # built once per bucket, not per access
+    first.release()
+    assert first.built is None
+    again = first.fixture
+    assert again is not fx and again.args.keys() == fx.args.keys()
+    for name, value in fx.args.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(again.args[name], value), name
+    kept = tune.derived_samples("build_attention_metadata", False, torch.device("cpu"))
+    assert all(s.built is not None for _, group in kept for s in group)  # on the CPU: small, kept

@@ -97,9 +97,12 @@ def test_past_the_chunked_width_the_radix_kernel_falls_back(fallbacks: dict[str,
 
 @pytest.mark.parametrize(("s", "k", "cfg"), [(5000, 512, {"nsample": 256, "cap": 1024, "chunk": 1024, "block": 256}),
                                              (3000, 512, {"nsample": 4096, "cap": 512}),
-                                             (20000, 1024, {"nsample": 1024, "cap": 2048, "margin": 0})])
+                                             (20000, 1024, {"nsample": 1024, "cap": 2048, "margin": 0}),
+                                             (9000, 512, {"chunk": 4096, "block": 1024, "filter_stages": 2,
+                                                          "filter_warps": 2})])
 def test_small_tiles(s: int, k: int, cfg: dict[str, int]) -> None:
-    """Samples, tiles and filter steps smaller than the defaults (a tile of exactly k, no margin): still exact."""
+    """Samples, tiles and filter steps smaller than the defaults (a tile of exactly k, no margin), and the filter of
+    many-row calls (a chunk of several pipelined steps, the last one partial): still exact."""
     gen = torch.Generator().manual_seed(s + k)
     scores, lengths = _batch(s, k, gen)
     pt = _table(scores.shape[0], s, gen)
@@ -159,8 +162,20 @@ def test_samples_by_batch_and_expected_candidates() -> None:
     for shape in ((rows + 1, 262144, 512), (1, 262144, 1024), (1, 65536, 1024), (64, 65536, 512)):
         assert cfg(*shape)["nsample"] == topk_sampled.NSAMPLE
     many = cfg(rows + 1, 262144, 512)
-    assert {k: v for k, v in cfg(1, 262144, 512).items() if k != "nsample"} == {
-        k: v for k, v in many.items() if k != "nsample"}
+    filter_opts = ("nsample", "chunk", "filter_stages")
+    assert {k: v for k, v in cfg(1, 262144, 512).items() if k not in filter_opts} == {
+        k: v for k, v in many.items() if k not in filter_opts}
+
+
+def test_filter_chunks_by_batch() -> None:
+    """A call of more than FEW_ROWS rows filters 4096 scores a program, pipelined in two stages (programs enough);
+    fewer rows keep 1024 a program, in one step (more programs in flight)."""
+    cfg, rows = topk_sampled.default_config, topk_sampled.FEW_ROWS
+    for shape in ((1, 262144, 512), (rows, 262144, 1024), (rows, 8192, 512)):
+        assert (cfg(*shape)["chunk"], cfg(*shape)["filter_stages"]) == (topk_sampled.CHUNK, 1)
+    for shape in ((rows + 1, 262144, 512), (64, 65536, 1024)):
+        assert (cfg(*shape)["chunk"], cfg(*shape)["filter_stages"]) == (topk_sampled.CHUNK_MANY_ROWS,
+                                                                        topk_sampled.STAGES_MANY_ROWS)
 
 
 def test_passes_stop_early_for_timing(fallbacks: dict[str, Any]) -> None:

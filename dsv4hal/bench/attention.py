@@ -10,7 +10,8 @@ import torch
 
 from dsv4hal.bench.common import bound_op, candidates
 from dsv4hal.bench.pools import random_pool
-from dsv4hal.bench.timing import graph_us, host_us
+from dsv4hal.bench.timing import graph_us, host_us_interleaved
+from dsv4hal.ops.memo import metadata_key
 
 POOL_SLOTS = 1 << 22  # ~4M entries per pool: gathers miss the L2 as in serving
 SCALE = 512 ** -0.5
@@ -97,12 +98,21 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
                 raw[f"dsv4hal[{impl}] no validation"] = lambda op=fast, args=args: op(**args)
                 kernel = fast.kernel(fast.case_of(**args))
                 raw[f"{impl} kernel (hoisted dispatch)"] = lambda k=kernel, args=args: k(**args)
+            if impls and t == 1:  # the bound op's two lookups alone, no kernel: what each mode adds, in parts
+                raw["dsv4hal validation lookup alone (memo key)"] = lambda args=args: metadata_key((), args)
+                raw["dsv4hal selection lookup alone (case)"] = lambda op=op, args=args: op.case_of(**args)
+            if "direct_flashmla" in timed:  # the same kernel on the same inputs: the same bytes, whatever the path
+                want = timed["direct_flashmla"]()[0]
+                row["same_output_as_direct"] = {
+                    n: bool(torch.equal(fn()[0].reshape(want.shape), want))
+                    for n, fn in timed.items() if "flashmla" in n and n != "direct_flashmla"}
             for name, fn in timed.items():
                 row["us"][name] = graph_us(fn)
-                if t == 1:
-                    row["host_us"][name] = host_us(fn)
-            if t == 1:
-                row["host_us"].update({name: host_us(fn) for name, fn in raw.items()})
+            if t == 1:  # every way of making the call, timed in turns (ratios between them are what is read)
+                row["host_us"] = host_us_interleaved({**timed, **raw})
+                if "direct_flashmla" in row["host_us"]:
+                    base = row["host_us"]["direct_flashmla"]
+                    row["host_ratio_vs_direct"] = {k: v / base for k, v in row["host_us"].items()}
             best = min(row["us"].values())
             tok_s = t * attended / (best * 1e-6)
             flop_per_tok = 2 * cfg.h_q * 1024

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -29,17 +29,24 @@ def graph_us(fn: Callable[[], object], *, inner: int = 10, reps: int = 25) -> fl
     return statistics.median(times)
 
 
-def host_us(fn: Callable[[], object], *, calls: int = 200) -> float:
-    """Host time to enqueue one call (no sync inside the loop; the GPU queue absorbs the work)."""
-    fn()
+def host_us_interleaved(fns: Mapping[str, Callable[[], object]], *, calls: int = 50,
+                        rounds: int = 30) -> dict[str, float]:
+    """Host enqueue time per call of each function, measured in turns: each round times `calls` calls of every
+    function one after another (synchronising between them, untimed), and each keeps its fastest round. A host
+    whose speed drifts (other tenants, clocks) then slows all functions of a round alike, so ratios between them
+    hold where separate measurements seconds apart differed by up to 40% (bench/results/h200, sixth session)."""
+    for fn in fns.values():
+        fn()
     torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) * 1e6 / calls)
-        torch.cuda.synchronize()
+    best = dict.fromkeys(fns, float("inf"))
+    clock = time.perf_counter
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = clock()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (clock() - t0) * 1e6 / calls)
+            torch.cuda.synchronize()
     return best
 
 

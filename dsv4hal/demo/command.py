@@ -43,6 +43,11 @@ def main(args: argparse.Namespace) -> int:
         for name, us in sorted(res["ops_alone_us"].items(), key=lambda kv: -kv[1]):
             print(f"  {name:<26} {us:9.1f} us  floor {res['ops_floor_us'][name]:8.1f} us  "
                   f"({res['kernels'].get(name, '-')})")
+        prof = res.get("step_kernels", {})
+        if "top" in prof:
+            print(f"  one replay, kernel by kernel: {prof['kernels_us']:.1f} us in {prof['kernel_launches']} kernels")
+            for k in prof["top"][:12]:
+                print(f"    {k['us']:9.1f} us {k['calls']:4d}x  {k['kernel'][:90]}")
     else:
         total = sum(res["decode_breakdown_s"].values()) or 1.0
         for name, sec in sorted(res["decode_breakdown_s"].items(), key=lambda kv: -kv[1]):

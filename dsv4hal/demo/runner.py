@@ -14,6 +14,7 @@ import torch
 from dsv4hal.demo.config import PAGE, DemoConfig
 from dsv4hal.demo.floors import floor_bytes
 from dsv4hal.demo.model import DemoModel, fill_random
+from dsv4hal.demo.step_profile import profile_replay
 from dsv4hal.demo.tape import Tape
 from dsv4hal.demo.timers import NullTimer, Timer
 
@@ -131,12 +132,16 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
         outputs.append(final.clone())
         layers.append([t.clone() for t in step_layers])
     step_us = statistics.median(times) if times else float("nan")
+    try:  # a diagnostic: the run's results stand without it
+        step_kernels: dict[str, Any] = profile_replay(graph)
+    except Exception as exc:  # noqa: BLE001
+        step_kernels = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     sum_alone = sum(alone.values())
     return {"decode_tokens_per_s": batch / step_us * 1e6 if times else 0.0, "graph_step_us": step_us,
             "graph_replays": len(times), "ops_alone_us": dict(alone), "ops_floor_us": dict(floors),
             "ops_calls_per_step": dict(calls), "sum_ops_alone_us": sum_alone,
             "graph_step_over_sum_ops": step_us / sum_alone if sum_alone else float("nan"),
-            "copy_bytes_per_s": copy_bw,
+            "copy_bytes_per_s": copy_bw, "step_kernels": step_kernels,
             # the kernels the step's real cases chose (the default case's can differ, e.g. moe_route by E)
             "kernels": kernels_in_use(platform, model, tape.calls)}
 

@@ -44,6 +44,29 @@ def interface(flavour: Flavour) -> tuple[ModuleType, dict[str, Any]]:
     return iface, {}
 
 
+# The op under FlashMLA's Python decode entry in sgl-flash-mla 1.0.0 (flash_mla_legacy::sparse_decode_fwd), with
+# the argument names of the schema this module was written against. Calling it directly skips what
+# flash_mla_with_kvcache does in Python per call (a FlashMLASchedMeta dataclass, a dozen assertions, the op-namespace
+# lookup, keyword-argument binding); the kernel, its arguments and its plans are the same.
+DECODE_OP_ARGS = ("q", "kv", "indices", "topk_length", "attn_sink", "tile_scheduler_metadata", "num_splits",
+                  "extra_kv", "extra_indices", "extra_topk_length", "d_v", "sm_scale", "kv_format")
+
+
+@functools.cache
+def decode_op(flavour: Flavour) -> Callable[..., Any] | None:
+    """The torch op under the flavour's decode entry, or None where there is none with exactly the expected schema
+    (vLLM's bundled copy, another version): then the Python entry is called, the same kernel either way."""
+    if flavour != "sgl":
+        return None
+    iface, _ = interface(flavour)
+    get_ops = getattr(iface, "get_ops", None)  # sgl-flash-mla's op-namespace chooser (legacy or current kernels)
+    overload = getattr(getattr(get_ops(True), "sparse_decode_fwd", None), "default", None) if get_ops else None
+    schema = getattr(overload, "_schema", None)
+    if schema is None or tuple(a.name for a in schema.arguments) != DECODE_OP_ARGS:
+        return None
+    return overload
+
+
 def _shared_plan(iface: ModuleType, plans: dict[Any, Any], key: tuple) -> Any:
     meta = plans.get(key)
     if meta is None:
@@ -51,28 +74,60 @@ def _shared_plan(iface: ModuleType, plans: dict[Any, Any], key: tuple) -> Any:
     return meta
 
 
+def _plan_key(entry: str, q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
+              extra_cache: V4PagedCache | None, extra_indices: torch.Tensor | None) -> tuple:
+    """What a shared plan depends on (FlashMLA's scheduler config: batch, heads, page sizes, top-k widths); the
+    entry too, since the Python entry keeps its plan in a FlashMLASchedMeta and the op in a tensor pair."""
+    return (entry, q.shape, swa_indices.shape, swa_cache.page_size,
+            None if extra_cache is None else (extra_cache.page_size, extra_indices.shape))  # type: ignore[union-attr]
+
+
+def _decode_by_op(op: Callable[..., Any], q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
+                  swa_lengths: torch.Tensor, sink: torch.Tensor, softmax_scale: float,
+                  extra_cache: V4PagedCache | None, extra_indices: torch.Tensor | None,
+                  extra_lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode through the torch op: no plan tensors outside a step (the op plans per call, as the Python entry
+    does with a fresh FlashMLASchedMeta); inside one, the plan the step's first call of this shape made."""
+    plans = step_plans()
+    md = splits = key = None
+    if plans is not None:
+        key = _plan_key("op", q, swa_cache, swa_indices, extra_cache, extra_indices)
+        md, splits = plans.get(key, (None, None))
+    out, lse, md, splits = op(
+        q.unsqueeze(1), swa_cache.flashmla_view(), swa_indices.unsqueeze(1), swa_lengths, sink, md, splits,
+        None if extra_cache is None else extra_cache.flashmla_view(),
+        None if extra_indices is None else extra_indices.unsqueeze(1), extra_lengths, HEAD_DIM_V, softmax_scale, None)
+    if plans is not None:
+        plans[key] = (md, splits)
+    return out.squeeze(1), lse.squeeze(2)
+
+
 def _decoder(flavour: Flavour) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """sparse_attention_decode for one flavour, one Python frame per call (the plugins bind it as their target).
+    """sparse_attention_decode for one flavour (the plugins bind it as their target).
 
     Host cost per call, in torch ops: FlashMLA takes q and the indices as [T, s_q=1, ...] and returns out
     [T, 1, h_q, 512] and lse [T, h_q, 1], so the call costs five view ops (three unsqueezes in, two squeezes out)
     and nothing else: the caches' FlashMLA views are built once (V4PagedCache.flashmla_view), nothing is copied or
-    cast, and outside a declared decode step the plan is FlashMLA's own lazily planned metadata object, as a direct
-    call makes it. (Remembering the input views per tensor would save ~0.25 us a tensor when an engine passes the
-    same buffers again, but cost ~1.3 us for each fresh tensor, such as q or a layer's top-k indices: not done.)"""
+    cast, and outside a declared decode step the plan is made per call, as a direct call makes it. Where the
+    flavour's torch op is known (decode_op), it is called directly, skipping the Python entry's per-call work.
+    (Remembering the input views per tensor would save ~0.25 us a tensor when an engine passes the same buffers
+    again, but cost ~1.3 us for each fresh tensor, such as q or a layer's top-k indices: not done.)"""
 
     def decode(q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor, swa_lengths: torch.Tensor,
                sink: torch.Tensor, softmax_scale: float, extra_cache: V4PagedCache | None = None,
                extra_indices: torch.Tensor | None = None,
                extra_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        iface, extra_kw = interface(flavour)  # looked up per call: tests swap the vendor module between calls
+        op = decode_op(flavour)  # looked up per call: tests swap the vendor module between calls
+        if op is not None:
+            return _decode_by_op(op, q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale, extra_cache,
+                                 extra_indices, extra_lengths)
+        iface, extra_kw = interface(flavour)
         plans = step_plans()
         if plans is None:  # no declared step: plan per call, as a direct call does
             meta = iface.get_mla_metadata()[0]
         else:  # the key is built only inside a step, where it names the plan shared by layers of one shape
-            meta = _shared_plan(iface, plans, (
-                "decode", q.shape, swa_indices.shape, swa_cache.page_size,
-                None if extra_cache is None else (extra_cache.page_size, extra_indices.shape)))  # type: ignore[union-attr]
+            meta = _shared_plan(iface, plans, _plan_key("entry", q, swa_cache, swa_indices, extra_cache,
+                                                        extra_indices))
         if extra_cache is None:
             out, lse = iface.flash_mla_with_kvcache(
                 q.unsqueeze(1), swa_cache.flashmla_view(), None, None, head_dim_v=HEAD_DIM_V,

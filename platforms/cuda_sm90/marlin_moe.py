@@ -49,6 +49,9 @@ assert FLOAT4_E2M1F_ID == 562949953487106
 # (thread_k, thread_n) dividing the problem: (128, 64) or (64, 128) (marlin_padded_nk; the kernel's configs).
 MIN_THREAD_N, MIN_THREAD_K = 64, 64
 BLOCK_SIZES = (8, 16, 32, 48, 64)
+# (thread_k, thread_n, blocks_per_sm) of every GEMM: -1 lets the kernel choose (what vLLM passes). A module setting,
+# not an argument, so that bench/sweep_moe_launch.py can time other launches through the same code path.
+LAUNCH = (-1, -1, -1)
 DEFAULT_SM_COUNT = 132  # H100/H200; used only where no CUDA device can be asked (fakes)
 
 
@@ -155,7 +158,7 @@ def _marlin(gemm: Any, a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, ws
                 False,  # use_atomic_add
                 True,  # use_fp32_reduce
                 False,  # is_zp_float
-                -1, -1, -1)  # thread_k, thread_n, blocks_per_sm: automatic
+                *LAUNCH)  # thread_k, thread_n, blocks_per_sm
 
 
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: MarlinWeights,

@@ -44,6 +44,11 @@ MARGIN = 8  # samples added to the target rank, so that a short tail still yield
 # 3.2 against 8.4 us for 4096 in four steps: more programs in flight; tune-triton-topk-sweep2.json)
 CHUNK = 1024
 BLOCK = 1024  # scores a filter step holds (one atomic reserves the slots of a step's candidates)
+# Calls of more than FEW_ROWS rows have programs enough: there a program filters 4096 scores in four steps with the
+# next step's scores loading while this step reserves its slots (2 stages). H200, tune-triton-topk-session7.json: at
+# 64 x 256K the filter pass 64.6 against 71.6 us (the call 95.6 against 102.2); at 8 rows equal (34.1, 34.0); at one
+# row slower (27.9 against 24.6: a quarter of the programs).
+CHUNK_MANY_ROWS, STAGES_MANY_ROWS = 4096, 2
 
 
 @triton.jit
@@ -71,14 +76,15 @@ def _sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, S, K: tl.c
 
 @triton.jit
 def _filter_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, ckey_ptr, cidx_ptr, S, K: tl.constexpr,
-                   CAP_: tl.constexpr, CHUNK_: tl.constexpr, BLOCK_: tl.constexpr):
+                   CAP_: tl.constexpr, CHUNK_: tl.constexpr, BLOCK_: tl.constexpr, STAGES: tl.constexpr):
     row = tl.program_id(0)
     base = tl.program_id(1) * CHUNK_
     n = tl.minimum(tl.load(len_ptr + row), S)
     if (n > K) & (base < n):
         thr = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True)
         out = row.to(tl.int64) * CAP_
-        for start in range(base, base + CHUNK_, BLOCK_):
+        # STAGES > 1: the next block's scores are loaded while this block's slots are reserved (a chunk of several)
+        for start in tl.range(base, base + CHUNK_, BLOCK_, num_stages=STAGES):
             j = start + tl.arange(0, BLOCK_)
             m = j < n
             key = _order_key(tl.load(scores_ptr + row.to(tl.int64) * stride_s + j, mask=m, other=0.0))
@@ -127,8 +133,10 @@ def default_config(rows: int, width: int, k: int) -> dict:
     """The launch options for `rows` rows of `width` scores at `k`. range on: 1-2.5 us less at every shape timed (the
     searches start below the bits the keys share)."""
     few = rows <= FEW_ROWS and 2 * k + MARGIN * width // NSAMPLE_FEW_ROWS <= CAP // 2
-    return {"nsample": NSAMPLE_FEW_ROWS if few else NSAMPLE, "cap": CAP, "margin": MARGIN, "chunk": CHUNK,
-            "block": BLOCK, "range": True, "coarse": 0, "passes": 4}
+    many = rows > FEW_ROWS
+    return {"nsample": NSAMPLE_FEW_ROWS if few else NSAMPLE, "cap": CAP, "margin": MARGIN,
+            "chunk": CHUNK_MANY_ROWS if many else CHUNK, "block": BLOCK, "range": True, "coarse": 0, "passes": 4,
+            "filter_stages": STAGES_MANY_ROWS if many else 1, "filter_warps": 4}
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
@@ -154,7 +162,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     if cfg["passes"] >= 2:
         _filter_kernel[(b, max(1, triton.cdiv(s, cfg["chunk"])))](
             scores, scores.stride(0), lengths, thr, count, ckey, cidx, s, K=k, CAP_=cap, CHUNK_=cfg["chunk"],
-            BLOCK_=cfg["block"], num_warps=4)
+            BLOCK_=cfg["block"], STAGES=cfg["filter_stages"], num_warps=cfg["filter_warps"])
     pt = page_table if page_table is not None else raw
     if cfg["passes"] >= 3:
         _select_kernel[(b,)](lengths, count, ckey, cidx, gate, raw, pages if pages is not None else raw, pt,

@@ -1,0 +1,135 @@
+"""The FlashMLA decode glue calls sgl-flash-mla's torch op (flash_mla_legacy::sparse_decode_fwd) directly when the op
+has the schema it was written against, and the Python entry otherwise. Here a real torch op with that schema, in a
+test namespace, stands in for the vendor's: it records its arguments and returns outputs shaped as FlashMLA's.
+
+Checked: the op gets what flash_mla_with_kvcache would hand it (the [T, 1, ...] views of q and the indices, the caches'
+FlashMLA views, 512, the scale, no kv_format); outside a decode step it plans per call (no plan tensors passed in);
+inside one, calls of one shape share the first call's plan and another shape gets its own; an op whose schema differs
+is not called (the Python entry is)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import torch
+from vendor_fakes import FakeSchedMeta, fake_module, install_modules, simulated_info
+
+import dsv4hal
+from dsv4hal.kernels import flashmla_glue
+from dsv4hal.step import decode_step
+
+SCHEMA = ("(Tensor q, Tensor kv, Tensor indices, Tensor? topk_length, Tensor? attn_sink, "
+          "Tensor(a!)? tile_scheduler_metadata, Tensor(b!)? num_splits, Tensor? extra_kv, Tensor? extra_indices, "
+          "Tensor? extra_topk_length, int d_v, float sm_scale, str? kv_format=None) "
+          "-> (Tensor, Tensor, Tensor(a)?, Tensor(b)?)")
+_names = itertools.count()
+CALLS: list[dict[str, Any]] = []
+
+
+def _define(schema: str) -> Any:
+    """A fresh op namespace holding sparse_decode_fwd with `schema`, implemented on the CPU by a recorder."""
+    ns = f"dsv4hal_test_fmla{next(_names)}"
+    lib = torch.library.Library(ns, "DEF")
+    lib.define("sparse_decode_fwd" + schema)
+    plans = itertools.count(1)
+
+    def impl(q, kv, indices, topk_length, attn_sink, tile_scheduler_metadata, num_splits, extra_kv,  # noqa: ANN001, ANN202
+             extra_indices, extra_topk_length, d_v, sm_scale, kv_format=None):
+        CALLS.append(dict(locals()))
+        b, s_q, h_q, _ = q.shape
+        md = tile_scheduler_metadata if tile_scheduler_metadata is not None else torch.full((1, 8), next(plans))
+        splits = num_splits if num_splits is not None else torch.zeros(b + 1, dtype=torch.int32)
+        lse = torch.full((b, s_q, h_q), 2.0).transpose(1, 2)
+        return torch.ones(b, s_q, h_q, d_v, dtype=torch.bfloat16), lse, md, splits
+
+    lib.impl("sparse_decode_fwd", impl, "CPU")
+    return lib, getattr(torch.ops, ns)
+
+
+@pytest.fixture(scope="module")
+def namespaces() -> dict[str, Any]:
+    libs = {"expected": _define(SCHEMA), "other": _define(SCHEMA.replace("sm_scale", "softmax_scale"))}
+    yield {k: ns for k, (_, ns) in libs.items()}
+    for lib, _ in libs.values():
+        lib._destroy()
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, namespace: Any) -> list[str]:
+    entry_calls: list[str] = []
+
+    def flash_mla_with_kvcache(q, *args: Any, **kwargs: Any):  # noqa: ANN001, ANN202
+        entry_calls.append("flash_mla_with_kvcache")
+        b, s_q, h_q, _ = q.shape
+        return torch.zeros(b, s_q, h_q, 512, dtype=torch.bfloat16), torch.zeros(b, h_q, s_q)
+
+    iface = fake_module("flash_mla.flash_mla_interface", get_mla_metadata=lambda *a, **k: (FakeSchedMeta(), None),
+                        flash_mla_with_kvcache=flash_mla_with_kvcache, FlashMLASchedMeta=FakeSchedMeta,
+                        get_ops=lambda use_legacy: namespace)
+    pkg = fake_module("flash_mla", __version__="1.0.0", __path__=[], has_legacy=lambda: True)
+    install_modules(monkeypatch, {"flash_mla": pkg, "flash_mla.flash_mla_interface": iface})
+    return entry_calls
+
+
+def _args(t: int, ratio: int) -> dict[str, Any]:
+    i32 = dict(dtype=torch.int32)
+    swa = dsv4hal.V4PagedCache.empty(2, 256)
+    args: dict[str, Any] = dict(q=torch.randn(t, 64, 512).bfloat16(), swa_cache=swa,
+                                swa_indices=torch.zeros(t, 128, **i32), swa_lengths=torch.full((t,), 128, **i32),
+                                sink=torch.zeros(64), softmax_scale=0.0625)
+    if ratio:
+        x = dsv4hal.V4PagedCache.empty(4, 64 if ratio == 4 else 2)
+        args.update(extra_cache=x, extra_indices=torch.zeros(t, 64, **i32), extra_lengths=torch.full((t,), 64, **i32))
+    return args
+
+
+@pytest.mark.parametrize("ratio", [0, 4])
+def test_the_op_gets_what_the_python_entry_would_pass(monkeypatch: pytest.MonkeyPatch, namespaces: dict[str, Any],
+                                                      ratio: int) -> None:
+    entry_calls = _install(monkeypatch, namespaces["expected"])
+    op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
+    args = _args(3, ratio)
+    CALLS.clear()
+    out, lse = op(**args)
+    assert entry_calls == [] and len(CALLS) == 1
+    c = CALLS[0]
+    assert c["q"].shape == (3, 1, 64, 512) and c["q"].data_ptr() == args["q"].data_ptr()
+    assert c["indices"].shape == (3, 1, 128) and c["kv"].shape == args["swa_cache"].flashmla_view().shape
+    assert c["topk_length"] is args["swa_lengths"] and c["attn_sink"] is args["sink"]
+    assert c["tile_scheduler_metadata"] is None and c["num_splits"] is None  # no step: the op plans this call
+    assert (c["d_v"], c["sm_scale"], c["kv_format"]) == (512, 0.0625, None)
+    if ratio:
+        assert c["extra_kv"].shape == args["extra_cache"].flashmla_view().shape
+        assert c["extra_indices"].shape == (3, 1, 64) and c["extra_topk_length"] is args["extra_lengths"]
+    else:
+        assert c["extra_kv"] is None and c["extra_indices"] is None and c["extra_topk_length"] is None
+    assert out.shape == (3, 64, 512) and out.dtype == torch.bfloat16 and bool((out == 1).all())
+    assert lse.shape == (3, 64) and bool((lse == 2).all())
+
+
+def test_a_step_shares_one_plan_per_shape(monkeypatch: pytest.MonkeyPatch, namespaces: dict[str, Any]) -> None:
+    _install(monkeypatch, namespaces["expected"])
+    op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
+    small, large = _args(2, 4), _args(5, 4)
+    CALLS.clear()
+    with decode_step():
+        for args in (small, small, large, small, large):
+            op(**args)
+    md = [c["tile_scheduler_metadata"] for c in CALLS]
+    assert md[0] is None and md[2] is None  # the first call of each shape plans
+    assert md[1] is not None and md[1] is md[3] and md[4] is not None and md[4] is not md[1]
+    assert int(md[1][0, 0]) != int(md[4][0, 0])  # two plans, one per shape
+    CALLS.clear()
+    op(**small)  # after the step: planned per call again
+    assert CALLS[0]["tile_scheduler_metadata"] is None
+
+
+def test_an_op_with_another_schema_is_not_called(monkeypatch: pytest.MonkeyPatch,
+                                                 namespaces: dict[str, Any]) -> None:
+    entry_calls = _install(monkeypatch, namespaces["other"])
+    assert flashmla_glue.decode_op("sgl") is None and flashmla_glue.decode_op("vllm") is None
+    op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
+    CALLS.clear()
+    op(**_args(1, 0))
+    assert CALLS == [] and entry_calls == ["flash_mla_with_kvcache"]

@@ -10,8 +10,9 @@
 #                                                 # first call swept triton_kernels only, as bench/sweep_oai_moe.py)
 #   R=$OUT bash bench/run_h200_session8.sh combo  # the sampled top-k's filter sweep, host cost with its parts, the demo
 #   R=$OUT bash bench/run_h200_session8.sh marlin # Marlin's launch settings; indexer_topk conformance; the top-k bench
+#   R=$OUT bash bench/run_h200_session8.sh mhc    # mHC's comb as scalars or a [4, 4] tile (bench/sweep_mhc_apply.py)
 set -uo pipefail
-part=${1:?host, lock, final, sweep, combo or marlin}
+part=${1:?host, lock, final, sweep, combo, marlin or mhc}
 source bench/h200_env.sh
 D="python3 -m dsv4hal"
 if [[ $part == host ]]; then
@@ -101,4 +102,11 @@ if [[ $part == marlin ]]; then
     timeout 100 $D bench topk --json "$R/bench-topk.json" --plot "$R/bench-topk.png" > /tmp/bench-topk.log 2>&1
     echo "rc=$?"; grep -v Warning /tmp/bench-topk.log | tail -16 | cut -c1-300
   } 2>&1 | tee "$R/log-marlin8.txt"
+fi
+if [[ $part == mhc ]]; then
+  {
+    stamp "mHC: comb as 16 scalars or one [4, 4] tile (bench/sweep_mhc_apply.py)"
+    timeout 300 python3 bench/sweep_mhc_apply.py --json "$R/sweep-mhc-apply.json" > /tmp/sweep-mhc.log 2>&1
+    echo "rc=$?"; grep -v Warning /tmp/sweep-mhc.log | cut -c1-900 | tail -12
+  } 2>&1 | tee "$R/log-mhc8.txt"
 fi

@@ -10,7 +10,8 @@
 #                                                 # first call swept triton_kernels only, as bench/sweep_oai_moe.py)
 #   R=$OUT bash bench/run_h200_session8.sh combo  # the sampled top-k's filter sweep, host cost with its parts, the demo
 #   R=$OUT bash bench/run_h200_session8.sh marlin # Marlin's launch settings; indexer_topk conformance; the top-k bench
-#   R=$OUT bash bench/run_h200_session8.sh mhc    # mHC's comb as scalars or a [4, 4] tile (bench/sweep_mhc_apply.py)
+#   R=$OUT bash bench/run_h200_session8.sh mhc    # mHC's comb as scalars or a [4, 4] tile (bench/sweep_mhc_apply.py, at
+#                                                 # commit 2e3f5b6: the scalar path and the script were removed after)
 set -uo pipefail
 part=${1:?host, lock, final, sweep, combo, marlin or mhc}
 source bench/h200_env.sh

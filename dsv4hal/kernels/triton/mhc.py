@@ -162,38 +162,11 @@ def _post_gemm_partials_kernel(x_ptr, f_ptr, post_ptr, comb_ptr, xo_ptr, fn_ptr,
 
 
 @triton.jit
-def _logit(mix_ws, row, smask, E: tl.constexpr, r, s2, base_ptr):
-    """Comb logit E (row-major [j, k]) of one token: its partial mixes summed over the splits, gated."""
-    m = tl.sum(tl.load(mix_ws + row + 8 + E, mask=smask, other=0.0), axis=0)
-    return m * r * s2 + tl.load(base_ptr + 8 + E)
-
-
-@triton.jit
-def _softmax4(a, b, c, d, eps):
-    top = tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
-    a, b, c, d = tl.exp(a - top), tl.exp(b - top), tl.exp(c - top), tl.exp(d - top)
-    inv = 1.0 / (a + b + c + d)
-    return a * inv + eps, b * inv + eps, c * inv + eps, d * inv + eps
-
-
-@triton.jit
-def _norm4(a, b, c, d, eps):
-    inv = 1.0 / (a + b + c + d + eps)
-    return a * inv, b * inv, c * inv, d * inv
-
-
-@triton.jit
-def _store4(ptr, a, b, c, d):
-    tl.store(ptr, a)
-    tl.store(ptr + 1, b)
-    tl.store(ptr + 2, c)
-    tl.store(ptr + 3, d)
-
-
-@triton.jit
 def _comb_tile(mix_ws, row, smask, r, s2, base_ptr, hc_eps, iters):
     """comb of one token as a [4, 4] tile: the 16 logits' partials summed over the splits in one reduction, the row
-    softmax, then Sinkhorn (columns first, as DeepSeek's reference) with each normalisation one small reduction."""
+    softmax, then Sinkhorn (columns first, as DeepSeek's reference) with each normalisation one small reduction.
+    Faster than 16 scalars, one reduction over the splits each, for every implementation at every T timed on the
+    H200 (DeepGEMM mhc_pre at T = 8 / 64 / 512: 13.5 -> 11.6, 14.9 -> 14.4, 24.9 -> 16.8 us; sweep-mhc-apply.json)."""
     i4 = tl.arange(0, 4)
     e = i4[:, None] * 4 + i4[None, :]  # row-major [j, k]
     m = tl.sum(tl.load(mix_ws + row[:, None, None] + 8 + e[None, :, :], mask=smask[:, None, None], other=0.0),
@@ -211,7 +184,7 @@ def _comb_tile(mix_ws, row, smask, r, s2, base_ptr, hc_eps, iters):
 @triton.jit
 def _apply_kernel(x_ptr, mix_ws, sq_ws, base_ptr, scale_ptr, y_ptr, post_ptr, comb_ptr, T, D, S, rms_eps, hc_eps,
                   iters, NPAD: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
-                  INTERPRET: tl.constexpr, TILE: tl.constexpr):
+                  INTERPRET: tl.constexpr):
     """One token, one block of d: gates from the reduced partials, y = sum_i pre_i x_i; post and the Sinkhorn
     of comb once per token (d block 0)."""
     t = tl.program_id(0).to(tl.int64)
@@ -230,47 +203,8 @@ def _apply_kernel(x_ptr, mix_ws, sq_ws, base_ptr, scale_ptr, y_ptr, post_ptr, co
                             axis=0) * r
             post = 2.0 * tl.sigmoid(m_post * tl.load(scale_ptr + 1) + tl.load(base_ptr + 4 + i4))
             tl.store(post_ptr + t * 4 + i4, post)
-            if TILE:
-                c = _comb_tile(mix_ws, row, smask, r, tl.load(scale_ptr + 2), base_ptr, hc_eps, iters)
-                tl.store(comb_ptr + t * 16 + i4[:, None] * 4 + i4[None, :], c)
-            else:
-                # the 16 entries as scalars: every thread holds the whole matrix, so the 2 * iters normalisations
-                # need no cross-thread reduction (latency, not work, bounds this part)
-                s2 = tl.load(scale_ptr + 2)
-                c00, c01, c02, c03 = _softmax4(_logit(mix_ws, row, smask, 0, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 1, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 2, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 3, r, s2, base_ptr), hc_eps)
-                c10, c11, c12, c13 = _softmax4(_logit(mix_ws, row, smask, 4, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 5, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 6, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 7, r, s2, base_ptr), hc_eps)
-                c20, c21, c22, c23 = _softmax4(_logit(mix_ws, row, smask, 8, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 9, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 10, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 11, r, s2, base_ptr), hc_eps)
-                c30, c31, c32, c33 = _softmax4(_logit(mix_ws, row, smask, 12, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 13, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 14, r, s2, base_ptr),
-                                               _logit(mix_ws, row, smask, 15, r, s2, base_ptr), hc_eps)
-                c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps)  # columns first, as DeepSeek's reference
-                c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps)
-                c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps)
-                c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps)
-                for _ in range(iters - 1):
-                    c00, c01, c02, c03 = _norm4(c00, c01, c02, c03, hc_eps)
-                    c10, c11, c12, c13 = _norm4(c10, c11, c12, c13, hc_eps)
-                    c20, c21, c22, c23 = _norm4(c20, c21, c22, c23, hc_eps)
-                    c30, c31, c32, c33 = _norm4(c30, c31, c32, c33, hc_eps)
-                    c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps)
-                    c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps)
-                    c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps)
-                    c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps)
-                out = comb_ptr + t * 16
-                _store4(out, c00, c01, c02, c03)
-                _store4(out + 4, c10, c11, c12, c13)
-                _store4(out + 8, c20, c21, c22, c23)
-                _store4(out + 12, c30, c31, c32, c33)
+            c = _comb_tile(mix_ws, row, smask, r, tl.load(scale_ptr + 2), base_ptr, hc_eps, iters)
+            tl.store(comb_ptr + t * 16 + i4[:, None] * 4 + i4[None, :], c)
     d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < D
     x = tl.load(x_ptr + t * 4 * D + i4[:, None] * D + d[None, :], mask=dmask[None, :], other=0.0).to(tl.float32)
@@ -296,11 +230,6 @@ def _post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, D, BLOCK_D: tl.const
 
 
 # ---------------------------------------------------------------- launch parameters (by shape only)
-
-# comb computed as a [4, 4] tile (_comb_tile) rather than 16 scalars (one reduction over the splits a logit);
-# a module setting so that bench/sweep_mhc_apply.py times both through the same code.
-COMB_TILE = False
-
 
 def _block_t(t: int) -> int:
     # small token blocks keep the partial workspace small (splits x T x 32 fp32); large T re-reads fn per block
@@ -397,7 +326,7 @@ def _apply(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Tensor, npad: int
     _apply_kernel[(t, triton.cdiv(d, bd))](x, mix_ws, sq_ws, base, scale, y, post, comb, t, d, s,
                                            float(rms_eps), float(hc_eps), int(iters), NPAD=npad,
                                            S_BLOCK=max(2, triton.next_power_of_2(s)), BLOCK_D=bd, HEAD=head,
-                                           INTERPRET=_interpreting(), TILE=COMB_TILE, num_warps=4)
+                                           INTERPRET=_interpreting(), num_warps=4)
 
 
 def mhc_pre_from_partials(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Tensor, base: torch.Tensor,

@@ -12,8 +12,10 @@
 #   R=$OUT bash bench/run_h200_session8.sh marlin # Marlin's launch settings; indexer_topk conformance; the top-k bench
 #   R=$OUT bash bench/run_h200_session8.sh mhc    # mHC's comb as scalars or a [4, 4] tile (bench/sweep_mhc_apply.py, at
 #                                                 # commit 2e3f5b6: the scalar path and the script were removed after)
+#   R=$OUT bash bench/run_h200_session8.sh final2 # mHC conformance; the demo, and the demo with its step compiled
+#   R=$OUT bash bench/run_h200_session8.sh compiled # the demo with its step compiled, again (after the fakes' fix)
 set -uo pipefail
-part=${1:?host, lock, final, sweep, combo, marlin or mhc}
+part=${1:?host, lock, final, sweep, combo, marlin, mhc, final2 or compiled}
 source bench/h200_env.sh
 D="python3 -m dsv4hal"
 if [[ $part == host ]]; then
@@ -110,4 +112,28 @@ if [[ $part == mhc ]]; then
     timeout 300 python3 bench/sweep_mhc_apply.py --json "$R/sweep-mhc-apply.json" > /tmp/sweep-mhc.log 2>&1
     echo "rc=$?"; grep -v Warning /tmp/sweep-mhc.log | cut -c1-900 | tail -12
   } 2>&1 | tee "$R/log-mhc8.txt"
+fi
+if [[ $part == final2 ]]; then
+  {
+    stamp "conformance: the mHC ops (comb as one [4, 4] tile)"
+    timeout 200 $D conformance --ops mhc_pre,mhc_post,mhc_post_pre,mhc_head --quiet \
+      --json "$R/conformance-mhc.json" > /tmp/conf-mhc.log 2>&1
+    echo "rc=$?"; tail -4 /tmp/conf-mhc.log | cut -c1-300
+    stamp "demo"
+    timeout 150 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random \
+      --json "$R/demo-flash.json" --plot "$R/demo-flash.png" > /tmp/demo.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/demo.log | tail -30
+    stamp "demo, the decode step compiled (inductor)"
+    timeout 300 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random --compile \
+      --json "$R/demo-flash-compiled.json" --plot "$R/demo-flash-compiled.png" > /tmp/demo-c.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/demo-c.log | tail -30
+  } 2>&1 | tee "$R/log-final8b.txt"
+fi
+if [[ $part == compiled ]]; then
+  {
+    stamp "demo, the decode step compiled (inductor), after the custom ops' outputs took their fakes' layout"
+    timeout 400 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random --compile \
+      --json "$R/demo-flash-compiled.json" --plot "$R/demo-flash-compiled.png" > /tmp/demo-c.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/demo-c.log | tail -30
+  } 2>&1 | tee "$R/log-compiled8.txt"
 fi

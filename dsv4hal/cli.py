@@ -302,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: %(default)s)")
     sp.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
                     help="capture the decode step in a CUDA graph (default: on a CUDA platform)")
+    sp.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                    help="torch.compile the decode step (default backend: inductor), as an engine compiles its "
+                         "model: dsv4hal's ops stay opaque custom ops, the torch code around them is fused "
+                         "(default: off, the step runs as written)")
     sp.add_argument("--compare-cpu", action="store_true",
                     help="also run the small config on the CPU reference and compare every layer's output "
                          "(default: off)")

@@ -70,6 +70,15 @@ def _v4(data: torch.Tensor, page_size: int, fp8: str) -> V4PagedCache:
     return V4PagedCache(data, page_size, fp8)  # type: ignore[arg-type]
 
 
+def _dense(out: Any) -> Any:
+    """The eager body's tensors laid out as the fakes describe them, contiguous: a kernel may return a strided view
+    (DeepGEMM's logits are a view of a 256-aligned buffer), and compiled code reads outputs with the fake's strides
+    (Inductor asserts them). A copy only under torch.compile, only for such an output; eager calls are untouched."""
+    if isinstance(out, torch.Tensor):
+        return out.contiguous()
+    return type(out)(t if t is None else t.contiguous() for t in out)
+
+
 def _empty_like_none(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(0)
 
@@ -90,7 +99,7 @@ def _(k, loc, cache, page_size, fp8, platform):  # noqa: ANN001, ANN202
 @custom_op(f"{NAMESPACE}::dequant_gather", mutates_args=())
 def _dequant_gather(cache: torch.Tensor, page_size: int, fp8: str, loc: torch.Tensor,
                     platform: int) -> torch.Tensor:
-    return _op(platform, "dequant_gather")(_v4(cache, page_size, fp8), loc)
+    return _dense(_op(platform, "dequant_gather")(_v4(cache, page_size, fp8), loc))
 
 
 @_dequant_gather.register_fake
@@ -105,13 +114,13 @@ def _sparse_attention_decode(q: torch.Tensor, swa_cache: torch.Tensor, swa_page_
                              extra_fp8: str, extra_indices: torch.Tensor | None, extra_lengths: torch.Tensor | None,
                              platform: int) -> tuple[torch.Tensor, torch.Tensor]:
     extra = None if extra_cache is None else _v4(extra_cache, extra_page_size, extra_fp8)
-    return _op(platform, "sparse_attention_decode")(q, _v4(swa_cache, swa_page_size, swa_fp8), swa_indices,
-                                                     swa_lengths, sink, softmax_scale, extra, extra_indices,
-                                                     extra_lengths)
+    op = _op(platform, "sparse_attention_decode")
+    return _dense(op(q, _v4(swa_cache, swa_page_size, swa_fp8), swa_indices, swa_lengths, sink, softmax_scale, extra,
+                     extra_indices, extra_lengths))
 
 
 def _attention_fake(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(q), q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
 
 
 @_sparse_attention_decode.register_fake
@@ -123,7 +132,7 @@ def _(q, *args):  # noqa: ANN001, ANN002, ANN202
 def _sparse_attention_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
                               sink: torch.Tensor, softmax_scale: float,
                               platform: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return _op(platform, "sparse_attention_prefill")(q, kv, indices, lengths, sink, softmax_scale)
+    return _dense(_op(platform, "sparse_attention_prefill")(q, kv, indices, lengths, sink, softmax_scale))
 
 
 @_sparse_attention_prefill.register_fake
@@ -134,21 +143,21 @@ def _(q, *args):  # noqa: ANN001, ANN002, ANN202
 @custom_op(f"{NAMESPACE}::indexer_topk", mutates_args=())
 def _indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None,
                   page_size: int, platform: int) -> tuple[torch.Tensor, torch.Tensor]:
-    raw, pages = _op(platform, "indexer_topk")(scores, lengths, k, page_table, page_size)
+    raw, pages = _dense(_op(platform, "indexer_topk")(scores, lengths, k, page_table, page_size))
     return raw, _empty_like_none(raw) if pages is None else pages  # no page table: an empty stand-in for None
 
 
 @_indexer_topk.register_fake
 def _(scores, lengths, k, page_table, page_size, platform):  # noqa: ANN001, ANN202
     raw = scores.new_empty(scores.shape[0], k, dtype=torch.int32)
-    return raw, _empty_like_none(raw) if page_table is None else torch.empty_like(raw)
+    return raw, _empty_like_none(raw) if page_table is None else raw.new_empty(raw.shape)
 
 
 @custom_op(f"{NAMESPACE}::compress", mutates_args=())
 def _compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
               cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float, hadamard: bool,
               platform: int) -> torch.Tensor:
-    return _op(platform, "compress")(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard)
+    return _dense(_op(platform, "compress")(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard))
 
 
 @_compress.register_fake
@@ -161,8 +170,8 @@ def _(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard, pl
 def _compress_decode(kv_score: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                      ape: torch.Tensor, norm_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ratio: int,
                      eps: float, hadamard: bool, platform: int) -> torch.Tensor:
-    return _op(platform, "compress_decode")(kv_score, state, slots, positions, ape, norm_weight, cos, sin, ratio,
-                                            eps, hadamard)
+    op = _op(platform, "compress_decode")
+    return _dense(op(kv_score, state, slots, positions, ape, norm_weight, cos, sin, ratio, eps, hadamard))
 
 
 @_compress_decode.register_fake
@@ -173,8 +182,8 @@ def _(kv_score, state, slots, positions, ape, norm_weight, *args):  # noqa: ANN0
 @custom_op(f"{NAMESPACE}::indexer_logits", mutates_args=())
 def _indexer_logits(q: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor, fp8: str,
                     context_lens: torch.Tensor, block_table: torch.Tensor, platform: int) -> torch.Tensor:
-    return _op(platform, "indexer_logits")(q, weights, IndexerPagedCache(cache, fp8), context_lens,  # type: ignore[arg-type]
-                                           block_table)
+    cache_ = IndexerPagedCache(cache, fp8)  # type: ignore[arg-type]
+    return _dense(_op(platform, "indexer_logits")(q, weights, cache_, context_lens, block_table))
 
 
 @_indexer_logits.register_fake
@@ -199,7 +208,7 @@ def _(k, loc, cache, fp8, scale, platform):  # noqa: ANN001, ANN202
 def _moe_route(router_logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, routed_scaling_factor: float,
                hash_table: torch.Tensor | None, input_ids: torch.Tensor | None,
                platform: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return _op(platform, "moe_route")(router_logits, bias, top_k, routed_scaling_factor, hash_table, input_ids)
+    return _dense(_op(platform, "moe_route")(router_logits, bias, top_k, routed_scaling_factor, hash_table, input_ids))
 
 
 @_moe_route.register_fake
@@ -219,18 +228,18 @@ def _moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     if prepared is None:
         raise Dsv4HalError("moe_experts: the prepared weights this graph was compiled with no longer exist",
                            remedy="keep the PreparedWeights alive as long as functions compiled with them run")
-    return _op(platform, "moe_experts")(x, topk_ids, topk_weights, prepared, swiglu_limit)
+    return _dense(_op(platform, "moe_experts")(x, topk_ids, topk_weights, prepared, swiglu_limit))
 
 
 @_moe_experts.register_fake
 def _(x, *args):  # noqa: ANN001, ANN002, ANN202
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @custom_op(f"{NAMESPACE}::mhc_pre", mutates_args=())
 def _mhc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float,
              hc_eps: float, sinkhorn_iters: int, platform: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _op(platform, "mhc_pre")(x, fn, base, scale, rms_eps, hc_eps, sinkhorn_iters)
+    return _dense(_op(platform, "mhc_pre")(x, fn, base, scale, rms_eps, hc_eps, sinkhorn_iters))
 
 
 def _pre_fake(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -246,30 +255,30 @@ def _(x, *args):  # noqa: ANN001, ANN002, ANN202
 @custom_op(f"{NAMESPACE}::mhc_post", mutates_args=())
 def _mhc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
               platform: int) -> torch.Tensor:
-    return _op(platform, "mhc_post")(f, x, post, comb)
+    return _dense(_op(platform, "mhc_post")(f, x, post, comb))
 
 
 @_mhc_post.register_fake
 def _(f, x, *args):  # noqa: ANN001, ANN002, ANN202
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @custom_op(f"{NAMESPACE}::mhc_post_pre", mutates_args=())
 def _mhc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
                   base: torch.Tensor, scale: torch.Tensor, rms_eps: float, hc_eps: float, sinkhorn_iters: int,
                   platform: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _op(platform, "mhc_post_pre")(f, x, post, comb, fn, base, scale, rms_eps, hc_eps, sinkhorn_iters)
+    return _dense(_op(platform, "mhc_post_pre")(f, x, post, comb, fn, base, scale, rms_eps, hc_eps, sinkhorn_iters))
 
 
 @_mhc_post_pre.register_fake
 def _(f, x, *args):  # noqa: ANN001, ANN002, ANN202
-    return (torch.empty_like(x), *_pre_fake(x))
+    return (x.new_empty(x.shape), *_pre_fake(x))
 
 
 @custom_op(f"{NAMESPACE}::mhc_head", mutates_args=())
 def _mhc_head(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float,
               hc_eps: float, platform: int) -> torch.Tensor:
-    return _op(platform, "mhc_head")(x, fn, base, scale, rms_eps, hc_eps)
+    return _dense(_op(platform, "mhc_head")(x, fn, base, scale, rms_eps, hc_eps))
 
 
 @_mhc_head.register_fake
@@ -284,7 +293,7 @@ _METADATA_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionMetadata))
 def _build_attention_metadata(positions: torch.Tensor, page_table: torch.Tensor, full_to_swa: torch.Tensor,
                               index_topk: int, platform: int) -> list[torch.Tensor]:
     m = _op(platform, "build_attention_metadata")(positions, page_table, full_to_swa, index_topk, None)
-    return [getattr(m, name) for name in _METADATA_FIELDS]
+    return _dense([getattr(m, name) for name in _METADATA_FIELDS])
 
 
 @_build_attention_metadata.register_fake

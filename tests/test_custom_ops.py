@@ -125,3 +125,34 @@ def test_compiled_in_place_ops_write_their_buffers(platform: dsv4hal.Platform) -
     assert torch.compile(meta, fullgraph=True, backend="aot_eager")(out_c) is out_c
     for name in custom_ops._METADATA_FIELDS:
         assert torch.equal(getattr(out_e, name), getattr(out_c, name)), name
+
+
+def test_a_strided_kernel_output_gets_the_fakes_layout(platform: dsv4hal.Platform,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel may return a view of a padded buffer (DeepGEMM's logits rows are 256-aligned); compiled code reads
+    a custom op's output with its fake's strides (Inductor asserts them: the H200 demo with --compile failed so).
+    The eager body returns the fake's contiguous layout, with the kernel's values."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    args = _first_case(platform, "indexer_logits")
+    rows = 3  # more than one: the row stride is read (a size-1 dimension's stride never is)
+    args.update(q=args["q"].view(torch.uint8).repeat(rows, 1, 1).view(args["q"].dtype),
+                weights=args["weights"].repeat(rows, 1), context_lens=args["context_lens"].repeat(rows),
+                block_table=args["block_table"].repeat(rows, 1))
+    overload, flat = custom_ops.flatten("indexer_logits", platform.handle, **args)
+    bound = platform.ops.indexer_logits
+    want = bound(**args)
+
+    def padded(*a: object, **k: object) -> torch.Tensor:
+        out = bound(*a, **k)
+        buf = out.new_full((out.shape[0], out.shape[1] + 64), float("nan"))
+        buf[:, : out.shape[1]] = out
+        return buf[:, : out.shape[1]]
+
+    assert not padded(**args).is_contiguous()
+    monkeypatch.setattr(custom_ops, "_op", lambda handle, name: padded)
+    got = overload(*flat)
+    assert got.shape == (rows, want.shape[1]) and got.is_contiguous() and torch.equal(got, want)
+    with FakeTensorMode() as mode:
+        fake_out = overload(*[mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in flat])
+    assert fake_out.shape == got.shape and fake_out.stride() == got.stride()

@@ -109,3 +109,20 @@ def test_demo_package_reaches_dsv4hal_reference_only_through_its_engine_helpers(
             if any(n == "dsv4hal.reference" or n.startswith("dsv4hal.reference.") for n in names):
                 importers.add(path.name)
     assert importers == {"engine_helpers.py"}
+
+
+def test_compiled_decode_step_is_one_graph_and_matches_eager() -> None:
+    """`dsv4hal demo --compile`: the decode step compiles whole (every dsv4hal op one opaque custom op, no graph
+    break), and with a backend that does not fuse (aot_eager) its outputs equal the eager step's bit for bit."""
+    from torch._dynamo.utils import counters
+
+    platform = dsv4hal.select_platform("cpu")
+    eager = run_demo(platform, batch=2, context=40, steps=2)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = run_demo(platform, batch=2, context=40, steps=2, compile_backend="aot_eager")
+    assert compiled["compile_backend"] == "aot_eager" and compiled["decode_calls"] == {}  # no per-op timers
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert len(compiled["outputs"]) == len(eager["outputs"]) == 3
+    for got, want in zip(compiled["outputs"], eager["outputs"]):
+        assert torch.isfinite(got).all() and torch.equal(got, want)

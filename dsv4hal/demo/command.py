@@ -30,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
         raise Dsv4HalError("--graph needs a CUDA platform", remedy="drop --graph or run on a GPU")
     with Progress(1 + (1 if graph and args.steps else args.steps), "demo") as bar:
         res = run_demo(platform, args.batch, args.context, args.steps, cfg=SIZES[args.size], fill=args.fill,
-                       graph=graph, progress=bar.update)
+                       graph=graph, progress=bar.update, compile_backend=args.compile)
     outputs = res.pop("outputs")
     layers = res.pop("layer_outputs")
     res["output_rms"] = [float(o.pow(2).mean().sqrt()) for o in outputs]
@@ -38,7 +38,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"{res['platform']}: {args.size} layers, fill {args.fill} {res['batch']}x{res['context']} in "
           f"{res['prefill_s']:.2f}s, decode {res['decode_tokens_per_s']:.1f} tokens/s")
     if graph:
-        print(f"  graph step {res['graph_step_us']:.1f} us; ops alone sum {res['sum_ops_alone_us']:.1f} us "
+        how = f", compiled ({args.compile}; first step {res['first_step_s']:.1f} s)" if args.compile else ""
+        print(f"  graph step {res['graph_step_us']:.1f} us{how}; ops alone sum {res['sum_ops_alone_us']:.1f} us "
               f"(ratio {res['graph_step_over_sum_ops']:.2f})")
         for name, us in sorted(res["ops_alone_us"].items(), key=lambda kv: -kv[1]):
             print(f"  {name:<26} {us:9.1f} us  floor {res['ops_floor_us'][name]:8.1f} us  "

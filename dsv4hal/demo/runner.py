@@ -21,12 +21,14 @@ from dsv4hal.demo.timers import NullTimer, Timer
 
 def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, seed: int = 0,
              cfg: DemoConfig | None = None, tape: Tape | None = None, *, fill: str = "prefill",
-             graph: bool = False, progress: Any = None) -> dict[str, Any]:
+             graph: bool = False, progress: Any = None, compile_backend: str | None = None) -> dict[str, Any]:
     """Prefill `batch` prompts of `context` tokens (or fill="random": a synthetic context), then decode `steps`
     tokens; returns outputs and times. With a `tape` (Tape(platform.ops)) every op call is recorded for
     `replay`. graph=True (GPU): the first decode step runs eagerly (recorded and timed op by op), the rest
     replay one CUDA graph of the step. `progress(text)`, if given, is called after the prefill and after each
-    eager decode step (once for the graph decode)."""
+    eager decode step (once for the graph decode). compile_backend (e.g. "inductor"): the decode step is
+    torch.compile'd with that backend, as an engine compiles its model: dsv4hal's ops stay one opaque custom op
+    each, the engine-side torch code around them is the backend's to fuse (eager decode then keeps no per-op times)."""
     step_done = progress or (lambda text: None)
     cfg = replace(cfg or DemoConfig(), max_pages=-(-(context + steps) // PAGE))
     model = DemoModel(platform, cfg, batch, seed, ops=tape)
@@ -58,14 +60,16 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
         "prefill_s": prefill_s, "kernels": kernels_in_use(platform, model)}
     decode = Timer(dev)
     r = torch.arange(batch, device=dev)
+    step = _decode_step(model, compile_backend)
+    res["compile_backend"] = compile_backend
     if graph and steps:
-        res.update(_decode_graph(platform, model, embed, context, steps, outputs, layers))
+        res.update(_decode_graph(platform, model, embed, context, steps, outputs, layers, step))
         step_done(f"{steps} decode steps (graph)")
     else:
         t0 = time.perf_counter()
+        timer = decode if compile_backend is None else NullTimer()  # a timer's syncs would split compiled code
         for s in range(steps):
-            outputs.append(model.forward(embed(batch), r, torch.full((batch,), context + s, device=dev), decode,
-                                         decode=True))
+            outputs.append(step(embed(batch), r, torch.full((batch,), context + s, device=dev), timer))
             layers.append(model.layer_outputs)
             step_done(f"decode step {s + 1}/{steps}")
         decode_s = time.perf_counter() - t0
@@ -73,6 +77,14 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     res.update(decode_breakdown_s=dict(decode.seconds), decode_calls=dict(decode.calls), outputs=outputs,
                layer_outputs=layers)
     return res
+
+
+def _decode_step(model: DemoModel, compile_backend: str | None) -> Any:
+    """The decode step as a function of (x, req, pos, timer): the model's forward, compiled when asked."""
+    def step(x: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: Any) -> torch.Tensor:
+        return model.forward(x, req, pos, timer, decode=True)
+
+    return step if compile_backend is None else torch.compile(step, backend=compile_backend, dynamic=False)
 
 
 def kernels_in_use(platform: Any, model: DemoModel, calls: list = ()) -> dict[str, str]:
@@ -91,9 +103,10 @@ def kernels_in_use(platform: Any, model: DemoModel, calls: list = ()) -> dict[st
 
 
 def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, steps: int, outputs: list,
-                  layers: list) -> dict[str, Any]:
-    """Step 0 eagerly under a Tape (warm-up, and each op call timed alone); then one CUDA graph of the step,
-    captured once and replayed for steps 1.. with new positions and inputs written into its buffers."""
+                  layers: list, step: Any) -> dict[str, Any]:
+    """Step 0 eagerly under a Tape (warm-up, and each op call timed alone); then one CUDA graph of the step
+    (`step`: the forward, or its compiled form), captured once and replayed for steps 1.. with new positions and
+    inputs written into its buffers."""
     from dsv4hal.bench.timing import copy_bandwidth, graph_us
     from dsv4hal.cuda_graphs import capture
 
@@ -117,7 +130,11 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
         alone[name] += graph_us(lambda op=op, a=args, k=kwargs: op(*a, **k), inner=3, reps=10)
         floors[name] += floor_bytes(name, args, kwargs, out) / copy_bw * 1e6
         calls[name] += 1
-    graph, final = capture(lambda: model.forward(x, req, pos, null, decode=True))
+    t0 = time.perf_counter()
+    step(x, req, pos, null)  # compiles here when compiled (a step at the same position: the same cache writes)
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    graph, final = capture(lambda: step(x, req, pos, null))
     step_layers = model.layer_outputs
     times = []
     for s in range(1, steps):
@@ -141,7 +158,7 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
             "graph_replays": len(times), "ops_alone_us": dict(alone), "ops_floor_us": dict(floors),
             "ops_calls_per_step": dict(calls), "sum_ops_alone_us": sum_alone,
             "graph_step_over_sum_ops": step_us / sum_alone if sum_alone else float("nan"),
-            "copy_bytes_per_s": copy_bw, "step_kernels": step_kernels,
+            "copy_bytes_per_s": copy_bw, "step_kernels": step_kernels, "first_step_s": compile_s,
             # the kernels the step's real cases chose (the default case's can differ, e.g. moe_route by E)
             "kernels": kernels_in_use(platform, model, tape.calls)}
 

@@ -14,8 +14,9 @@
 #                                                 # commit 2e3f5b6: the scalar path and the script were removed after)
 #   R=$OUT bash bench/run_h200_session8.sh final2 # mHC conformance; the demo, and the demo with its step compiled
 #   R=$OUT bash bench/run_h200_session8.sh compiled # the demo with its step compiled, again (after the fakes' fix)
+#   R=$OUT bash bench/run_h200_session8.sh indexer  # indexer logits against DeepGEMM direct (schedule once, per call)
 set -uo pipefail
-part=${1:?host, lock, final, sweep, combo, marlin, mhc, final2 or compiled}
+part=${1:?host, lock, final, sweep, combo, marlin, mhc, final2, compiled or indexer}
 source bench/h200_env.sh
 D="python3 -m dsv4hal"
 if [[ $part == host ]]; then
@@ -136,4 +137,11 @@ if [[ $part == compiled ]]; then
       --json "$R/demo-flash-compiled.json" --plot "$R/demo-flash-compiled.png" > /tmp/demo-c.log 2>&1
     echo "rc=$?"; grep -v Warn /tmp/demo-c.log | tail -30
   } 2>&1 | tee "$R/log-compiled8.txt"
+fi
+if [[ $part == indexer ]]; then
+  {
+    stamp "indexer logits: the bound op against DeepGEMM called directly, with its schedule once or per call"
+    timeout 200 $D bench indexer --quick --json "$R/bench-indexer.json" > /tmp/bench-idx.log 2>&1
+    echo "rc=$?"; grep -v Warning /tmp/bench-idx.log | tail -8 | cut -c1-600
+  } 2>&1 | tee "$R/log-indexer8.txt"
 fi

@@ -15,8 +15,9 @@
 #   R=$OUT bash bench/run_h200_session8.sh final2 # mHC conformance; the demo, and the demo with its step compiled
 #   R=$OUT bash bench/run_h200_session8.sh compiled # the demo with its step compiled, again (after the fakes' fix)
 #   R=$OUT bash bench/run_h200_session8.sh indexer  # indexer logits against DeepGEMM direct (schedule once, per call)
+#   R=$OUT bash bench/run_h200_session8.sh fused    # the sampled top-k with sampling fused into the filter (sweep)
 set -uo pipefail
-part=${1:?host, lock, final, sweep, combo, marlin, mhc, final2, compiled or indexer}
+part=${1:?host, lock, final, sweep, combo, marlin, mhc, final2, compiled, indexer or fused}
 source bench/h200_env.sh
 D="python3 -m dsv4hal"
 if [[ $part == host ]]; then
@@ -144,4 +145,16 @@ if [[ $part == indexer ]]; then
     timeout 200 $D bench indexer --quick --json "$R/bench-indexer.json" > /tmp/bench-idx.log 2>&1
     echo "rc=$?"; grep -v Warning /tmp/bench-idx.log | tail -8 | cut -c1-600
   } 2>&1 | tee "$R/log-indexer8.txt"
+fi
+if [[ $part == fused ]]; then
+  {
+    stamp "the sampled top-k with sampling fused into the filter (bench/tune_triton.py --ops topk)"
+    timeout 200 python3 bench/tune_triton.py --json "$R/tune-triton-topk-fused.json" --ops topk > /tmp/tune-topk.log 2>&1
+    echo "rc=$?"; python3 - "$R/tune-triton-topk-fused.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["topk"]:
+    print(r.get("kernel", "sampled"), r["B"], r["N"], r["k"], {k: round(v, 1) for k, v in r["us"].items()},
+          "not ok", [k for k, v in r["ok"].items() if v is not True])
+PY
+  } 2>&1 | tee "$R/log-fused8.txt"
 fi

@@ -39,17 +39,19 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
 # tune-triton-topk-sweep1.json and -sweep2.json, and the third in log-session6.txt (its JSON did not come back). The
 # first here is the default for <= 8 rows (when the expected candidates fit; topk_sampled.default_config), the second
 # for more.
-# The seventh session's sweep: the filter pass (~70 us of 104 at 64 x 256K) with its loads pipelined over a chunk
-# of several blocks (filter_stages), and its warps.
-TOPK_CONFIGS = [dict(nsample=ns, range=True, coarse=0, chunk=c, block=1024, filter_stages=st, filter_warps=w)
-                for ns, c, st, w in ((2048, 1024, 1, 4), (4096, 1024, 1, 4), (4096, 1024, 1, 2), (4096, 1024, 1, 8),
-                                     (4096, 4096, 2, 4), (4096, 4096, 3, 4), (4096, 8192, 3, 4), (4096, 4096, 3, 8))]
+# The seventh session's sweeps: the filter pass (~70 us of 104 at 64 x 256K) with its loads pipelined over a chunk
+# of several blocks (filter_stages), and its warps (tune-triton-topk-session7.json); then sampling fused into the
+# filter (every filter program computes the threshold: one launch less on the critical path) for few rows.
+TOPK_CONFIGS = [dict(nsample=ns, range=True, coarse=0, chunk=c, block=1024, filter_stages=st, filter_warps=4, fused=f)
+                for ns, c, st, f in ((2048, 1024, 1, False), (2048, 1024, 1, True), (2048, 2048, 1, True),
+                                     (4096, 1024, 1, False), (4096, 1024, 1, True), (4096, 4096, 2, False),
+                                     (4096, 4096, 2, True))]
 # the row kernel (static for rows up to 16384: the demo's 64 x 8192): warps
 ROW_CONFIGS = [dict(num_warps=w) for w in (8, 16)]
 ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512)]
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
-TOPK_SHAPES = [(64, 262144, 512), (8, 262144, 512), (1, 262144, 512), (1, 262144, 1024)]
+TOPK_SHAPES = [(1, 262144, 512), (8, 262144, 512), (1, 262144, 1024), (64, 262144, 512), (1, 65536, 512)]
 # pack_store / dequant_gather: tokens per program (BLOCK_T) x warps; (16, 1) is left out, it spills on sm_90
 # (255 registers and a 1.6 KB stack under Triton 3.6). t1-w2 is the default (v4_cache_kernels.DEFAULT_*).
 CACHE_CONFIGS = [dict(block_t=t, num_warps=w) for t in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8) if (t, w) != (16, 1)]
@@ -175,7 +177,7 @@ def main() -> None:
             row.setdefault("estimate", {})[f"ns{ns}"] = {"c_min": int(c.min()), "c_max": int(c.max()), "misses": int(
                 ((c < k) | (c > topk_sampled.CAP)).sum())}
         for c in TOPK_CONFIGS:
-            name = "ns{nsample}-chunk{chunk}-st{filter_stages}-w{filter_warps}".format(**c)
+            name = "ns{nsample}-chunk{chunk}-st{filter_stages}".format(**c) + ("-fused" if c["fused"] else "")
             if _time_topk(row, name, ref, lambda c=c, s=scores, ln=lengths, k=k, t=table:
                           topk_sampled.indexer_topk(s, ln, k, t, config=c)):
                 row.setdefault("us_passes", {})[name] = [  # cumulative: sample, +filter, +select, +fallback

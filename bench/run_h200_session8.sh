@@ -20,6 +20,15 @@ set -uo pipefail
 part=${1:?host, lock, final, sweep, combo, marlin, mhc, final2, compiled, indexer or fused}
 source bench/h200_env.sh
 D="python3 -m dsv4hal"
+topk_rows() {  # one line a shape of a bench/tune_triton.py --ops topk result: times, per-pass times, failures
+  python3 - "$1" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["topk"]:
+    print(r.get("kernel", "sampled"), r["B"], r["N"], r["k"], {k: round(v, 1) for k, v in r["us"].items()},
+          "passes", {k: [round(x, 1) for x in v] for k, v in r.get("us_passes", {}).items()},
+          "not ok", [k for k, v in r["ok"].items() if v is not True])
+PY
+}
 if [[ $part == host ]]; then
   {
     stamp "GPU tests: the FlashMLA call sequence, the decode glue"
@@ -73,13 +82,7 @@ if [[ $part == combo ]]; then
   {
     stamp "the sampled top-k's filter pass: pipelined chunks, warps (bench/tune_triton.py --ops topk)"
     timeout 240 python3 bench/tune_triton.py --json "$R/tune-triton-topk.json" --ops topk > /tmp/tune-topk.log 2>&1
-    echo "rc=$?"; python3 - "$R/tune-triton-topk.json" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["topk"]:
-    print(r.get("kernel", "sampled"), r["B"], r["N"], r["k"], {k: round(v, 1) for k, v in r["us"].items()},
-          "passes", {k: [round(x, 1) for x in v] for k, v in r.get("us_passes", {}).items()},
-          "not ok", [k for k, v in r["ok"].items() if v is not True])
-PY
+    echo "rc=$?"; topk_rows "$R/tune-triton-topk.json"
     stamp "host cost, with the two lookups alone"
     timeout 150 $D bench attention --quick --json "$R/bench-attention-host.json" > /tmp/host.log 2>&1
     echo "rc=$?"
@@ -150,11 +153,6 @@ if [[ $part == fused ]]; then
   {
     stamp "the sampled top-k with sampling fused into the filter (bench/tune_triton.py --ops topk)"
     timeout 200 python3 bench/tune_triton.py --json "$R/tune-triton-topk-fused.json" --ops topk > /tmp/tune-topk.log 2>&1
-    echo "rc=$?"; python3 - "$R/tune-triton-topk-fused.json" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["topk"]:
-    print(r.get("kernel", "sampled"), r["B"], r["N"], r["k"], {k: round(v, 1) for k, v in r["us"].items()},
-          "not ok", [k for k, v in r["ok"].items() if v is not True])
-PY
+    echo "rc=$?"; topk_rows "$R/tune-triton-topk-fused.json"
   } 2>&1 | tee "$R/log-fused8.txt"
 fi

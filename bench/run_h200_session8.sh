@@ -20,6 +20,13 @@ set -uo pipefail
 part=${1:?host, lock, final, sweep, combo, marlin, mhc, final2, compiled, indexer or fused}
 source bench/h200_env.sh
 D="python3 -m dsv4hal"
+demo_flash() {  # TIMEOUT NAME [ARGS...]: the yardstick demo, results as $R/NAME.json/png, the log's tail
+  local limit=$1 name=$2
+  shift 2
+  timeout "$limit" $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random "$@" \
+    --json "$R/$name.json" --plot "$R/$name.png" > "/tmp/$name.log" 2>&1
+  echo "rc=$?"; grep -v Warn "/tmp/$name.log" | tail -32
+}
 topk_rows() {  # one line a shape of a bench/tune_triton.py --ops topk result: times, per-pass times, failures
   python3 - "$1" <<'PY'
 import json, sys
@@ -64,9 +71,7 @@ elif [[ $part == lock ]]; then
 elif [[ $part == final ]]; then
   {
     stamp "demo"
-    timeout 200 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random \
-      --json "$R/demo-flash.json" --plot "$R/demo-flash.png" > /tmp/demo.log 2>&1
-    echo "rc=$?"; tail -40 /tmp/demo.log
+    demo_flash 200 demo-flash
   } 2>&1 | tee "$R/log-final8.txt"
 fi
 if [[ $part == sweep ]]; then
@@ -93,9 +98,7 @@ for r in json.load(open(sys.argv[1]))["attention"]:
         print(r["config"], {k: round(v, 1) for k, v in r["host_us"].items()}, r.get("same_output_as_direct"))
 PY
     stamp "demo (the harness keeps its fp32 weights in fp32)"
-    timeout 200 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random \
-      --json "$R/demo-flash.json" --plot "$R/demo-flash.png" > /tmp/demo.log 2>&1
-    echo "rc=$?"; grep -v Warn /tmp/demo.log | tail -32
+    demo_flash 200 demo-flash
   } 2>&1 | tee "$R/log-combo8.txt"
 fi
 if [[ $part == marlin ]]; then
@@ -125,21 +128,15 @@ if [[ $part == final2 ]]; then
       --json "$R/conformance-mhc.json" > /tmp/conf-mhc.log 2>&1
     echo "rc=$?"; tail -4 /tmp/conf-mhc.log | cut -c1-300
     stamp "demo"
-    timeout 150 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random \
-      --json "$R/demo-flash.json" --plot "$R/demo-flash.png" > /tmp/demo.log 2>&1
-    echo "rc=$?"; grep -v Warn /tmp/demo.log | tail -30
+    demo_flash 150 demo-flash
     stamp "demo, the decode step compiled (inductor)"
-    timeout 300 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random --compile \
-      --json "$R/demo-flash-compiled.json" --plot "$R/demo-flash-compiled.png" > /tmp/demo-c.log 2>&1
-    echo "rc=$?"; grep -v Warn /tmp/demo-c.log | tail -30
+    demo_flash 300 demo-flash-compiled --compile
   } 2>&1 | tee "$R/log-final8b.txt"
 fi
 if [[ $part == compiled ]]; then
   {
     stamp "demo, the decode step compiled (inductor), after the custom ops' outputs took their fakes' layout"
-    timeout 400 $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random --compile \
-      --json "$R/demo-flash-compiled.json" --plot "$R/demo-flash-compiled.png" > /tmp/demo-c.log 2>&1
-    echo "rc=$?"; grep -v Warn /tmp/demo-c.log | tail -30
+    demo_flash 400 demo-flash-compiled --compile
   } 2>&1 | tee "$R/log-compiled8.txt"
 fi
 if [[ $part == indexer ]]; then

@@ -4,9 +4,10 @@ same `flash_mla_interface` entry points with the same arguments; each plugin add
 
 Accepts sgl-flash-mla (`flash_mla`, its legacy library: use_legacy=True, which holds the V4-format kernels for
 SM90 and SM100) or vLLM's bundled copy (`vllm.third_party.flashmla.flash_mla_interface`, which has no
-use_legacy argument). Scheduler metadata is planned per call unless the engine declares a decode step
-(dsv4hal.step), inside which one plan per (compress ratio, shapes) is shared, as vLLM and SGLang share one per
-layer type.
+use_legacy argument). sgl-flash-mla's decode is called through its torch op when the op's schema is the one read
+(decode_op: the Python entry's per-call work skipped, the same kernel). Scheduler metadata is planned per call
+unless the engine declares a decode step (dsv4hal.step), inside which one plan per (compress ratio, shapes) is
+shared, as vLLM and SGLang share one per layer type.
 
 Indices follow dsv4hal's one rule: FlashMLA skips -1 and reads any other negative as a slot (-2 reads slot
 0), so other negatives are invalid and checked mode refuses them in the contract, before this binding runs;

@@ -52,6 +52,15 @@ def test_demo_cli_json(tmp_path) -> None:  # noqa: ANN001
     assert data["decode_tokens_per_s"] > 0 and "sparse_attention_decode" in data["decode_breakdown_s"]
 
 
+def test_demo_cli_compile(tmp_path) -> None:  # noqa: ANN001
+    """`--compile BACKEND` reaches run_demo and the JSON says which backend compiled the step."""
+    out = tmp_path / "demo.json"
+    r = run_cli("demo", "--batch", "1", "--context", "8", "--steps", "1", "--compile", "aot_eager", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["compile_backend"] == "aot_eager" and data["finite"] and data["decode_tokens_per_s"] > 0
+
+
 def test_demo_random_fill_decodes_and_reports_every_layer() -> None:
     res = run_demo(dsv4hal.select_platform("cpu"), batch=2, context=600, steps=1, fill="random")
     assert res["fill"] == "random" and res["prefill_s"] >= 0 and len(res["outputs"]) == 1

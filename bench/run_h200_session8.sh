@@ -27,6 +27,11 @@ demo_flash() {  # TIMEOUT NAME [ARGS...]: the yardstick demo, results as $R/NAME
     --json "$R/$name.json" --plot "$R/$name.png" > "/tmp/$name.log" 2>&1
   echo "rc=$?"; grep -v Warn "/tmp/$name.log" | tail -32
 }
+bench_topk() {  # dsv4hal bench topk into $R/bench-topk.json/png, the log's tail
+  stamp "top-k bench"
+  timeout 100 $D bench topk --json "$R/bench-topk.json" --plot "$R/bench-topk.png" > /tmp/bench-topk.log 2>&1
+  echo "rc=$?"; grep -v Warning /tmp/bench-topk.log | tail -16 | cut -c1-300
+}
 topk_rows() {  # one line a shape of a bench/tune_triton.py --ops topk result: times, per-pass times, failures
   python3 - "$1" <<'PY'
 import json, sys
@@ -64,9 +69,7 @@ elif [[ $part == lock ]]; then
     DSV4HAL_STRICT=1 timeout 380 $D tune --platform cuda_sm90 --ops moe_experts --update --out "$R/cuda_sm90.lock.json" \
       --markdown "$R/tune-cuda_sm90-moe.md" > /tmp/tune-moe.log 2>&1
     echo "rc=$?"; grep "^\[moe\|^wrote\|rror" /tmp/tune-moe.log | cut -c1-400
-    stamp "top-k bench"
-    timeout 100 $D bench topk --json "$R/bench-topk.json" --plot "$R/bench-topk.png" > /tmp/bench-topk.log 2>&1
-    echo "rc=$?"; grep -v Warning /tmp/bench-topk.log | tail -16 | cut -c1-300
+    bench_topk
   } 2>&1 | tee "$R/log-lock8.txt"
 elif [[ $part == final ]]; then
   {
@@ -109,9 +112,7 @@ if [[ $part == marlin ]]; then
     stamp "conformance: indexer_topk (the sampled top-k's many-row filter)"
     timeout 200 $D conformance --ops indexer_topk --quiet --json "$R/conformance-topk.json" > /tmp/conf-topk.log 2>&1
     echo "rc=$?"; tail -4 /tmp/conf-topk.log | cut -c1-300
-    stamp "top-k bench"
-    timeout 100 $D bench topk --json "$R/bench-topk.json" --plot "$R/bench-topk.png" > /tmp/bench-topk.log 2>&1
-    echo "rc=$?"; grep -v Warning /tmp/bench-topk.log | tail -16 | cut -c1-300
+    bench_topk
   } 2>&1 | tee "$R/log-marlin8.txt"
 fi
 if [[ $part == mhc ]]; then

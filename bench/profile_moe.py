@@ -2,6 +2,8 @@
 missed: DeepGEMM FP8 psum at T = 4096 (goal 600 TFLOP/s), triton_kernels and Marlin MXFP4 at T = 64 and 4096.
 
     python3 bench/profile_moe.py --json out/profile-moe.json
+    python3 bench/profile_moe.py --json out/profile-moe-decode.json \
+        --runs mxfp4:marlin_mxfp4_sm90:1,mxfp4:marlin_mxfp4_sm90:8
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ def _profile(op: object, args: tuple) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
+    ap.add_argument("--runs", help="FORMAT:KERNEL:T,... (default: the goals' runs above)")
     args = ap.parse_args()
+    runs = RUNS if not args.runs else [(f, n, int(t)) for f, n, t in (r.split(":") for r in args.runs.split(","))]
     platform = dsv4hal.select_platform()
     gen = torch.Generator(device="cuda").manual_seed(0)
     out: dict = {"device": torch.cuda.get_device_name(), "calls": CALLS, "runs": []}
     weights: dict[str, object] = {}
-    for fmt, name, t in RUNS:
+    for fmt, name, t in runs:
         p = _experts_params("flash", t, fmt)
         if fmt not in weights:
             weights = {fmt: _expert_weights(p, torch.device("cuda"), gen)}  # one format's weights at a time

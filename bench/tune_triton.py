@@ -41,11 +41,13 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
 # for more.
 # The seventh session's sweeps: the filter pass (~70 us of 104 at 64 x 256K) with its loads pipelined over a chunk
 # of several blocks (filter_stages), and its warps (tune-triton-topk-session7.json); then sampling fused into the
-# filter (every filter program computes the threshold: one launch less on the critical path) for few rows.
-TOPK_CONFIGS = [dict(nsample=ns, range=True, coarse=0, chunk=c, block=1024, filter_stages=st, filter_warps=4, fused=f)
-                for ns, c, st, f in ((2048, 1024, 1, False), (2048, 1024, 1, True), (2048, 2048, 1, True),
-                                     (4096, 1024, 1, False), (4096, 1024, 1, True), (4096, 4096, 2, False),
-                                     (4096, 4096, 2, True))]
+# filter (every filter program computes the threshold: one launch less on the critical path) for few rows: slower at
+# every shape (log-session8.txt, tune-triton-topk-fused.json: 23.5 against 22.2 us at 1 x 256K; 3x slower at 64 rows).
+# The eighth session's: the select pass's K-th key by radix select (four 256-bin tl.histogram passes over the
+# candidate tile) against the bisection: exact on the GPU and the CPU, but the select pass took 26-27 us against 8.6
+# (the row kernel at 64 x 8192: 28.0 against 16.7 us), so it was taken out again (tune-triton-topk-radix.json).
+TOPK_CONFIGS = [dict(nsample=ns, range=True, coarse=0, chunk=c, block=1024, filter_stages=st, filter_warps=4)
+                for ns, c, st in ((2048, 1024, 1), (4096, 1024, 1), (4096, 4096, 2))]
 # the row kernel (static for rows up to 16384: the demo's 64 x 8192): warps
 ROW_CONFIGS = [dict(num_warps=w) for w in (8, 16)]
 ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512)]
@@ -177,7 +179,7 @@ def main() -> None:
             row.setdefault("estimate", {})[f"ns{ns}"] = {"c_min": int(c.min()), "c_max": int(c.max()), "misses": int(
                 ((c < k) | (c > topk_sampled.CAP)).sum())}
         for c in TOPK_CONFIGS:
-            name = "ns{nsample}-chunk{chunk}-st{filter_stages}".format(**c) + ("-fused" if c["fused"] else "")
+            name = "ns{nsample}-chunk{chunk}-st{filter_stages}".format(**c)
             if _time_topk(row, name, ref, lambda c=c, s=scores, ln=lengths, k=k, t=table:
                           topk_sampled.indexer_topk(s, ln, k, t, config=c)):
                 row.setdefault("us_passes", {})[name] = [  # cumulative: sample, +filter, +select, +fallback

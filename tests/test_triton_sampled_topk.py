@@ -99,13 +99,10 @@ def test_past_the_chunked_width_the_radix_kernel_falls_back(fallbacks: dict[str,
                                              (3000, 512, {"nsample": 4096, "cap": 512}),
                                              (20000, 1024, {"nsample": 1024, "cap": 2048, "margin": 0}),
                                              (9000, 512, {"chunk": 4096, "block": 1024, "filter_stages": 2,
-                                                          "filter_warps": 2}),
-                                             (20000, 512, {"fused": True}),
-                                             (9000, 1024, {"fused": True, "chunk": 4096, "filter_stages": 2})])
+                                                          "filter_warps": 2})])
 def test_small_tiles(s: int, k: int, cfg: dict[str, int]) -> None:
     """Samples, tiles and filter steps smaller than the defaults (a tile of exactly k, no margin), the filter of
-    many-row calls (a chunk of several pipelined steps, the last one partial), and sampling fused into the filter
-    (every filter program computes the threshold itself): still exact."""
+    many-row calls (a chunk of several pipelined steps, the last one partial): still exact."""
     gen = torch.Generator().manual_seed(s + k)
     scores, lengths = _batch(s, k, gen)
     pt = _table(scores.shape[0], s, gen)

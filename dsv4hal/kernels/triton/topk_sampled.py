@@ -13,10 +13,9 @@ case, and an exact fallback for the rows where the estimate misses.
      Otherwise (an estimate that missed: heavy ties, an adversarial order) the row is flagged;
   4. the flagged rows only (a gate the kernels read on the device): triton_chunked_topk's two launches, or the
      radix kernel's for rows wider than the chunked kernel holds. Unflagged rows exit at once.
-Option `fused` (off by default; exact on the CPU, not yet timed on the H200): passes 1 and 2 in one launch, every
-filter program computing the threshold itself (the same t), the counts zeroed before it: one launch less on the
-critical path of a few-row call, at the cost of a sample search in every filter program (bench/tune_triton.py
---ops topk times both).
+Sampling fused into the filter (every filter program computing the threshold itself: one launch less) was
+measured slower at every shape on the H200 (23.5 against 22.2 us at 1 x 256K, 3x slower at 64 rows;
+tune-triton-topk-fused.json) and taken out, as was a radix select for pass 3 (tune-triton-topk-radix.json).
 Outputs: the contract's set; keys above T first, then ties, each in candidate order (which blocks reserve their
 slots first varies from run to run, as in the radix kernel's collect pass); rows with n <= k get 0..n-1 in order,
 then -1; a length past S selects among the S scores there are; a position whose page is past the table gets slot
@@ -59,8 +58,7 @@ CHUNK_MANY_ROWS, STAGES_MANY_ROWS = 4096, 2
 def _sample_threshold(scores_ptr, stride_s, row, n, K: tl.constexpr, NS: tl.constexpr, MARGIN_: tl.constexpr,
                       RANGE: tl.constexpr, COARSE: tl.constexpr):
     """The row's threshold t (uint32 order key) from NS evenly spaced scores: about 2K keys of the row are >= t;
-    0 (every key) when the target rank reaches the samples. A function of the row's scores only: every program
-    that computes it gets the same t."""
+    0 (every key) when the target rank reaches the samples."""
     thr = tl.full((), 0, tl.uint32)
     if n > K:
         i = tl.arange(0, NS)
@@ -122,22 +120,6 @@ def _filter_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, ckey_ptr, 
 
 
 @triton.jit
-def _sample_filter_kernel(scores_ptr, stride_s, len_ptr, count_ptr, ckey_ptr, cidx_ptr, S, K: tl.constexpr,
-                          NS: tl.constexpr, MARGIN_: tl.constexpr, RANGE: tl.constexpr, COARSE: tl.constexpr,
-                          CAP_: tl.constexpr, CHUNK_: tl.constexpr, BLOCK_: tl.constexpr, STAGES: tl.constexpr):
-    """Passes 1 and 2 in one launch (the `fused` option): every filter program computes the row's threshold itself
-    (the same t: the samples and the search are the same), so no program waits for another; the candidate counts
-    are zeroed before the launch."""
-    row = tl.program_id(0)
-    base = tl.program_id(1) * CHUNK_
-    n = tl.minimum(tl.load(len_ptr + row), S)
-    if (n > K) & (base < n):
-        thr = _sample_threshold(scores_ptr, stride_s, row, n, K, NS, MARGIN_, RANGE, COARSE)
-        _filter_chunk(scores_ptr, stride_s, row, n, base, thr, count_ptr, ckey_ptr, cidx_ptr, CAP_, CHUNK_, BLOCK_,
-                      STAGES)
-
-
-@triton.jit
 def _select_kernel(len_ptr, count_ptr, ckey_ptr, cidx_ptr, gate_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, S, P,
                    K: tl.constexpr, CAP_: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr,
                    RANGE: tl.constexpr):
@@ -175,7 +157,7 @@ def default_config(rows: int, width: int, k: int) -> dict:
     many = rows > FEW_ROWS
     return {"nsample": NSAMPLE_FEW_ROWS if few else NSAMPLE, "cap": CAP, "margin": MARGIN,
             "chunk": CHUNK_MANY_ROWS if many else CHUNK, "block": BLOCK, "range": True, "coarse": 0, "passes": 4,
-            "filter_stages": STAGES_MANY_ROWS if many else 1, "filter_warps": 4, "fused": False}
+            "filter_stages": STAGES_MANY_ROWS if many else 1, "filter_warps": 4}
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
@@ -193,23 +175,16 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     cidx = torch.empty(b, cap, dtype=torch.int32, device=dev)
     # "range": bisections from the keys' common high bits; "coarse" (with range): the sample threshold resolved to
     # that many bits below them only (an estimate needs no more); "passes" < 4 stops early (per-pass timing only:
-    # the outputs are then incomplete; with "fused", 1 and 2 are one pass)
+    # the outputs are then incomplete)
     grid = (b, max(1, triton.cdiv(s, cfg["chunk"])))
-    if cfg["fused"]:
-        count = torch.zeros(b, dtype=torch.int32, device=dev)
-        _sample_filter_kernel[grid](
-            scores, scores.stride(0), lengths, count, ckey, cidx, s, K=k, NS=ns, MARGIN_=cfg["margin"],
-            RANGE=cfg["range"], COARSE=cfg["coarse"], CAP_=cap, CHUNK_=cfg["chunk"], BLOCK_=cfg["block"],
-            STAGES=cfg["filter_stages"], num_warps=max(cfg["filter_warps"], tile_warps(ns)))
-    else:
-        thr = torch.empty(b, dtype=torch.int32, device=dev)
-        count = torch.empty(b, dtype=torch.int32, device=dev)  # zeroed by the sample pass
-        _sample_kernel[(b,)](scores, scores.stride(0), lengths, thr, count, s, K=k, NS=ns, MARGIN_=cfg["margin"],
-                             RANGE=cfg["range"], COARSE=cfg["coarse"], num_warps=tile_warps(ns))
-        if cfg["passes"] >= 2:
-            _filter_kernel[grid](
-                scores, scores.stride(0), lengths, thr, count, ckey, cidx, s, K=k, CAP_=cap, CHUNK_=cfg["chunk"],
-                BLOCK_=cfg["block"], STAGES=cfg["filter_stages"], num_warps=cfg["filter_warps"])
+    thr = torch.empty(b, dtype=torch.int32, device=dev)
+    count = torch.empty(b, dtype=torch.int32, device=dev)  # zeroed by the sample pass
+    _sample_kernel[(b,)](scores, scores.stride(0), lengths, thr, count, s, K=k, NS=ns, MARGIN_=cfg["margin"],
+                         RANGE=cfg["range"], COARSE=cfg["coarse"], num_warps=tile_warps(ns))
+    if cfg["passes"] >= 2:
+        _filter_kernel[grid](
+            scores, scores.stride(0), lengths, thr, count, ckey, cidx, s, K=k, CAP_=cap, CHUNK_=cfg["chunk"],
+            BLOCK_=cfg["block"], STAGES=cfg["filter_stages"], num_warps=cfg["filter_warps"])
     pt = page_table if page_table is not None else raw
     if cfg["passes"] >= 3:
         _select_kernel[(b,)](lengths, count, ckey, cidx, gate, raw, pages if pages is not None else raw, pt,

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The H200 plan of the eighth session (2026-12-01): results straight into the call's output folder ($R=$OUT); at
+# most 8 files come back from a call, so logs stay in /tmp and their tails go to the part's log.
+#   R=$OUT bash bench/run_h200_session9.sh topk   # the sampled top-k with sampling fused into the filter (sweep);
+#                                                 # the demo (its graph path after the capture-warm-up change)
+#   R=$OUT bash bench/run_h200_session9.sh radix  # the K-th key by radix select against the bisection: sampled and
+#                                                 # row top-k (bench/tune_triton.py --ops topk); their GPU tests
+#   R=$OUT bash bench/run_h200_session9.sh radix2 # the same after the radix search's fix (a constexpr reassigned:
+#                                                 # GPU compile only); Marlin's kernels at T = 1 and 8, profiled.
+#                                                 # The radix option was measured slower and removed after this
+#                                                 # call: its configs are gone from bench/tune_triton.py
+set -uo pipefail
+part=${1:?topk, radix or radix2}
+source bench/h200_env.sh
+D="python3 -m dsv4hal"
+demo_flash() {  # TIMEOUT NAME [ARGS...]: the yardstick demo, results as $R/NAME.json/png, the log's tail
+  local limit=$1 name=$2
+  shift 2
+  timeout "$limit" $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random "$@" \
+    --json "$R/$name.json" --plot "$R/$name.png" > "/tmp/$name.log" 2>&1
+  echo "rc=$?"; grep -v Warn "/tmp/$name.log" | tail -32
+}
+topk_rows() {  # one line a shape of a bench/tune_triton.py --ops topk result: times, per-pass times, failures
+  python3 - "$1" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["topk"]:
+    print(r.get("kernel", "sampled"), r["B"], r["N"], r["k"], {k: round(v, 1) for k, v in r["us"].items()},
+          "passes", {k: [round(x, 1) for x in v] for k, v in r.get("us_passes", {}).items()},
+          "not ok", [k for k, v in r["ok"].items() if v is not True])
+PY
+}
+if [[ $part == topk ]]; then
+  {
+    stamp "the sampled top-k with sampling fused into the filter (bench/tune_triton.py --ops topk)"
+    timeout 200 python3 bench/tune_triton.py --json "$R/tune-triton-topk-fused.json" --ops topk > /tmp/tune-topk.log 2>&1
+    echo "rc=$?"; topk_rows "$R/tune-triton-topk-fused.json"
+    stamp "demo"
+    demo_flash 150 demo-flash
+  } 2>&1 | tee "$R/log-topk9.txt"
+fi
+if [[ $part == radix || $part == radix2 ]]; then
+  {
+    stamp "GPU tests of the row and sampled top-k (radix select included)"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_triton_row_topk.py \
+      tests/test_triton_sampled_topk.py > /tmp/pytest-topk.log 2>&1
+    echo "rc=$?"; grep -E "FAILED|ERROR|passed|failed" /tmp/pytest-topk.log | tail -12 | cut -c1-300
+    stamp "the K-th key by radix select or bisection (bench/tune_triton.py --ops topk)"
+    timeout 240 python3 bench/tune_triton.py --json "$R/tune-triton-topk-radix.json" --ops topk > /tmp/tune-topk.log 2>&1
+    echo "rc=$?"; topk_rows "$R/tune-triton-topk-radix.json"
+  } 2>&1 | tee "$R/log-radix9.txt"
+fi
+if [[ $part == radix2 ]]; then
+  {
+    stamp "Marlin MXFP4 at T = 1 and 8, kernel by kernel (bench/profile_moe.py)"
+    timeout 150 python3 bench/profile_moe.py --json "$R/profile-moe-decode.json" \
+      --runs mxfp4:marlin_mxfp4_sm90:1,mxfp4:marlin_mxfp4_sm90:8,mxfp4:triton_kernels_mxfp4_sm90:8 > /tmp/prof.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/prof.log | tail -30 | cut -c1-200
+  } 2>&1 | tee "$R/log-profile9.txt"
+fi

@@ -9,8 +9,10 @@
 #                                                 # GPU compile only); Marlin's kernels at T = 1 and 8, profiled.
 #                                                 # The radix option was measured slower and removed after this
 #                                                 # call: its configs are gone from bench/tune_triton.py
+#   R=$OUT bash bench/run_h200_session9.sh demo   # the prefill compress op's host time by part; the demo after the
+#                                                 # harness's fused norms and in-place RoPE, eager and compiled
 set -uo pipefail
-part=${1:?topk, radix or radix2}
+part=${1:?topk, radix, radix2 or demo}
 source bench/h200_env.sh
 D="python3 -m dsv4hal"
 demo_flash() {  # TIMEOUT NAME [ARGS...]: the yardstick demo, results as $R/NAME.json/png, the log's tail
@@ -56,4 +58,15 @@ if [[ $part == radix2 ]]; then
       --runs mxfp4:marlin_mxfp4_sm90:1,mxfp4:marlin_mxfp4_sm90:8,mxfp4:triton_kernels_mxfp4_sm90:8 > /tmp/prof.log 2>&1
     echo "rc=$?"; grep -v Warn /tmp/prof.log | tail -30 | cut -c1-200
   } 2>&1 | tee "$R/log-profile9.txt"
+fi
+if [[ $part == demo ]]; then
+  {
+    stamp "the prefill compress op by part (bench/profile_compress.py)"
+    timeout 120 python3 bench/profile_compress.py > "$R/profile-compress.txt" 2>&1
+    echo "rc=$?"; grep -v Warn "$R/profile-compress.txt" | grep "^c[14]" | cut -c1-300
+    stamp "demo"
+    demo_flash 150 demo-flash
+    stamp "demo, the decode step compiled (inductor)"
+    demo_flash 300 demo-flash-compiled --compile
+  } 2>&1 | tee "$R/log-demo9.txt"
 fi

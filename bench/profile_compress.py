@@ -1,0 +1,68 @@
+"""Where the prefill compress op's time goes on the host (the op measured 0.04-0.14 of copy bandwidth while its
+Triton kernel alone reached 0.44-0.92): each part timed on its own with a device sync around it, then the bound
+op under cProfile (top functions by cumulative time).
+
+    python3 bench/profile_compress.py > out/profile-compress.txt
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import time
+from collections.abc import Callable
+
+import torch
+
+import dsv4hal
+from dsv4hal.bench.common import bound_op
+from dsv4hal.bench.compress import CONFIGS, PREFILL_TOKENS, _layer
+from dsv4hal.conformance.cases_compress import COMPRESS_ROPE_BASE
+from dsv4hal.kernels.triton.compress import compress_into, plan_groups
+from dsv4hal.reference.rope import DSV4_YARN, make_rope_table
+
+
+def _us(fn: Callable[[], object], reps: int = 20) -> float:
+    """Median wall microseconds of a call, the device synchronised before and after each."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return sorted(times)[reps // 2]
+
+
+def _parts(op: Callable[..., object], args: dict, cu: torch.Tensor, ratio: int, out: torch.Tensor,
+           ends: torch.Tensor) -> dict[str, Callable[[], object]]:
+    return {"bound op": lambda: op(**args), "plan_groups (sync)": lambda: plan_groups(cu, ratio),
+            "compress_into (kernel, launch)": lambda: compress_into(out, ends, **args),
+            "validate": lambda: op.definition.validate(**args)}  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    platform = dsv4hal.select_platform()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cos, sin = make_rope_table(PREFILL_TOKENS + 256, COMPRESS_ROPE_BASE, DSV4_YARN, device="cuda")
+    cu = torch.tensor([0, PREFILL_TOKENS], dtype=torch.int32, device="cuda")
+    for name, ratio, hd, hadamard in CONFIGS:
+        args = {**_layer(ratio, hd, PREFILL_TOKENS, gen), "cos": cos, "sin": sin, "cu_seqlens": cu, "ratio": ratio,
+                "hadamard": hadamard}
+        op = bound_op(platform, "compress", "triton_compress")
+        ends, total = plan_groups(cu, ratio)
+        out = torch.empty(total, hd, device="cuda")
+        parts = _parts(op, args, cu, ratio, out, ends)
+        print(name, {k: round(_us(f), 1) for k, f in parts.items()}, flush=True)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(20):
+            op(**args)
+        torch.cuda.synchronize()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(14)
+
+
+if __name__ == "__main__":
+    main()

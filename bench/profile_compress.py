@@ -1,6 +1,7 @@
 """Where the prefill compress op's time goes on the host (the op measured 0.04-0.14 of copy bandwidth while its
 Triton kernel alone reached 0.44-0.92): each part timed on its own with a device sync around it, then the bound
-op under cProfile (top functions by cumulative time).
+op under cProfile (top functions by cumulative time). Then the kernel's launch settings swept per layer kind
+(warps, rows a chunk, stages), each timed as a graph and checked against the default's output.
 
     python3 bench/profile_compress.py > out/profile-compress.txt
 """
@@ -17,8 +18,9 @@ import torch
 import dsv4hal
 from dsv4hal.bench.common import bound_op
 from dsv4hal.bench.compress import CONFIGS, PREFILL_TOKENS, _layer
+from dsv4hal.bench.timing import graph_us
 from dsv4hal.conformance.cases_compress import COMPRESS_ROPE_BASE
-from dsv4hal.kernels.triton.compress import compress_into, plan_groups
+from dsv4hal.kernels.triton.compress import _config, compress_into, plan_groups
 from dsv4hal.reference.rope import DSV4_YARN, make_rope_table
 
 
@@ -62,6 +64,24 @@ def main() -> None:
         torch.cuda.synchronize()
         prof.disable()
         pstats.Stats(prof).sort_stats("cumulative").print_stats(14)
+        window, block_r, warps, stages = _config(ratio, hd)
+        want = out.clone()
+        compress_into(want, ends, **args)
+        sweep = {}
+        for w in (1, 2, 4, 8, 16):
+            for br in sorted({block_r, min(window, 2 * block_r), max(8, block_r // 2)}):
+                for st in (1, 2, 3):
+                    cfg = (window, br, w, st)
+                    got = torch.full_like(out, float("nan"))
+                    try:
+                        compress_into(got, ends, **args, config=cfg)
+                        us = graph_us(lambda got=got, cfg=cfg, e=ends, a=args: compress_into(got, e, **a, config=cfg))
+                    except Exception as exc:  # noqa: BLE001 (a setting that does not compile is reported)
+                        sweep[str(cfg)] = f"{type(exc).__name__}"
+                        continue
+                    sweep[str(cfg)] = (round(us, 1), bool(torch.allclose(got, want, atol=1e-5, rtol=1e-5)))
+        print(name, "sweep (window, rows a chunk, warps, stages) -> (us, same as default); default",
+              (window, block_r, warps, stages), sweep, flush=True)
 
 
 if __name__ == "__main__":

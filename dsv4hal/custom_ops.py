@@ -155,14 +155,16 @@ def _(scores, lengths, k, page_table, page_size, platform):  # noqa: ANN001, ANN
 
 @custom_op(f"{NAMESPACE}::compress", mutates_args=())
 def _compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
-              cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float, hadamard: bool,
+              cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float, hadamard: bool, num_groups: int | None,
               platform: int) -> torch.Tensor:
-    return _dense(_op(platform, "compress")(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard))
+    op = _op(platform, "compress")
+    return _dense(op(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard, num_groups))
 
 
 @_compress.register_fake
-def _(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard, platform):  # noqa: ANN001, ANN202
-    rows = torch.library.get_ctx().new_dynamic_size()  # sum_b L_b // ratio: read from cu_seqlens
+def _(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard, num_groups, platform):  # noqa: ANN001, ANN202
+    # sum_b L_b // ratio: the caller's num_groups, else read from cu_seqlens (data-dependent)
+    rows = torch.library.get_ctx().new_dynamic_size() if num_groups is None else num_groups
     return kv_score.new_empty(rows, norm_weight.shape[0])
 
 
@@ -363,8 +365,8 @@ def _post_indexer_topk(out: tuple[torch.Tensor, torch.Tensor], scores: torch.Ten
 
 def _flat_compress(h: int, kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor,
                    norm_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float = 1e-6,
-                   hadamard: bool = False) -> Flat:
-    return "compress", (kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, float(eps), hadamard, h)
+                   hadamard: bool = False, num_groups: int | None = None) -> Flat:
+    return "compress", (kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, float(eps), hadamard, num_groups, h)
 
 
 def _flat_compress_decode(h: int, kv_score: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,

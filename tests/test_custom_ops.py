@@ -156,3 +156,20 @@ def test_a_strided_kernel_output_gets_the_fakes_layout(platform: dsv4hal.Platfor
     with FakeTensorMode() as mode:
         fake_out = overload(*[mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in flat])
     assert fake_out.shape == got.shape and fake_out.stride() == got.stride()
+
+
+def test_compress_with_num_groups_is_static(platform: dsv4hal.Platform) -> None:
+    """compress given num_groups: the fake's row count is that int (no data-dependent size), opcheck passes, and a
+    fullgraph compile of a call matches eager."""
+    spec, build = next((s, b) for s, b in load_catalog(["compress"]) if s.params.get("num_groups") and not s.gpu_only)
+    args = build(spec, torch.device("cpu"), torch.Generator().manual_seed(0)).args
+    overload, flat = custom_ops.flatten("compress", platform.handle, **args)
+    torch.library.opcheck(overload, flat, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in flat]
+        assert overload(*fake).shape == (args["num_groups"], args["norm_weight"].shape[0])
+    eager = platform.ops.compress(**args)
+    compiled = torch.compile(lambda a: platform.ops.compress(**a), fullgraph=True, backend="aot_eager")(args)
+    assert torch.equal(compiled, eager)

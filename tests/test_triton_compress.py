@@ -8,6 +8,7 @@ import torch
 
 import dsv4hal
 from dsv4hal.conformance.runner import load_catalog, run_cell
+from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.reference import compress as ref
 from dsv4hal.reference.rope import DSV4_YARN, make_rope_table
 
@@ -77,6 +78,44 @@ def test_prefill_matches_reference(ratio: int, hd: int, hadamard: bool, lengths:
     got = compress(**_on(args)).cpu()
     assert got.shape == want.shape == (sum(n // ratio for n in lengths), hd)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("ratio", "hd", "hadamard", "lengths"), [(4, 128, True, (5, 0, 22, 3)),
+                                                                 (128, 512, False, (130, 7, 256))])
+def test_num_groups_gives_the_same_rows_and_zero_rows_past_m(ratio: int, hd: int, hadamard: bool,
+                                                              lengths: tuple[int, ...]) -> None:
+    """num_groups = M: the rows the count read from cu_seqlens gives, bit for bit (the same kernel, no sync); a count
+    past M (unchecked mode trusts it) gets zero rows after the M real ones, and reads nothing past the rows."""
+    from dsv4hal.kernels.triton.compress import compress
+
+    layer = _layer(ratio, hd, sum(lengths), 7 + ratio)
+    args = _on({**layer, "cu_seqlens": _cu(lengths), "ratio": ratio, "hadamard": hadamard})
+    m = sum(n // ratio for n in lengths)
+    base = compress(**args)
+    assert torch.equal(compress(**args, num_groups=m), base)
+    more = compress(**args, num_groups=m + 3).cpu()
+    assert more.shape == (m + 3, hd)
+    assert torch.equal(more[:m], base.cpu()) and not bool(more[m:].any())
+    assert compress(**args, num_groups=0).shape == (0, hd)
+
+
+def test_num_groups_checked_through_the_platform(platform) -> None:  # noqa: ANN001
+    """The bound op: num_groups other than M is refused wherever cu_seqlens is read (on the CPU, or checked mode);
+    a bool or a negative count always."""
+    layer = _layer(4, 512, 20, 1)
+    args = {**layer, "cu_seqlens": _cu((9, 11)), "ratio": 4}
+    want = platform.ops.compress(**_on(args))
+    torch.testing.assert_close(platform.ops.compress(**_on(args), num_groups=4), want)
+    if DEV.type == "cpu":  # cu_seqlens on the CPU is read in unchecked mode too
+        with pytest.raises(InvalidArgumentError, match="num_groups"):
+            platform.ops.compress(**_on(args), num_groups=5)
+    for bad in (True, -1, 2.0):
+        with pytest.raises(InvalidArgumentError, match="num_groups"):
+            platform.ops.compress(**_on(args), num_groups=bad)
+    with dsv4hal.overrides(kernels=FORCED):
+        checked = dsv4hal.select_platform(checked=True)
+    with pytest.raises(InvalidArgumentError, match="num_groups"):
+        checked.ops.compress(**_on(args), num_groups=3)
 
 
 def test_prefill_strided_rows_and_masked_chunk() -> None:

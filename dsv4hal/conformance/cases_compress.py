@@ -33,11 +33,13 @@ _GRAPH_UNREACHABLE = (
 
 
 def _case(name: str, ratio: int, hd: int, lengths: tuple[int, ...], hadamard: bool = False,
-          gpu_only: bool = False) -> CaseSpec:
+          gpu_only: bool = False, num_groups: bool = False) -> CaseSpec:
+    """num_groups: the call passes M (as an engine that scheduled the prompts can): no host sync, so the case also
+    runs captured in a CUDA graph."""
     return CaseSpec(
         op=OP, name=name, compress_ratio=ratio, gpu_only=gpu_only,
-        params={"lengths": lengths, "hd": hd, "hadamard": hadamard},
-        unreachable={"graph": _GRAPH_UNREACHABLE},
+        params={"lengths": lengths, "hd": hd, "hadamard": hadamard, "num_groups": num_groups},
+        unreachable={} if num_groups else {"graph": _GRAPH_UNREACHABLE},
     )
 
 
@@ -59,6 +61,12 @@ CASES: list[CaseSpec] = [
     _case("pro_c4_main_66k", 4, 512, (66563,), gpu_only=True),
     _case("pro_c4_indexer_66k", 4, 128, (66563, 5), hadamard=True, gpu_only=True),
     _case("pro_c128_main_66k", 128, 512, (66563,), gpu_only=True),
+    # M given by the caller: the same rows with no sync, eager and captured
+    _case("c4_main_num_groups", 4, 512, (3, 4, 7, 8, 9, 130), num_groups=True),
+    _case("c4_indexer_num_groups", 4, 128, (4, 0, 130, 2), hadamard=True, num_groups=True),
+    _case("c128_main_num_groups", 128, 512, (130, 7, 256), num_groups=True),
+    _case("flash_c4_indexer_32k_num_groups", 4, 128, (32768, 1030), hadamard=True, gpu_only=True, num_groups=True),
+    _case("flash_c128_main_32k_num_groups", 128, 512, (32768, 4000, 127), gpu_only=True, num_groups=True),
 ]
 
 
@@ -241,4 +249,6 @@ def build(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture
         "norm_weight": weight.to(device), "cos": cos.to(device), "sin": sin.to(device),
         "ratio": ratio, "eps": eps, "hadamard": hadamard,
     }
+    if spec.params.get("num_groups"):
+        args["num_groups"] = sum(n // ratio for n in lengths)
     return Fixture(args=args, expected=expected, tolerance=TOLERANCES[OP])

@@ -193,7 +193,7 @@ class DemoModel:
                 cu = torch.tensor([0, rows_b.shape[0]], dtype=torch.int32, device=self.dev)
                 with timer("compress"):
                     rows = self.ops.compress(rows_b.contiguous(), cu, ape, norm, self.cos, self.sin, r,
-                                             hadamard=hadamard)
+                                             hadamard=hadamard, num_groups=rows_b.shape[0] // r)  # no sync
                 group = torch.arange(rows.shape[0], device=self.dev)
                 slots = self.page_table[b, group // per_page].long() * per_page + group % per_page
                 self._store_compressed(w, key, rows, slots, timer)

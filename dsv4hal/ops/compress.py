@@ -1,6 +1,7 @@
 """Op contract: `compress` (spec 4.1), prefill form over whole requests that start at position 0.
 
-compress(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps=1e-6, hadamard=False) -> fp32 [M, hd]
+compress(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps=1e-6, hadamard=False, num_groups=None)
+    -> fp32 [M, hd]
     kv_score: fp32 [N, 2*coff*hd], the per-token projection x @ wkv_gate^T of all requests packed together;
         ratio 4 (coff 2): [kv_ov | kv_cur | score_ov | score_cur], ratio 128 (coff 1): [kv | score], each hd wide.
     cu_seqlens: int32 [B+1], 0 = cu[0] <= cu[1] <= ... <= cu[B] = N; request b owns rows cu[b]:cu[b+1]
@@ -17,6 +18,11 @@ Group i covers positions [i*ratio, i*ratio + ratio - 1]:
     Then c = RMSNorm(c) * norm_weight (eps), RoPE on the last 64 dims at position i*ratio, and if hadamard a
     Walsh-Hadamard transform (Sylvester order) scaled by 128^-0.5. fp32 throughout.
 Every used position i*ratio must be < max_pos.
+num_groups: None, or M itself (an int) when the caller knows it, as an engine that scheduled the prompts does.
+    Without it a kernel reads M from cu_seqlens on the device (a host sync, so the call cannot be captured in a
+    CUDA graph); with it the output shape is known on the host: no sync, graph-safe. Unchecked mode trusts it
+    (a kernel writes num_groups rows; rows past the true M are 0); checked mode, and any call whose cu_seqlens
+    lives on the CPU, refuses a value other than M.
 
 Value checks read cu_seqlens. Checked mode reads it (a device sync) and all floating inputs (finite).
 Unchecked mode reads it only when it lives on the CPU, where reading costs no device sync.
@@ -99,14 +105,24 @@ def _check_layer(op: str, kv_score: object, ratio: object, ape: object, norm_wei
     return kv_score, hd, tensors
 
 
-def _check_cu_seqlens_values(cu: torch.Tensor, n: int, ratio: int, max_pos: int) -> None:
-    """Reads cu_seqlens: starts at 0, ends at N, non-decreasing, every used position inside the table."""
+def _check_num_groups(num_groups: object) -> None:
+    if num_groups is not None and (isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0):
+        raise InvalidArgumentError(OP, "num_groups", "None or an int >= 0 (M = sum_b L_b // ratio)", repr(num_groups),
+                                   remedy="pass the number of compressed rows the prompts close, or None")
+
+
+def _check_cu_seqlens_values(cu: torch.Tensor, n: int, ratio: int, max_pos: int, num_groups: int | None) -> None:
+    """Reads cu_seqlens: starts at 0, ends at N, non-decreasing, every used position inside the table, and M equal
+    to num_groups when given."""
     cu = cu.long()
     if int(cu[0]) != 0 or int(cu[-1]) != n:
         raise InvalidArgumentError(OP, "cu_seqlens", f"to start at 0 and end at N={n}", f"{int(cu[0])}..{int(cu[-1])}")
     lengths = cu[1:] - cu[:-1]
     if bool((lengths < 0).any()):
         raise InvalidArgumentError(OP, "cu_seqlens", "non-decreasing offsets", "a decreasing step")
+    if num_groups is not None and int((lengths // ratio).sum()) != num_groups:
+        raise InvalidArgumentError(OP, "num_groups", f"M = sum_b L_b // ratio = {int((lengths // ratio).sum())}",
+                                   repr(num_groups), remedy="pass the count cu_seqlens gives, or None")
     longest = int(lengths.max()) if lengths.numel() else 0
     last_pos = (longest // ratio - 1) * ratio  # first position of the last group of the longest request
     if last_pos >= max_pos:
@@ -126,6 +142,7 @@ def validate(
     ratio: object,
     eps: object = 1e-6,
     hadamard: object = False,
+    num_groups: object = None,
     *,
     checked: bool = False,
 ) -> None:
@@ -136,8 +153,9 @@ def validate(
         raise InvalidArgumentError(OP, "cu_seqlens", "shape [B+1] with B >= 1", describe(cu))
     check_same_device(OP, {"cu_seqlens": cu, **tensors}, kv_score.device, "kv_score")
     _check_scalars(OP, eps, hadamard, hd)
+    _check_num_groups(num_groups)
     if checked or cu.device.type == "cpu":
-        _check_cu_seqlens_values(cu, kv_score.shape[0], ratio, tensors["cos"].shape[0])
+        _check_cu_seqlens_values(cu, kv_score.shape[0], ratio, tensors["cos"].shape[0], num_groups)  # type: ignore[arg-type]
     if checked:
         for name, t in (("kv_score", kv_score), *tensors.items()):
             check_finite(OP, name, t)
@@ -153,6 +171,7 @@ def case(
     ratio: int,
     eps: float = 1e-6,
     hadamard: bool = False,
+    num_groups: int | None = None,
 ) -> dict[str, object]:
     """Hashable features for kernel selection: ratio, hd (512 main / 128 indexer), hadamard."""
     return {"ratio": int(ratio), "hd": int(norm_weight.shape[0]), "hadamard": bool(hadamard)}
@@ -227,8 +246,8 @@ def case_decode(kv_score, state, slots, positions, ape, norm_weight, cos, sin, r
 
 @define(validate=validate, case=case, memo=False)  # validation reads cu_seqlens when it is on the CPU
 def compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
-             cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float = 1e-6, hadamard: bool = False
-             ) -> torch.Tensor:
+             cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float = 1e-6, hadamard: bool = False,
+             num_groups: int | None = None) -> torch.Tensor:
     """The C4 (overlapping windows) and C128 compressors over whole requests from position 0 (prefill form),
     with RMSNorm, RoPE and, for the indexer, a Hadamard rotation; fp32 throughout (spec 4.1).
 
@@ -242,6 +261,8 @@ def compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor
         ratio: 4 or 128 (an int).
         eps: RMSNorm epsilon, a positive finite float.
         hadamard: True only with hd 128 (the indexer compressor).
+        num_groups: None, or M (an int) when the caller knows it: then no host sync and the call can be captured
+            in a CUDA graph. Unchecked mode trusts it (rows past the true M are 0); checked mode verifies it.
 
     Returns:
         (M, hd), torch.float32, M = sum_b L_b // ratio: request b's groups in order, requests concatenated. Group
@@ -250,8 +271,9 @@ def compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor
         dims at position i*ratio, and the scaled Walsh-Hadamard transform if hadamard.
 
     Rejected (InvalidArgumentError): other dtypes, shapes or devices, widths not 2*coff*hd, hadamard with hd 512,
-    cu_seqlens not from 0 to N or decreasing, a RoPE table shorter than the last group's position (cu_seqlens is
-    read when on the CPU or in checked mode). Checked mode also refuses non-finite inputs.
+    cu_seqlens not from 0 to N or decreasing, a RoPE table shorter than the last group's position, num_groups not
+    None or an int >= 0, or other than M (cu_seqlens is read when on the CPU or in checked mode). Checked mode also
+    refuses non-finite inputs.
     """
 
 

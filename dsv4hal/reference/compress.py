@@ -80,8 +80,11 @@ def compress(
     ratio: int,
     eps: float = 1e-6,
     hadamard: bool = False,
+    num_groups: int | None = None,
 ) -> torch.Tensor:
-    """fp32 [M, hd] compressed rows, M = sum_b L_b // ratio (see dsv4hal.ops.compress for the contract)."""
+    """fp32 [M, hd] compressed rows, M = sum_b L_b // ratio (see dsv4hal.ops.compress for the contract). M comes
+    from cu_seqlens here; num_groups, a caller's promise of M (checked by the contract), only spares kernels a
+    sync, so the reference reads none of it."""
     hd = norm_weight.shape[0]
     kv_score, ape = kv_score.float(), ape.float()
     rows, positions = compression_positions(cu_seqlens, ratio)

@@ -12,8 +12,9 @@ from the ring (the same values as reading back the ring row it writes), else it 
 fixed-size output, no host sync: CUDA-graph safe. Rows that share a slot share a ring: as with the reference's
 scatter on a GPU, which of their writes lands is unspecified.
 
-Prefill: the output has sum_b L_b // ratio rows, a count that lives on the device; reading it is the one host
-sync (the prefill form runs eagerly, never inside a CUDA graph)."""
+Prefill: the output has M = sum_b L_b // ratio rows, a count that lives on the device: reading it is the one host
+sync, unless the caller passes num_groups (M known on the host): then there is none and the call is graph-safe.
+A program past the true M (a num_groups too large, in unchecked mode) writes a zero row and reads nothing."""
 
 from __future__ import annotations
 
@@ -82,8 +83,8 @@ def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, cu_ptr, ends_ptr, n_
         b = tl.sum(req, axis=0)
         before = tl.load(ends_ptr + b - 1, mask=b > 0, other=0)
         first = ((m - before) * RATIO).to(tl.int64)
-        row0 = tl.load(cu_ptr + b).to(tl.int64)
-        closes = first >= 0
+        row0 = tl.load(cu_ptr + b, mask=b < n_req, other=0).to(tl.int64)
+        closes = b < n_req  # past the last request's groups (num_groups > M): a zero row
         out_row = pid
         row_ptr = ks_ptr
         ring_base = ring_ptr
@@ -160,12 +161,12 @@ def _unit_cols(t: torch.Tensor) -> torch.Tensor:
 def _launch(grid: int, kv_score: torch.Tensor, ring: torch.Tensor, cu: torch.Tensor, ends: torch.Tensor,
             slots: torch.Tensor, positions: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
             cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, ratio: int, eps: float, hadamard: bool,
-            decode: bool) -> None:
+            decode: bool, config: tuple[int, int, int, int] | None = None) -> None:
     hd = norm_weight.shape[0]
     if hadamard and hd != HADAMARD_DIM:  # the contract refuses it too; the kernel's transform is 128 wide
         raise InvalidArgumentError("compress_decode" if decode else "compress", "hadamard", f"False for hd {hd}",
                                    "True", remedy="only the indexer compressor (hd 128) rotates")
-    window, block_r, warps, stages = _config(ratio, hd)
+    window, block_r, warps, stages = config or _config(ratio, hd)
     if cos.stride() != sin.stride():  # the kernel indexes both tables with one row stride
         cos, sin = cos.contiguous(), sin.contiguous()
     cos, sin = _unit_cols(cos), _unit_cols(sin)
@@ -177,29 +178,31 @@ def _launch(grid: int, kv_score: torch.Tensor, ring: torch.Tensor, cu: torch.Ten
         BLOCK_B=256, STAGES=stages, num_warps=warps)
 
 
-def plan_groups(cu_seqlens: torch.Tensor, ratio: int) -> tuple[torch.Tensor, int]:
+def plan_groups(cu_seqlens: torch.Tensor, ratio: int, num_groups: int | None = None) -> tuple[torch.Tensor, int]:
     """(ends int32 [B]: inclusive cumsum of each request's group count, M = total groups). Reading M is the
-    prefill form's one host sync."""
+    prefill form's one host sync, skipped when the caller gives it (num_groups)."""
     cu = cu_seqlens.contiguous()
     ends = torch.cumsum(torch.div(cu[1:] - cu[:-1], ratio, rounding_mode="floor"), 0, dtype=torch.int32)
-    return ends, int(ends[-1])
+    return ends, int(ends[-1]) if num_groups is None else num_groups
 
 
 def compress_into(out: torch.Tensor, ends: torch.Tensor, kv_score: torch.Tensor, cu_seqlens: torch.Tensor,
                   ape: torch.Tensor, norm_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ratio: int,
-                  eps: float = 1e-6, hadamard: bool = False) -> None:
-    """The prefill kernel alone into out [M, hd], given plan_groups' ends: no sync (graph-safe) once planned."""
+                  eps: float = 1e-6, hadamard: bool = False,
+                  config: tuple[int, int, int, int] | None = None) -> None:
+    """The prefill kernel alone into out [M, hd], given plan_groups' ends: no sync (graph-safe) once planned.
+    config: (window rows, rows per chunk, warps, stages) instead of _config's (bench sweeps)."""
     if out.shape[0]:
         kv_score = _unit_cols(kv_score)
         _launch(out.shape[0], kv_score, kv_score, cu_seqlens.contiguous(), ends, ends, ends, ape, norm_weight, cos,
-                sin, out, ratio, eps, hadamard, decode=False)
+                sin, out, ratio, eps, hadamard, decode=False, config=config)
 
 
 def compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
-             cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float = 1e-6, hadamard: bool = False
-             ) -> torch.Tensor:
-    """fp32 [M, hd], M = sum_b L_b // ratio (contract: dsv4hal.ops.compress)."""
-    ends, total = plan_groups(cu_seqlens, ratio)
+             cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float = 1e-6, hadamard: bool = False,
+             num_groups: int | None = None) -> torch.Tensor:
+    """fp32 [M, hd], M = sum_b L_b // ratio, or num_groups rows when given (contract: dsv4hal.ops.compress)."""
+    ends, total = plan_groups(cu_seqlens, ratio, num_groups)
     out = torch.empty(total, norm_weight.shape[0], dtype=torch.float32, device=kv_score.device)
     compress_into(out, ends, kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard)
     return out

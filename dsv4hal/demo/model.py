@@ -165,7 +165,7 @@ class DemoModel:
         with timer("sparse_attention_decode"):
             o, _ = ops.sparse_attention_decode(q, w["swa"], meta.swa_indices, meta.swa_lengths, w["sink"],
                                                D_HEAD ** -0.5, **extra)
-        o = _rope_(o, cos[:, None], sin[:, None], inverse=True)  # the op's own output: rotated in place
+        o = _rope_(o.clone(), cos[:, None], sin[:, None], inverse=True)  # a copy: the tape keeps the op's output
         o = torch.einsum("tgk,gok->tgo", o.reshape(t, self.cfg.o_groups, -1), w["wo_a"])
         return (o.reshape(t, -1) @ w["wo_b"].T).bfloat16()
 

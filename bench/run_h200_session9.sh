@@ -13,8 +13,11 @@
 #                                                 # harness's fused norms and in-place RoPE, eager and compiled
 #   R=$OUT bash bench/run_h200_session9.sh compress # compress given num_groups: GPU tests, conformance (eager and
 #                                                 # graph), the kernel's launch settings swept, the compress bench
+#   R=$OUT bash bench/run_h200_session9.sh final  # after the compressor's in-kernel planning and new launch settings:
+#                                                 # its GPU tests, conformance, host parts, bench; the demo, eager and
+#                                                 # compiled
 set -uo pipefail
-part=${1:?topk, radix, radix2, demo or compress}
+part=${1:?topk, radix, radix2, demo, compress or final}
 source bench/h200_env.sh
 D="python3 -m dsv4hal"
 demo_flash() {  # TIMEOUT NAME [ARGS...]: the yardstick demo, results as $R/NAME.json/png, the log's tail
@@ -83,10 +86,32 @@ if [[ $part == compress ]]; then
       > /tmp/conf-compress.log 2>&1
     echo "rc=$?"; tail -5 /tmp/conf-compress.log | cut -c1-300
     stamp "the prefill compress kernel's launch settings (bench/profile_compress.py)"
-    timeout 240 python3 bench/profile_compress.py > "$R/profile-compress-sweep.txt" 2>&1
+    timeout 240 python3 bench/profile_compress.py --sweep > "$R/profile-compress-sweep.txt" 2>&1
     echo "rc=$?"; grep -v Warn "$R/profile-compress-sweep.txt" | grep "^c[14]" | cut -c1-2000
     stamp "compress bench"
     timeout 120 $D bench compress --quick --json "$R/bench-compress.json" > /tmp/bench-compress.log 2>&1
     echo "rc=$?"; grep -v Warning /tmp/bench-compress.log | tail -12 | cut -c1-400
   } 2>&1 | tee "$R/log-compress9.txt"
+fi
+if [[ $part == final ]]; then
+  {
+    stamp "GPU tests of the compressor"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_triton_compress.py \
+      > /tmp/pytest-compress.log 2>&1
+    echo "rc=$?"; grep -E "FAILED|ERROR|passed|failed" /tmp/pytest-compress.log | tail -8 | cut -c1-300
+    stamp "conformance: compress and compress_decode (eager and graph)"
+    timeout 200 $D conformance --ops compress,compress_decode --quiet --json "$R/conformance-cuda_sm90-compress.json" \
+      > /tmp/conf-compress.log 2>&1
+    echo "rc=$?"; tail -3 /tmp/conf-compress.log | cut -c1-300
+    stamp "the prefill compress op's host time by part (bench/profile_compress.py)"
+    timeout 100 python3 bench/profile_compress.py > /tmp/profile-compress.txt 2>&1
+    echo "rc=$?"; grep "^c[14]" /tmp/profile-compress.txt | cut -c1-400
+    stamp "compress bench"
+    timeout 120 $D bench compress --quick --json "$R/bench-compress.json" > /tmp/bench-compress.log 2>&1
+    echo "rc=$?"; grep -v Warning /tmp/bench-compress.log | tail -5 | cut -c1-400
+    stamp "demo"
+    demo_flash 150 demo-flash
+    stamp "demo, the decode step compiled (inductor)"
+    demo_flash 300 demo-flash-compiled --compile
+  } 2>&1 | tee "$R/log-final9.txt"
 fi

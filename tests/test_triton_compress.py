@@ -118,6 +118,18 @@ def test_num_groups_checked_through_the_platform(platform) -> None:  # noqa: ANN
         checked.ops.compress(**_on(args), num_groups=3)
 
 
+def test_prefill_more_requests_than_a_block() -> None:
+    """300 requests (past the 256 a program sums per step): each group's request and offset found from cu_seqlens
+    inside the kernel, across steps, with empty and group-less requests among them."""
+    from dsv4hal.kernels.triton.compress import compress
+
+    lengths = tuple(int(n) for n in torch.randint(0, 11, (300,), generator=torch.Generator().manual_seed(5)))
+    args = {**_layer(4, 128, sum(lengths), 11), "cu_seqlens": _cu(lengths), "ratio": 4, "hadamard": True}
+    want = ref.compress(**args)
+    got = compress(**_on(args), num_groups=want.shape[0]).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_prefill_strided_rows_and_masked_chunk() -> None:
     """kv_score as a row-strided view; a C128 window whose first rows have -inf scores (weight 0, never NaN)."""
     from dsv4hal.kernels.triton.compress import compress

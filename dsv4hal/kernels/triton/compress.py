@@ -51,7 +51,7 @@ def _hadamard128(y):
 
 
 @triton.jit
-def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, cu_ptr, ends_ptr, n_req, slots_ptr, pos_ptr, ape_ptr,
+def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, cu_ptr, n_req, slots_ptr, pos_ptr, ape_ptr,
                      w_ptr, cos_ptr, sin_ptr, stride_rope, out_ptr, eps,
                      RATIO: tl.constexpr, WINDOW: tl.constexpr, HD: tl.constexpr, COFF: tl.constexpr,
                      DECODE: tl.constexpr, HADAMARD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr,
@@ -73,15 +73,24 @@ def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, cu_ptr, ends_ptr, n_
         out_row = pid
         row0 = pid * 0  # unused by the decode loads
     else:
-        # request b of group m: the number of requests whose groups all come before m (ends: inclusive cumsum)
+        # request b of group m: the number of requests whose groups all end at or before m (ends: the inclusive
+        # cumsum of each request's group count, from cu_seqlens here: no planning launch), and the groups before b
         m = pid.to(tl.int32)
         req = tl.zeros([BLOCK_B], dtype=tl.int32)
+        below = tl.zeros([BLOCK_B], dtype=tl.int32)
+        carry = m * 0
         for s0 in range(0, n_req, BLOCK_B):
             j = s0 + tl.arange(0, BLOCK_B)
-            ends = tl.load(ends_ptr + j, mask=j < n_req, other=2147483647)
-            req += (ends <= m).to(tl.int32)
+            jm = j < n_req
+            groups = tl.where(jm, (tl.load(cu_ptr + j + 1, mask=jm, other=0) - tl.load(cu_ptr + j, mask=jm, other=0))
+                              // RATIO, 0)
+            ends = tl.where(jm, carry + tl.cumsum(groups, axis=0), 2147483647)
+            done = ends <= m
+            req += done.to(tl.int32)
+            below += tl.where(done, groups, 0)
+            carry += tl.sum(groups, axis=0)
         b = tl.sum(req, axis=0)
-        before = tl.load(ends_ptr + b - 1, mask=b > 0, other=0)
+        before = tl.sum(below, axis=0)
         first = ((m - before) * RATIO).to(tl.int64)
         row0 = tl.load(cu_ptr + b, mask=b < n_req, other=0).to(tl.int64)
         closes = b < n_req  # past the last request's groups (num_groups > M): a zero row
@@ -145,11 +154,18 @@ def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, cu_ptr, ends_ptr, n_
         tl.store(ring_base + (pos % ring_len) * width + wcols, new_row)
 
 
-def _config(ratio: int, hd: int) -> tuple[int, int, int, int]:
+def _config(ratio: int, hd: int, decode: bool) -> tuple[int, int, int, int]:
     """(window rows, rows per chunk, warps, pipeline stages): C4 pools its 8 rows in one chunk; C128 streams
-    its 128 rows in chunks, loading the next while it pools the current one."""
+    its 128 rows in chunks, loading the next while it pools the current one. Prefill: the fastest of a sweep over
+    32K tokens on the H200 (profile-compress-sweep.txt: C4 hd 128 one warp 22.9 us against 39.1 for two; C4 hd 512
+    two warps 71.2 against 75.0 for four; C128 hd 512 chunks of 8 rows, four warps, three stages 35.1 against 41.6);
+    decode keeps the settings it was measured with (bench-compress.json)."""
     if ratio == 4:
+        if not decode:
+            return 8, 8, (1 if hd == 128 else 2), 1
         return 8, 8, (2 if hd == 128 else 4), 1
+    if not decode and hd == 512:
+        return ratio, 8, 4, 3
     return ratio, (16 if hd == 512 else 32), (4 if hd == 128 else 8), 2
 
 
@@ -158,7 +174,7 @@ def _unit_cols(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _launch(grid: int, kv_score: torch.Tensor, ring: torch.Tensor, cu: torch.Tensor, ends: torch.Tensor,
+def _launch(grid: int, kv_score: torch.Tensor, ring: torch.Tensor, cu: torch.Tensor,
             slots: torch.Tensor, positions: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
             cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, ratio: int, eps: float, hadamard: bool,
             decode: bool, config: tuple[int, int, int, int] | None = None) -> None:
@@ -166,45 +182,44 @@ def _launch(grid: int, kv_score: torch.Tensor, ring: torch.Tensor, cu: torch.Ten
     if hadamard and hd != HADAMARD_DIM:  # the contract refuses it too; the kernel's transform is 128 wide
         raise InvalidArgumentError("compress_decode" if decode else "compress", "hadamard", f"False for hd {hd}",
                                    "True", remedy="only the indexer compressor (hd 128) rotates")
-    window, block_r, warps, stages = config or _config(ratio, hd)
+    window, block_r, warps, stages = config or _config(ratio, hd, decode)
     if cos.stride() != sin.stride():  # the kernel indexes both tables with one row stride
         cos, sin = cos.contiguous(), sin.contiguous()
     cos, sin = _unit_cols(cos), _unit_cols(sin)
     coff = 2 if ratio == 4 else 1
     _compress_kernel[(grid,)](
-        kv_score, kv_score.stride(0), ring, ring.shape[1] if decode else 1, cu, ends, ends.shape[0], slots,
+        kv_score, kv_score.stride(0), ring, ring.shape[1] if decode else 1, cu, cu.shape[0] - 1, slots,
         positions, ape.contiguous(), norm_weight.contiguous(), cos, sin, cos.stride(0), out, float(eps),
         RATIO=ratio, WINDOW=window, HD=hd, COFF=coff, DECODE=decode, HADAMARD=bool(hadamard), BLOCK_R=block_r,
         BLOCK_B=256, STAGES=stages, num_warps=warps)
 
 
-def plan_groups(cu_seqlens: torch.Tensor, ratio: int, num_groups: int | None = None) -> tuple[torch.Tensor, int]:
-    """(ends int32 [B]: inclusive cumsum of each request's group count, M = total groups). Reading M is the
-    prefill form's one host sync, skipped when the caller gives it (num_groups)."""
-    cu = cu_seqlens.contiguous()
-    ends = torch.cumsum(torch.div(cu[1:] - cu[:-1], ratio, rounding_mode="floor"), 0, dtype=torch.int32)
-    return ends, int(ends[-1]) if num_groups is None else num_groups
+def num_groups_of(cu_seqlens: torch.Tensor, ratio: int) -> int:
+    """M = sum_b L_b // ratio, read from cu_seqlens: the prefill form's one host sync (when the caller does not
+    give M)."""
+    cu = cu_seqlens.long()
+    return int(torch.div(cu[1:] - cu[:-1], ratio, rounding_mode="floor").sum())
 
 
-def compress_into(out: torch.Tensor, ends: torch.Tensor, kv_score: torch.Tensor, cu_seqlens: torch.Tensor,
-                  ape: torch.Tensor, norm_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ratio: int,
-                  eps: float = 1e-6, hadamard: bool = False,
-                  config: tuple[int, int, int, int] | None = None) -> None:
-    """The prefill kernel alone into out [M, hd], given plan_groups' ends: no sync (graph-safe) once planned.
-    config: (window rows, rows per chunk, warps, stages) instead of _config's (bench sweeps)."""
+def compress_into(out: torch.Tensor, kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor,
+                  norm_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float = 1e-6,
+                  hadamard: bool = False, config: tuple[int, int, int, int] | None = None) -> None:
+    """The prefill kernel into out [M, hd] (M rows: one launch, no sync, graph-safe). config: (window rows, rows
+    per chunk, warps, stages) instead of _config's (bench sweeps)."""
     if out.shape[0]:
         kv_score = _unit_cols(kv_score)
-        _launch(out.shape[0], kv_score, kv_score, cu_seqlens.contiguous(), ends, ends, ends, ape, norm_weight, cos,
-                sin, out, ratio, eps, hadamard, decode=False, config=config)
+        cu = cu_seqlens.contiguous()
+        _launch(out.shape[0], kv_score, kv_score, cu, cu, cu, ape, norm_weight, cos, sin, out, ratio, eps, hadamard,
+                decode=False, config=config)
 
 
 def compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
              cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float = 1e-6, hadamard: bool = False,
              num_groups: int | None = None) -> torch.Tensor:
     """fp32 [M, hd], M = sum_b L_b // ratio, or num_groups rows when given (contract: dsv4hal.ops.compress)."""
-    ends, total = plan_groups(cu_seqlens, ratio, num_groups)
+    total = num_groups_of(cu_seqlens, ratio) if num_groups is None else num_groups
     out = torch.empty(total, norm_weight.shape[0], dtype=torch.float32, device=kv_score.device)
-    compress_into(out, ends, kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard)
+    compress_into(out, kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps, hadamard)
     return out
 
 
@@ -220,6 +235,6 @@ def compress_decode(kv_score: torch.Tensor, state: torch.Tensor, slots: torch.Te
         raise InvalidArgumentError("compress_decode", "state", "a contiguous tensor", "a strided view",
                                    remedy="keep the rings in one contiguous buffer (new_state)")
     slots, positions = slots.contiguous(), positions.contiguous()
-    _launch(b, _unit_cols(kv_score), state, slots, slots, slots, positions, ape, norm_weight, cos, sin, out, ratio,
+    _launch(b, _unit_cols(kv_score), state, slots, slots, positions, ape, norm_weight, cos, sin, out, ratio,
             eps, hadamard, decode=True)
     return out

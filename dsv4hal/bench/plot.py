@@ -11,7 +11,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("attention", "pack_store", "topk", "moe") if result.get(k)]
+    panels = [k for k in ("attention", "pack_store", "topk", "moe", "compress") if result.get(k)]
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
     for ax, name in zip(axes[0], panels):
         rows = result[name]
@@ -45,6 +45,20 @@ def plot(result: dict[str, Any], path: str) -> None:
             ax.set_xlabel("tokens T (V4-Flash experts, top-6)")
             ax.set_ylabel("us per layer")
             ax.set_title("routed experts (moe_experts)")
+        elif name == "compress":  # the prefill form's share of copy bandwidth, as each way of calling it runs
+            pre = rows["prefill"]
+            ways = {"op (eager, host sync)": lambda r: r["fraction_of_copy"][r["chosen"]],
+                    "op given num_groups (graph)": lambda r: r.get("num_groups_fraction_of_copy", {}).get(r["chosen"]),
+                    "kernel alone (graph)": lambda r: r.get("triton_kernel_fraction_of_copy")}
+            width = 0.8 / len(ways)
+            for i, (label, get) in enumerate(ways.items()):
+                pts = [(x + i * width, get(r)) for x, r in enumerate(pre) if get(r) is not None]
+                if pts:
+                    ax.bar(*zip(*pts), width, label=label)
+            ax.axhline(rows["goals"]["prefill_goal_min"], color="k", ls="--", label="goal")
+            ax.set_xticks(range(len(pre)), [f"{r['config']} N{r['tokens'] // 1024}K" for r in pre], fontsize=8)
+            ax.set_ylabel("fraction of copy bandwidth")
+            ax.set_title("compress (prefill form)")
         else:
             labels = [f"B{r['B']} N{r['N'] // 1024}K k{r['k']}" for r in rows]
             impls = list(dict.fromkeys(i for r in rows for i in r["us"]))  # kernels differ by shape

@@ -16,8 +16,10 @@
 #   R=$OUT bash bench/run_h200_session9.sh final  # after the compressor's in-kernel planning and new launch settings:
 #                                                 # its GPU tests, conformance, host parts, bench; the demo, eager and
 #                                                 # compiled
+#   R=$OUT bash bench/run_h200_session9.sh gemv   # a plain Triton MXFP4 GEMV for few-token experts beside Marlin
+#                                                 # (bench/proto_mxfp4_gemv.py); the demo in strict mode
 set -uo pipefail
-part=${1:?topk, radix, radix2, demo, compress or final}
+part=${1:?topk, radix, radix2, demo, compress, final or gemv}
 source bench/h200_env.sh
 D="python3 -m dsv4hal"
 demo_flash() {  # TIMEOUT NAME [ARGS...]: the yardstick demo, results as $R/NAME.json/png, the log's tail
@@ -114,4 +116,15 @@ if [[ $part == final ]]; then
     stamp "demo, the decode step compiled (inductor)"
     demo_flash 300 demo-flash-compiled --compile
   } 2>&1 | tee "$R/log-final9.txt"
+fi
+if [[ $part == gemv ]]; then
+  {
+    stamp "a plain Triton MXFP4 GEMV beside Marlin at T = 1, 2, 4, 8 (bench/proto_mxfp4_gemv.py)"
+    timeout 300 python3 bench/proto_mxfp4_gemv.py --json "$R/proto-mxfp4-gemv.json" > /tmp/gemv.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/gemv.log | tail -8 | cut -c1-400
+    stamp "demo, strict (DSV4HAL_STRICT=1: a PyTorch reference op is refused on the GPU)"
+    export DSV4HAL_STRICT=1
+    demo_flash 150 demo-flash-strict
+    unset DSV4HAL_STRICT
+  } 2>&1 | tee "$R/log-gemv9.txt"
 fi

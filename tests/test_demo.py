@@ -26,6 +26,9 @@ def test_demo_runs_and_reports() -> None:
     assert calls["build_attention_metadata"] == 2 and calls["sparse_attention_decode"] == 6
     assert calls["moe_experts"] == 6 and calls["indexer_topk"] == 2
     assert calls["mhc_pre"] == 2 and calls["mhc_post_pre"] == 10 and calls["mhc_post"] == 2
+    assert res["strict"] is False
+    with dsv4hal.overrides(strict=True):  # the run says it was strict (on a GPU, no reference op could be bound)
+        assert run_demo(dsv4hal.select_platform("cpu"), batch=1, context=8, steps=1)["strict"] is True
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),

@@ -57,7 +57,8 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     res: dict[str, Any] = {
         "platform": platform.name, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         "config": asdict(cfg), "batch": batch, "context": context, "steps": steps, "fill": fill,
-        "prefill_s": prefill_s, "kernels": kernels_in_use(platform, model)}
+        "prefill_s": prefill_s, "kernels": kernels_in_use(platform, model),
+        "strict": platform.overrides.strict}  # DSV4HAL_STRICT: no PyTorch reference op on a GPU
     decode = Timer(dev)
     r = torch.arange(batch, device=dev)
     step = _decode_step(model, compile_backend)

@@ -1,5 +1,6 @@
 # Sourced by the bench/run_h200_*.sh scripts on the device machine: the vendor bundle, this tree installed,
-# $OUT (what comes back) and $R (results collected there), and `stamp` for the log.
+# $OUT (what comes back) and $R (results collected there), `stamp` for the log, $D (the CLI) and the helpers the
+# session scripts share.
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out/h200}
 R=${R:-/tmp/h200-results}
@@ -8,3 +9,20 @@ source .kernels/install-kernels.sh .kernels/bundle /tmp/dsv4hal-site >/dev/null 
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "pip install -e . failed"
 T0=$(date +%s)
 stamp() { echo "--- $(( $(date +%s) - T0 ))s: $*"; }
+D="python3 -m dsv4hal"
+demo_flash() {  # TIMEOUT NAME [ARGS...]: the yardstick demo, results as $R/NAME.json/png, the log's tail
+  local limit=$1 name=$2
+  shift 2
+  timeout "$limit" $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random "$@" \
+    --json "$R/$name.json" --plot "$R/$name.png" > "/tmp/$name.log" 2>&1
+  echo "rc=$?"; grep -v Warn "/tmp/$name.log" | tail -32
+}
+topk_rows() {  # one line a shape of a bench/tune_triton.py --ops topk result: times, per-pass times, failures
+  python3 - "$1" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["topk"]:
+    print(r.get("kernel", "sampled"), r["B"], r["N"], r["k"], {k: round(v, 1) for k, v in r["us"].items()},
+          "passes", {k: [round(x, 1) for x in v] for k, v in r.get("us_passes", {}).items()},
+          "not ok", [k for k, v in r["ok"].items() if v is not True])
+PY
+}

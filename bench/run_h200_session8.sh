@@ -19,27 +19,10 @@
 set -uo pipefail
 part=${1:?host, lock, final, sweep, combo, marlin, mhc, final2, compiled, indexer or fused}
 source bench/h200_env.sh
-D="python3 -m dsv4hal"
-demo_flash() {  # TIMEOUT NAME [ARGS...]: the yardstick demo, results as $R/NAME.json/png, the log's tail
-  local limit=$1 name=$2
-  shift 2
-  timeout "$limit" $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random "$@" \
-    --json "$R/$name.json" --plot "$R/$name.png" > "/tmp/$name.log" 2>&1
-  echo "rc=$?"; grep -v Warn "/tmp/$name.log" | tail -32
-}
 bench_topk() {  # dsv4hal bench topk into $R/bench-topk.json/png, the log's tail
   stamp "top-k bench"
   timeout 100 $D bench topk --json "$R/bench-topk.json" --plot "$R/bench-topk.png" > /tmp/bench-topk.log 2>&1
   echo "rc=$?"; grep -v Warning /tmp/bench-topk.log | tail -16 | cut -c1-300
-}
-topk_rows() {  # one line a shape of a bench/tune_triton.py --ops topk result: times, per-pass times, failures
-  python3 - "$1" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["topk"]:
-    print(r.get("kernel", "sampled"), r["B"], r["N"], r["k"], {k: round(v, 1) for k, v in r["us"].items()},
-          "passes", {k: [round(x, 1) for x in v] for k, v in r.get("us_passes", {}).items()},
-          "not ok", [k for k, v in r["ok"].items() if v is not True])
-PY
 }
 if [[ $part == host ]]; then
   {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 plan of the eighth session (2026-12-01): results straight into the call's output folder ($R=$OUT); at
 # most 8 files come back from a call, so logs stay in /tmp and their tails go to the part's log.
-#   R=$OUT bash bench/run_h200_session9.sh topk   # the sampled top-k with sampling fused into the filter (sweep);
+#   R=$OUT bash bench/run_h200_session9.sh topk   # the sampled top-k with sampling fused into the filter (sweep; the
+#                                                 # option was removed after this call, as it was slower);
 #                                                 # the demo (its graph path after the capture-warm-up change)
 #   R=$OUT bash bench/run_h200_session9.sh radix  # the K-th key by radix select against the bisection: sampled and
 #                                                 # row top-k (bench/tune_triton.py --ops topk); their GPU tests
@@ -21,22 +22,21 @@
 set -uo pipefail
 part=${1:?topk, radix, radix2, demo, compress, final or gemv}
 source bench/h200_env.sh
-D="python3 -m dsv4hal"
-demo_flash() {  # TIMEOUT NAME [ARGS...]: the yardstick demo, results as $R/NAME.json/png, the log's tail
-  local limit=$1 name=$2
-  shift 2
-  timeout "$limit" $D demo --size flash --batch 64 --context 32768 --steps 8 --fill random "$@" \
-    --json "$R/$name.json" --plot "$R/$name.png" > "/tmp/$name.log" 2>&1
-  echo "rc=$?"; grep -v Warn "/tmp/$name.log" | tail -32
-}
-topk_rows() {  # one line a shape of a bench/tune_triton.py --ops topk result: times, per-pass times, failures
-  python3 - "$1" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["topk"]:
-    print(r.get("kernel", "sampled"), r["B"], r["N"], r["k"], {k: round(v, 1) for k, v in r["us"].items()},
-          "passes", {k: [round(x, 1) for x in v] for k, v in r.get("us_passes", {}).items()},
-          "not ok", [k for k, v in r["ok"].items() if v is not True])
-PY
+compressor_checks() {  # PROFILE_ARGS...: the compressor's GPU tests, its conformance, its host parts, its bench
+  stamp "GPU tests of the compressor (num_groups included)"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_triton_compress.py \
+    > /tmp/pytest-compress.log 2>&1
+  echo "rc=$?"; grep -E "FAILED|ERROR|passed|failed" /tmp/pytest-compress.log | tail -8 | cut -c1-300
+  stamp "conformance: compress and compress_decode (eager and graph)"
+  timeout 200 $D conformance --ops compress,compress_decode --quiet --json "$R/conformance-cuda_sm90-compress.json" \
+    > /tmp/conf-compress.log 2>&1
+  echo "rc=$?"; tail -3 /tmp/conf-compress.log | cut -c1-300
+  stamp "the prefill compress op's host time by part (bench/profile_compress.py $*)"
+  timeout 240 python3 bench/profile_compress.py "$@" > /tmp/profile-compress.txt 2>&1
+  echo "rc=$?"; grep "^c[14]" /tmp/profile-compress.txt | cut -c1-2000
+  stamp "compress bench"
+  timeout 120 $D bench compress --quick --json "$R/bench-compress.json" > /tmp/bench-compress.log 2>&1
+  echo "rc=$?"; grep -v Warning /tmp/bench-compress.log | tail -12 | cut -c1-400
 }
 if [[ $part == topk ]]; then
   {
@@ -79,38 +79,13 @@ if [[ $part == demo ]]; then
 fi
 if [[ $part == compress ]]; then
   {
-    stamp "GPU tests of the compressor (num_groups included)"
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_triton_compress.py \
-      > /tmp/pytest-compress.log 2>&1
-    echo "rc=$?"; grep -E "FAILED|ERROR|passed|failed" /tmp/pytest-compress.log | tail -8 | cut -c1-300
-    stamp "conformance: compress and compress_decode (eager and graph)"
-    timeout 200 $D conformance --ops compress,compress_decode --quiet --json "$R/conformance-cuda_sm90-compress.json" \
-      > /tmp/conf-compress.log 2>&1
-    echo "rc=$?"; tail -5 /tmp/conf-compress.log | cut -c1-300
-    stamp "the prefill compress kernel's launch settings (bench/profile_compress.py)"
-    timeout 240 python3 bench/profile_compress.py --sweep > "$R/profile-compress-sweep.txt" 2>&1
-    echo "rc=$?"; grep -v Warn "$R/profile-compress-sweep.txt" | grep "^c[14]" | cut -c1-2000
-    stamp "compress bench"
-    timeout 120 $D bench compress --quick --json "$R/bench-compress.json" > /tmp/bench-compress.log 2>&1
-    echo "rc=$?"; grep -v Warning /tmp/bench-compress.log | tail -12 | cut -c1-400
+    compressor_checks --sweep
+    cp /tmp/profile-compress.txt "$R/profile-compress-sweep.txt"
   } 2>&1 | tee "$R/log-compress9.txt"
 fi
 if [[ $part == final ]]; then
   {
-    stamp "GPU tests of the compressor"
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_triton_compress.py \
-      > /tmp/pytest-compress.log 2>&1
-    echo "rc=$?"; grep -E "FAILED|ERROR|passed|failed" /tmp/pytest-compress.log | tail -8 | cut -c1-300
-    stamp "conformance: compress and compress_decode (eager and graph)"
-    timeout 200 $D conformance --ops compress,compress_decode --quiet --json "$R/conformance-cuda_sm90-compress.json" \
-      > /tmp/conf-compress.log 2>&1
-    echo "rc=$?"; tail -3 /tmp/conf-compress.log | cut -c1-300
-    stamp "the prefill compress op's host time by part (bench/profile_compress.py)"
-    timeout 100 python3 bench/profile_compress.py > /tmp/profile-compress.txt 2>&1
-    echo "rc=$?"; grep "^c[14]" /tmp/profile-compress.txt | cut -c1-400
-    stamp "compress bench"
-    timeout 120 $D bench compress --quick --json "$R/bench-compress.json" > /tmp/bench-compress.log 2>&1
-    echo "rc=$?"; grep -v Warning /tmp/bench-compress.log | tail -5 | cut -c1-400
+    compressor_checks
     stamp "demo"
     demo_flash 150 demo-flash
     stamp "demo, the decode step compiled (inductor)"

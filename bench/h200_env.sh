@@ -17,6 +17,12 @@ demo_flash() {  # TIMEOUT NAME [ARGS...]: the yardstick demo, results as $R/NAME
     --json "$R/$name.json" --plot "$R/$name.png" > "/tmp/$name.log" 2>&1
   echo "rc=$?"; grep -v Warn "/tmp/$name.log" | tail -32
 }
+demo_eager_and_compiled() {  # the yardstick demo as written ($R/demo-flash.*), then with its step compiled
+  stamp "demo"
+  demo_flash 150 demo-flash
+  stamp "demo, the decode step compiled (inductor)"
+  demo_flash 300 demo-flash-compiled --compile
+}
 topk_rows() {  # one line a shape of a bench/tune_triton.py --ops topk result: times, per-pass times, failures
   python3 - "$1" <<'PY'
 import json, sys

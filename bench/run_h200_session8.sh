@@ -111,10 +111,7 @@ if [[ $part == final2 ]]; then
     timeout 200 $D conformance --ops mhc_pre,mhc_post,mhc_post_pre,mhc_head --quiet \
       --json "$R/conformance-mhc.json" > /tmp/conf-mhc.log 2>&1
     echo "rc=$?"; tail -4 /tmp/conf-mhc.log | cut -c1-300
-    stamp "demo"
-    demo_flash 150 demo-flash
-    stamp "demo, the decode step compiled (inductor)"
-    demo_flash 300 demo-flash-compiled --compile
+    demo_eager_and_compiled
   } 2>&1 | tee "$R/log-final8b.txt"
 fi
 if [[ $part == compiled ]]; then

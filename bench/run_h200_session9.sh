@@ -71,10 +71,7 @@ if [[ $part == demo ]]; then
     stamp "the prefill compress op by part (bench/profile_compress.py)"
     timeout 120 python3 bench/profile_compress.py > "$R/profile-compress.txt" 2>&1
     echo "rc=$?"; grep -v Warn "$R/profile-compress.txt" | grep "^c[14]" | cut -c1-300
-    stamp "demo"
-    demo_flash 150 demo-flash
-    stamp "demo, the decode step compiled (inductor)"
-    demo_flash 300 demo-flash-compiled --compile
+    demo_eager_and_compiled
   } 2>&1 | tee "$R/log-demo9.txt"
 fi
 if [[ $part == compress ]]; then
@@ -86,10 +83,7 @@ fi
 if [[ $part == final ]]; then
   {
     compressor_checks
-    stamp "demo"
-    demo_flash 150 demo-flash
-    stamp "demo, the decode step compiled (inductor)"
-    demo_flash 300 demo-flash-compiled --compile
+    demo_eager_and_compiled
   } 2>&1 | tee "$R/log-final9.txt"
 fi
 if [[ $part == gemv ]]; then

@@ -19,8 +19,11 @@
 #                                                 # compiled
 #   R=$OUT bash bench/run_h200_session9.sh gemv   # a plain Triton MXFP4 GEMV for few-token experts beside Marlin
 #                                                 # (bench/proto_mxfp4_gemv.py); the demo in strict mode
+#   R=$OUT bash bench/run_h200_session9.sh verify # after the fused top-k's removal and compress's new argument: GPU
+#                                                 # tests of the sampled top-k, the custom ops and the demo;
+#                                                 # indexer_topk conformance
 set -uo pipefail
-part=${1:?topk, radix, radix2, demo, compress, final or gemv}
+part=${1:?topk, radix, radix2, demo, compress, final, gemv or verify}
 source bench/h200_env.sh
 compressor_checks() {  # PROFILE_ARGS...: the compressor's GPU tests, its conformance, its host parts, its bench
   stamp "GPU tests of the compressor (num_groups included)"
@@ -96,4 +99,16 @@ if [[ $part == gemv ]]; then
     demo_flash 150 demo-flash-strict
     unset DSV4HAL_STRICT
   } 2>&1 | tee "$R/log-gemv9.txt"
+fi
+if [[ $part == verify ]]; then
+  {
+    stamp "GPU tests: the sampled top-k, the custom ops (compress given num_groups), the demo"
+    timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_triton_sampled_topk.py \
+      tests/test_custom_ops.py tests/test_demo.py > /tmp/pytest-verify.log 2>&1
+    echo "rc=$?"; grep -E "FAILED|ERROR|passed|failed" /tmp/pytest-verify.log | tail -8 | cut -c1-300
+    stamp "conformance: indexer_topk (eager and graph)"
+    timeout 200 $D conformance --ops indexer_topk --quiet --json "$R/conformance-cuda_sm90-topk-session8.json" \
+      > /tmp/conf-topk.log 2>&1
+    echo "rc=$?"; tail -3 /tmp/conf-topk.log | cut -c1-300
+  } 2>&1 | tee "$R/log-verify9.txt"
 fi

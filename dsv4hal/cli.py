@@ -58,8 +58,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     decisions = {op: d.to_json() for op, d in platform.default_decisions.items()}
     data = {
         "platform": platform.name, "platform_source": platform.platform_decision.source,
-        "info": platform.info.to_json(),
-        "platforms": _platform_rows(registry, platform.info, platform.name),
+        "info": platform.host_info.to_json(),  # the machine (the CPU platform judges its kernels by a CPU view)
+        "platforms": _platform_rows(registry, platform.host_info, platform.name),
         "plugins": [{"name": n, "version": v} for n, v in sorted(registry.plugin_versions.items())],
         "plugin_errors": dict(registry.plugin_errors),
         "overrides": {"platform": platform.overrides.platform, "kernels": dict(platform.overrides.kernels),
@@ -71,9 +71,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2, default=str))
         return 0
-    i = platform.info
+    i = platform.host_info
     print(f"platform: {platform.name} ({platform.platform_decision.source})   machine: {i.summary()}")
-    for note in i.notes:
+    for note in dict.fromkeys((*i.notes, *platform.info.notes)):
         print(f"  note: {note}")
     print("platforms:")
     for row in data["platforms"]:

@@ -212,6 +212,18 @@ ENV_CAPABILITIES: dict[str, tuple[str, str, str]] = {
 }
 
 
+def cpu_view(info: PlatformInfo) -> PlatformInfo:
+    """The machine as a CPU platform sees it: its tensors live on the CPU whatever accelerator the host has, so
+    kernels are judged as on a CPU-only host (Triton only under its interpreter, strict mode's GPU rule not in
+    play), with the same libraries."""
+    if not info.is_gpu:
+        return info
+    return dataclasses.replace(info, vendor=Vendor.CPU, arch="cpu", device_name="cpu", sm_count=0, fp8="e4m3fn",
+                               features=frozenset(), device_count=0, notes=(*info.notes, (
+                                   f"the CPU platform on a host with {info.arch} ({info.device_name or 'a GPU'}): "
+                                   "its ops run on the CPU")))
+
+
 def detect(probe_libraries: Iterable[str] = ()) -> PlatformInfo:
     """Detect the first accelerator (or the CPU) and which of `probe_libraries` are installed."""
     notes: list[str] = []

@@ -328,8 +328,11 @@ class Ops:
 class Platform:
     def __init__(self, spec: PlatformSpec, info: PlatformInfo, registry: Registry, overrides: ov.Overrides,
                  decision: PlatformDecision, *, validate: bool = True, checked: bool = False,
-                 lock: LockInForce | None = None) -> None:
+                 lock: LockInForce | None = None, host_info: PlatformInfo | None = None) -> None:
+        # info: the device the ops run on, which kernels are judged by; host_info: the machine as detected (they
+        # differ for the CPU platform on a host with a GPU: hardware.cpu_view)
         self.spec, self.info, self.registry, self.overrides = spec, info, registry, overrides
+        self.host_info = host_info or info
         self.lock = lock  # a lock file in force (dsv4hal.lock), or None: static priorities
         self.platform_decision = decision
         self.validate, self.checked = validate, checked
@@ -385,9 +388,13 @@ def select_platform(name: str | None = None, *, info: PlatformInfo | None = None
     reg = registry or load_registry(o)
     inf = info or detect_info(reg)
     decision = select_platform_spec(reg, inf, o, name)
-    log.info("platform %s (%s) on %s", decision.chosen.name, decision.source, inf.summary())
+    host = inf
+    if decision.chosen.device_type == "cpu":  # its ops run on the CPU, whatever else the host has
+        inf = hardware.cpu_view(inf)
+    log.info("platform %s (%s) on %s", decision.chosen.name, decision.source, host.summary())
     lock_path = lock if lock is not None else o.lock
     in_force = None
     if lock_path:
         in_force = enforce(lock_path, decision.chosen.name, inf, reg, lock_mismatch or o.lock_mismatch)
-    return Platform(decision.chosen, inf, reg, o, decision, validate=validate, checked=checked, lock=in_force)
+    return Platform(decision.chosen, inf, reg, o, decision, validate=validate, checked=checked, lock=in_force,
+                    host_info=host)

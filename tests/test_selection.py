@@ -244,3 +244,24 @@ def test_plugin_failing_half_way_leaves_nothing() -> None:
     with pytest.warns(PluginWarning, match="libfoo"):
         reg = registry_with(("half", plugin_module("half", half)))
     assert "half_done" not in reg.kernels["mhc_post"] and "half" in reg.plugin_errors
+
+
+def test_cpu_platform_on_a_gpu_host_sees_a_cpu() -> None:
+    """select_platform("cpu") on a host with a GPU: the platform's ops run on the CPU, so its kernels are judged as
+    on a CPU-only host. Natively compiled Triton is refused without the interpreter (a forced Triton kernel is an
+    error, not a launch with CPU tensors), and strict mode's refusal of the reference on GPUs does not apply."""
+    import dsv4hal
+
+    host = fake("sm90", triton="3", flash_mla="1.0.0")
+    p = dsv4hal.select_platform("cpu", info=host)
+    assert not p.info.is_gpu and p.info.arch == "cpu" and p.info.libraries == host.libraries and p.host_info is host
+    assert any("CPU platform on a host with sm90" in n for n in p.info.notes)
+    d = p.explain("pack_store")
+    assert d.chosen.name == "torch_reference"
+    assert any(c.name == "triton_pack_store" and any("interpreter" in r for r in c.reasons) for c in d.candidates)
+    with dsv4hal.overrides(kernels={"pack_store": "triton_pack_store"}), pytest.raises(UnsupportedCaseError,
+                                                                                       match="TRITON_INTERPRET"):
+        dsv4hal.select_platform("cpu", info=host)
+    with dsv4hal.overrides(strict=True):  # binds: the reference is what a CPU platform runs
+        assert dsv4hal.select_platform("cpu", info=host).explain("pack_store").chosen.name == "torch_reference"
+    assert dsv4hal.select_platform("cuda_sm90", info=host).info is host  # a GPU platform keeps the host's view

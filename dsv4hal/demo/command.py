@@ -28,6 +28,9 @@ def main(args: argparse.Namespace) -> int:
     graph = args.graph if args.graph is not None else platform.device_type == "cuda"
     if graph and platform.device_type != "cuda":
         raise Dsv4HalError("--graph needs a CUDA platform", remedy="drop --graph or run on a GPU")
+    if graph and args.steps == 1:  # step 0 runs eagerly (the warm-up, each op timed alone); replays time steps 1..
+        raise Dsv4HalError("--steps 1 in graph mode times no graph replay (the first step is the eager warm-up)",
+                           remedy="use --steps 2 or more, or --no-graph")
     with Progress(1 + (1 if graph and args.steps else args.steps), "demo") as bar:
         res = run_demo(platform, args.batch, args.context, args.steps, cfg=SIZES[args.size], fill=args.fill,
                        graph=graph, progress=bar.update, compile_backend=args.compile)

@@ -22,8 +22,10 @@
 #   R=$OUT bash bench/run_h200_session9.sh verify # after the fused top-k's removal and compress's new argument: GPU
 #                                                 # tests of the sampled top-k, the custom ops and the demo;
 #                                                 # indexer_topk conformance
+#   R=$OUT bash bench/run_h200_session9.sh demotests # tests/test_demo.py on the GPU (after the CPU platform's view of
+#                                                 # a GPU host and the graph demo's --steps check)
 set -uo pipefail
-part=${1:?topk, radix, radix2, demo, compress, final, gemv or verify}
+part=${1:?topk, radix, radix2, demo, compress, final, gemv, verify or demotests}
 source bench/h200_env.sh
 compressor_checks() {  # PROFILE_ARGS...: the compressor's GPU tests, its conformance, its host parts, its bench
   stamp "GPU tests of the compressor (num_groups included)"
@@ -111,4 +113,12 @@ if [[ $part == verify ]]; then
       > /tmp/conf-topk.log 2>&1
     echo "rc=$?"; tail -3 /tmp/conf-topk.log | cut -c1-300
   } 2>&1 | tee "$R/log-verify9.txt"
+fi
+if [[ $part == demotests ]]; then
+  {
+    stamp "GPU tests: the demo"
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_demo.py tests/test_selection.py \
+      > /tmp/pytest-demo.log 2>&1
+    echo "rc=$?"; grep -E "FAILED|ERROR|passed|failed|Error" /tmp/pytest-demo.log | tail -12 | cut -c1-400
+  } 2>&1 | tee "$R/log-demotests9.txt"
 fi

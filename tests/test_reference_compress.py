@@ -243,3 +243,19 @@ def test_catalog_fixture_passes_on_reference(spec) -> None:
     contract.validate(**fx.args, checked=True)
     err, ok, detail = compare_close(compress(**fx.args), fx.expected, fx.tolerance)
     assert ok, detail
+
+
+def test_num_groups_gives_the_row_count_as_unchecked_kernels_do() -> None:
+    """num_groups = M: the same rows; past M, zero rows after them; below M, the first num_groups (what the
+    contract leaves to a caller's promise in unchecked mode, the same in every implementation)."""
+    hd = 512
+    cos, sin = make_rope_table(64, cases_compress.COMPRESS_ROPE_BASE, DSV4_YARN)
+    g = torch.Generator().manual_seed(3)
+    ks = torch.randn(20, 4 * hd, generator=g)
+    args = (ks, _cu(9, 11), 0.1 * torch.randn(4, 2 * hd, generator=g), torch.ones(hd), cos, sin, 4)
+    base = compress(*args)
+    assert base.shape == (4, hd)
+    assert torch.equal(compress(*args, num_groups=4), base)
+    more = compress(*args, num_groups=6)
+    assert torch.equal(more[:4], base) and not bool(more[4:].any())
+    assert torch.equal(compress(*args, num_groups=2), base[:2])

@@ -21,8 +21,8 @@ Every used position i*ratio must be < max_pos.
 num_groups: None, or M itself (an int) when the caller knows it, as an engine that scheduled the prompts does.
     Without it a kernel reads M from cu_seqlens on the device (a host sync, so the call cannot be captured in a
     CUDA graph); with it the output shape is known on the host: no sync, graph-safe. Unchecked mode trusts it
-    (a kernel writes num_groups rows; rows past the true M are 0); checked mode, and any call whose cu_seqlens
-    lives on the CPU, refuses a value other than M.
+    (every implementation returns num_groups rows: the first of the M, then zero rows past M); checked mode, and
+    any call whose cu_seqlens lives on the CPU, refuses a value other than M.
 
 Value checks read cu_seqlens. Checked mode reads it (a device sync) and all floating inputs (finite).
 Unchecked mode reads it only when it lives on the CPU, where reading costs no device sync.

@@ -83,8 +83,8 @@ def compress(
     num_groups: int | None = None,
 ) -> torch.Tensor:
     """fp32 [M, hd] compressed rows, M = sum_b L_b // ratio (see dsv4hal.ops.compress for the contract). M comes
-    from cu_seqlens here; num_groups, a caller's promise of M (checked by the contract), only spares kernels a
-    sync, so the reference reads none of it."""
+    from cu_seqlens here; num_groups, a caller's promise of M (checked wherever cu_seqlens is read), gives the row
+    count as the kernels give it when unchecked: the first num_groups rows, zero rows past M."""
     hd = norm_weight.shape[0]
     kv_score, ape = kv_score.float(), ape.float()
     rows, positions = compression_positions(cu_seqlens, ratio)
@@ -92,7 +92,10 @@ def compress(
         kv, score = _window_c4(kv_score, rows, positions, ape, hd)
     else:
         kv, score = _window_c128(kv_score, rows, ape, hd)
-    return _pool_norm_rope(kv, score, positions, norm_weight, cos, sin, eps, hadamard)
+    out = _pool_norm_rope(kv, score, positions, norm_weight, cos, sin, eps, hadamard)
+    if num_groups is None or num_groups == out.shape[0]:
+        return out
+    return torch.cat([out, out.new_zeros(max(0, num_groups - out.shape[0]), hd)])[:num_groups]
 
 
 def _pool_norm_rope(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor, norm_weight: torch.Tensor,

@@ -21,7 +21,8 @@ from dsv4hal.bench.common import bound_op
 from dsv4hal.bench.compress import CONFIGS, PREFILL_TOKENS, _layer
 from dsv4hal.bench.timing import graph_us
 from dsv4hal.conformance.cases_compress import COMPRESS_ROPE_BASE
-from dsv4hal.kernels.triton.compress import _config, compress_into, num_groups_of
+from dsv4hal.kernels.triton.compress import _config, compress_into
+from dsv4hal.ops.compress import num_groups_of
 from dsv4hal.reference.rope import DSV4_YARN, make_rope_table
 
 

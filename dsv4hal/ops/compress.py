@@ -105,6 +105,13 @@ def _check_layer(op: str, kv_score: object, ratio: object, ape: object, norm_wei
     return kv_score, hd, tensors
 
 
+def num_groups_of(cu_seqlens: torch.Tensor, ratio: int) -> int:
+    """M = sum_b L_b // ratio, the prefill form's row count, read from cu_seqlens (a host sync when it lives on a
+    GPU: what num_groups spares a caller who knows M)."""
+    cu = cu_seqlens.long()
+    return int(torch.div(cu[1:] - cu[:-1], ratio, rounding_mode="floor").sum())
+
+
 def _check_num_groups(num_groups: object) -> None:
     if num_groups is not None and (isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0):
         raise InvalidArgumentError(OP, "num_groups", "None or an int >= 0 (M = sum_b L_b // ratio)", repr(num_groups),
@@ -120,9 +127,9 @@ def _check_cu_seqlens_values(cu: torch.Tensor, n: int, ratio: int, max_pos: int,
     lengths = cu[1:] - cu[:-1]
     if bool((lengths < 0).any()):
         raise InvalidArgumentError(OP, "cu_seqlens", "non-decreasing offsets", "a decreasing step")
-    if num_groups is not None and int((lengths // ratio).sum()) != num_groups:
-        raise InvalidArgumentError(OP, "num_groups", f"M = sum_b L_b // ratio = {int((lengths // ratio).sum())}",
-                                   repr(num_groups), remedy="pass the count cu_seqlens gives, or None")
+    if num_groups is not None and (m := num_groups_of(cu, ratio)) != num_groups:
+        raise InvalidArgumentError(OP, "num_groups", f"M = sum_b L_b // ratio = {m}", repr(num_groups),
+                                   remedy="pass the count cu_seqlens gives, or None")
     longest = int(lengths.max()) if lengths.numel() else 0
     last_pos = (longest // ratio - 1) * ratio  # first position of the last group of the longest request
     if last_pos >= max_pos:

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.ops.compress import num_groups_of
 
 ROPE_PAIRS = 32
 HADAMARD_DIM = 128
@@ -192,13 +193,6 @@ def _launch(grid: int, kv_score: torch.Tensor, ring: torch.Tensor, cu: torch.Ten
         positions, ape.contiguous(), norm_weight.contiguous(), cos, sin, cos.stride(0), out, float(eps),
         RATIO=ratio, WINDOW=window, HD=hd, COFF=coff, DECODE=decode, HADAMARD=bool(hadamard), BLOCK_R=block_r,
         BLOCK_B=256, STAGES=stages, num_warps=warps)
-
-
-def num_groups_of(cu_seqlens: torch.Tensor, ratio: int) -> int:
-    """M = sum_b L_b // ratio, read from cu_seqlens: the prefill form's one host sync (when the caller does not
-    give M)."""
-    cu = cu_seqlens.long()
-    return int(torch.div(cu[1:] - cu[:-1], ratio, rounding_mode="floor").sum())
 
 
 def compress_into(out: torch.Tensor, kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor,

@@ -27,6 +27,16 @@ def _rms(x: torch.Tensor, w: torch.Tensor | None = None, eps: float = 1e-6) -> t
     return torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w, eps)
 
 
+def _linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x bf16 [T, in] @ w bf16 [out, in]^T with fp32 output: SGLang's linear_bf16_fp32 for the router gate, the
+    compressor's wkv/wgate and the indexer's projections (spec 4.1, 5.1). On CUDA one bf16 tensor-core GEMM that
+    accumulates and writes fp32 (torch.mm's out_dtype); elsewhere the same products in fp32. Until the ninth
+    session the demo kept these weights in fp32 and ran fp32 (FFMA) GEMMs: ~150 us a step on the H200."""
+    if x.is_cuda:
+        return torch.mm(x, w.t(), out_dtype=torch.float32)
+    return x.float() @ w.float().T
+
+
 def _rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """x with its last ROPE dims rotated in place (the values apply_rope gives: it passes the other dims through
     unchanged, but copies whole rows to do so, ~8 MB a call for a decode step's queries); returns x."""
@@ -50,11 +60,6 @@ class DemoModel:
         def rnd(*shape: int, scale: float = 1.0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
             return (randn(*shape) * scale).to(dtype).to(dev)
 
-        def f32(t: torch.Tensor) -> torch.Tensor:
-            """A bf16 weight the forward pass multiplies in fp32, kept in fp32 (the same values): an engine casts
-            its weights once, not every step (the demo did until the seventh session: ~200 us a step)."""
-            return t.float()
-
         self.cos, self.sin = (t.to(dev) for t in make_rope_table(cfg.max_pages * PAGE, 10000.0))
         pages = batch * cfg.max_pages
         self.page_table = (torch.arange(pages).view(batch, cfg.max_pages) + 1).int().to(dev)  # page 0: null
@@ -68,7 +73,7 @@ class DemoModel:
                 "wkv": rnd(D_HEAD, d, scale=d ** -0.5), "kv_norm": torch.ones(D_HEAD, device=dev),
                 "wo_a": rnd(cfg.o_groups, cfg.o_lora, group_in, scale=group_in ** -0.5),
                 "wo_b": rnd(d, cfg.o_groups * cfg.o_lora, scale=(cfg.o_groups * cfg.o_lora) ** -0.5),
-                "sink": rnd(h, dtype=torch.float32), "router": f32(rnd(cfg.experts, d, scale=d ** -0.5)),
+                "sink": rnd(h, dtype=torch.float32), "router": rnd(cfg.experts, d, scale=d ** -0.5),
                 "bias": rnd(cfg.experts, scale=0.1, dtype=torch.float32),
                 "swa": V4PagedCache.empty(pages + 1, PAGE, platform.info.fp8, dev),
             }
@@ -79,15 +84,15 @@ class DemoModel:
             w["experts"] = self.ops.moe_experts.prepare_weights(self._experts(randn), tokens=batch)
             if ratio:
                 coff = 2 if ratio == 4 else 1
-                w.update(wkv_gate=f32(rnd(2 * coff * D_HEAD, d, scale=d ** -0.5)),
+                w.update(wkv_gate=rnd(2 * coff * D_HEAD, d, scale=d ** -0.5),
                          ape=rnd(ratio, coff * D_HEAD, scale=0.1, dtype=torch.float32),
                          c_norm=torch.ones(D_HEAD, device=dev),
                          extra=V4PagedCache.empty((pages + 1) * PAGE // PAGE_SIZE_BY_RATIO[ratio] + 1,
                                                   PAGE_SIZE_BY_RATIO[ratio], platform.info.fp8, dev))
             if ratio == 4:
-                w.update(wq_idx=f32(rnd(INDEX_HEADS * INDEX_DIM, cfg.q_lora, scale=cfg.q_lora ** -0.5)),
-                         w_proj=f32(rnd(INDEX_HEADS, d, scale=d ** -0.5)),
-                         idx_gate=f32(rnd(2 * 2 * INDEX_DIM, d, scale=d ** -0.5)),
+                w.update(wq_idx=rnd(INDEX_HEADS * INDEX_DIM, cfg.q_lora, scale=cfg.q_lora ** -0.5),
+                         w_proj=rnd(INDEX_HEADS, d, scale=d ** -0.5),
+                         idx_gate=rnd(2 * 2 * INDEX_DIM, d, scale=d ** -0.5),
                          idx_ape=rnd(4, 2 * INDEX_DIM, scale=0.1, dtype=torch.float32),
                          idx_norm=torch.ones(INDEX_DIM, device=dev),
                          idx_cache=IndexerPagedCache.empty(pages + 1, platform.info.fp8, dev))
@@ -136,7 +141,7 @@ class DemoModel:
                 stream, y, post, comb = ops.mhc_post_pre(attn, stream, post, comb, *w["hc_ffn"])
             a = _rms(y).bfloat16()
             with timer("moe_route"):
-                ids, tw = ops.moe_route((a.float() @ w["router"].T).contiguous(), w["bias"])
+                ids, tw = ops.moe_route(_linear_f32(a, w["router"]), w["bias"])
             with timer("moe_experts"):
                 ffn = ops.moe_experts(a, ids, tw, w["experts"])
         with timer("mhc_post"):
@@ -173,9 +178,9 @@ class DemoModel:
                   decode: bool) -> None:
         """Compressed rows closed by these tokens go to the C4/C128 cache (and the indexer cache for C4)."""
         r = w["ratio"]
-        parts = [("state", a.float() @ w["wkv_gate"].T, w["ape"], w["c_norm"], False)]
+        parts = [("state", _linear_f32(a, w["wkv_gate"]), w["ape"], w["c_norm"], False)]
         if r == 4:
-            parts.append(("idx_state", a.float() @ w["idx_gate"].T, w["idx_ape"], w["idx_norm"], True))
+            parts.append(("idx_state", _linear_f32(a, w["idx_gate"]), w["idx_ape"], w["idx_norm"], True))
         per_page = PAGE // r
         for key, score, ape, norm, hadamard in parts:
             if decode:  # one token a request: the decode form on the state ring
@@ -212,11 +217,11 @@ class DemoModel:
     def _indexer(self, w: dict, a: torch.Tensor, q_lora: torch.Tensor, req: torch.Tensor, pos: torch.Tensor,
                  meta: Any, timer: OpTimer) -> torch.Tensor:
         t = a.shape[0]
-        q = (q_lora.float() @ w["wq_idx"].T).view(t, INDEX_HEADS, INDEX_DIM)
+        q = _linear_f32(q_lora, w["wq_idx"]).view(t, INDEX_HEADS, INDEX_DIM)
         q = hadamard_transform(_rope_(q, self.cos[pos][:, None], self.sin[pos][:, None]))
         qs = q.abs().amax(-1).clamp_min(1e-4) / FP8_MAX[self.p.info.fp8]
         q8 = (q / qs[..., None]).to(fp8_dtype(self.p.info.fp8))
-        weights = ((a.float() @ w["w_proj"].T) * INDEX_DIM ** -0.5 * INDEX_HEADS ** -0.5 * qs).contiguous()
+        weights = (_linear_f32(a, w["w_proj"]) * INDEX_DIM ** -0.5 * INDEX_HEADS ** -0.5 * qs).contiguous()
         table = self.page_table[req]
         with timer("indexer_logits"):
             scores = self.ops.indexer_logits(q8, weights, w["idx_cache"], meta.c4_lengths_raw, table)

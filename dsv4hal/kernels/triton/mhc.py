@@ -315,26 +315,38 @@ def _gated(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     return stream, y, post, comb
 
 
+def apply_config(t: int, d: int) -> dict[str, int]:
+    """The apply launch's d block and warps. One warp a program: the Sinkhorn's 39 dependent normalisations of a
+    [4, 4] tile are then shuffles inside a warp, not round trips through shared memory between four warps. H200,
+    DeepGEMM's partials, d = 4096 (sweep-mhc-apply-warps.json, the ninth session): the launch 8.8 -> 4.6 us at
+    T = 1, 8.5 -> 5.3 at T = 8, 11.4 -> 6.1 at T = 64, 9.7 -> 7.2 at T = 512 (outputs within one bf16 rounding of
+    y: the sum over the four streams is ordered otherwise)."""
+    return {"block_d": min(256 if t <= 16 else 1024, triton.next_power_of_2(d)), "num_warps": 1}
+
+
 def _apply(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Tensor, npad: int, base: torch.Tensor,
            scale: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, rms_eps: float,
-           hc_eps: float, iters: int, head: bool) -> None:
+           hc_eps: float, iters: int, head: bool, config: dict[str, int] | None = None) -> None:
     """The last launch of the gated ops: gates from the split-K partials (mix_ws [S, T, npad], sq_ws [S, T]),
     y = sum_i pre_i x_i, and post and comb unless `head`."""
     t, _, d = x.shape
     s = mix_ws.shape[0]
-    bd = min(_block_d(t), triton.next_power_of_2(d))
+    cfg = {**apply_config(t, d), **(config or {})}
+    bd = cfg["block_d"]
     _apply_kernel[(t, triton.cdiv(d, bd))](x, mix_ws, sq_ws, base, scale, y, post, comb, t, d, s,
                                            float(rms_eps), float(hc_eps), int(iters), NPAD=npad,
                                            S_BLOCK=max(2, triton.next_power_of_2(s)), BLOCK_D=bd, HEAD=head,
-                                           INTERPRET=_interpreting(), num_warps=4)
+                                           INTERPRET=_interpreting(), num_warps=cfg["num_warps"])
 
 
 def mhc_pre_from_partials(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Tensor, base: torch.Tensor,
                           scale: torch.Tensor, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
-                          sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          sinkhorn_iters: int = 20, config: dict[str, int] | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """mhc_pre's outputs from split-K partials made elsewhere (a vendor's pre-norm GEMM): mix_ws fp32 [S, T, rows]
     contiguous, summed over S x.flatten(1) @ fn^T (rows >= 24: pre, post, comb), and sq_ws fp32 [S, T], summed
-    over S the sum of x.flatten(1)^2 per token. x bf16 [T, 4, d] contiguous."""
+    over S the sum of x.flatten(1)^2 per token. x bf16 [T, 4, d] contiguous. config: the apply launch's
+    (apply_config; benchmarks sweep it)."""
     t, _, d = x.shape
     dev = x.device
     y = torch.empty(t, d, dtype=torch.bfloat16, device=dev)
@@ -343,7 +355,7 @@ def mhc_pre_from_partials(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Te
     if t == 0:
         return y, post, comb
     _apply(x, mix_ws, sq_ws, mix_ws.shape[2], base.contiguous(), scale.contiguous(), y, post, comb, rms_eps,
-           hc_eps, sinkhorn_iters, False)
+           hc_eps, sinkhorn_iters, False, config)
     return y, post, comb
 
 

@@ -5,8 +5,16 @@
 #                                                  # linear_bf16_fp32); mHC's apply launch swept
 #                                                  # (bench/sweep_mhc_apply.py); the demo with its bf16 projections;
 #                                                  # tests/test_demo.py on the GPU
+#   R=$OUT bash bench/run_h200_session10.sh sched  # FlashMLA's plan from one parallel program: GPU tests, checked
+#                                                  # against the vendor's own (bench/check_flashmla_sched.py);
+#                                                  # the demo inside a declared decode step
+#   R=$OUT bash bench/run_h200_session10.sh verify # after sched: GPU tests (summary shown), the plan checked (the
+#                                                  # check timed out in sched: a compile per batch value), mHC
+#                                                  # conformance
+#   R=$OUT bash bench/run_h200_session10.sh final  # the mHC bench; the demo compiled (the eager yardstick is
+#                                                  # sched's: no kernel changed after it)
 set -uo pipefail
-part=${1:?probe}
+part=${1:?probe, sched, verify or final}
 source bench/h200_env.sh
 if [[ $part == probe ]]; then
   {
@@ -30,4 +38,43 @@ PY
     timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_demo.py > /tmp/pytest-demo.log 2>&1
     echo "rc=$?"; grep -E "FAILED|ERROR|passed|failed|Error" /tmp/pytest-demo.log | tail -12 | cut -c1-400
   } 2>&1 | tee "$R/log-probe10.txt"
+fi
+if [[ $part == sched ]]; then
+  {
+    stamp "GPU tests: FlashMLA's parallel plan, the decode glue, mHC, the demo"
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_flashmla_sched.py \
+      tests/test_flashmla_decode_op.py tests/test_triton_mhc.py tests/test_deepgemm_mhc.py tests/test_demo.py \
+      > /tmp/pytest-sched.log 2>&1
+    echo "rc=$?"; grep -E "FAILED|ERROR|passed|failed|Error" /tmp/pytest-sched.log | tail -12 | cut -c1-400
+    stamp "the parallel plan against sgl-flash-mla's own (bench/check_flashmla_sched.py)"
+    timeout 200 python3 bench/check_flashmla_sched.py --json "$R/check-flashmla-sched.json" > /tmp/check-sched.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/check-sched.log | tail -8 | cut -c1-600
+    stamp "demo (a declared decode step: the parallel plan; mHC's apply on one warp)"
+    demo_flash 150 demo-flash
+  } 2>&1 | tee "$R/log-sched10.txt"
+fi
+if [[ $part == verify ]]; then
+  {
+    stamp "GPU tests: FlashMLA's parallel plan, the decode glue, mHC, the demo"
+    timeout 240 python3 -m pytest -p no:cacheprovider -p no:warnings -rfE tests/test_flashmla_sched.py \
+      tests/test_flashmla_decode_op.py tests/test_triton_mhc.py tests/test_deepgemm_mhc.py tests/test_demo.py \
+      > /tmp/pytest-verify.log 2>&1
+    echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" /tmp/pytest-verify.log | tail -12 | cut -c1-400
+    stamp "the parallel plan against sgl-flash-mla's own (bench/check_flashmla_sched.py)"
+    timeout 240 python3 bench/check_flashmla_sched.py --json "$R/check-flashmla-sched.json" > /tmp/check-sched.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/check-sched.log | tail -12 | cut -c1-600
+    stamp "conformance: the mHC ops (eager and graph), after the apply launch's change"
+    timeout 200 $D conformance --ops mhc_pre,mhc_post,mhc_post_pre,mhc_head --quiet \
+      --json "$R/conformance-cuda_sm90-mhc-one-warp.json" > /tmp/conf-mhc.log 2>&1
+    echo "rc=$?"; tail -4 /tmp/conf-mhc.log | cut -c1-300
+  } 2>&1 | tee "$R/log-verify10.txt"
+fi
+if [[ $part == final ]]; then
+  {
+    stamp "mHC bench"
+    timeout 150 $D bench mhc --quick --json "$R/bench-mhc.json" > /tmp/bench-mhc.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/bench-mhc.log | tail -14 | cut -c1-300
+    stamp "demo, the decode step compiled (inductor) inside the declared step"
+    demo_flash 300 demo-flash-compiled --compile
+  } 2>&1 | tee "$R/log-final10.txt"
 fi

@@ -133,3 +133,31 @@ def test_an_op_with_another_schema_is_not_called(monkeypatch: pytest.MonkeyPatch
     CALLS.clear()
     op(**_args(1, 0))
     assert CALLS == [] and entry_calls == ["flash_mla_with_kvcache"]
+
+
+def test_in_a_step_the_parallel_plan_is_handed_to_the_op(monkeypatch: pytest.MonkeyPatch,
+                                                         namespaces: dict[str, Any]) -> None:
+    """Inside a step the first call of a shape asks flashmla_sched for the plan (on SM90 it makes one; here a
+    stand-in) with the call's lengths and widths, and the op gets it; outside a step it is not asked."""
+    _install(monkeypatch, namespaces["expected"])
+    asked: list[tuple] = []
+    made = (torch.full((132, 8), 7, dtype=torch.int32), torch.zeros(4, dtype=torch.int32))
+
+    def plan(q, lengths, width, extra_lengths, extra_width):  # noqa: ANN001, ANN202
+        asked.append((q.shape, lengths, width, extra_lengths, extra_width))
+        return made
+
+    monkeypatch.setattr(flashmla_glue.flashmla_sched, "plan", plan)
+    op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
+    args = _args(3, 4)
+    CALLS.clear()
+    op(**args)
+    assert asked == [] and CALLS[0]["tile_scheduler_metadata"] is None
+    with decode_step():
+        op(**args)
+        op(**args)
+    assert len(asked) == 1
+    shape, lengths, width, extra_lengths, extra_width = asked[0]
+    assert shape == (3, 64, 512) and lengths is args["swa_lengths"] and width == 128
+    assert extra_lengths is args["extra_lengths"] and extra_width == 64
+    assert all(c["tile_scheduler_metadata"] is made[0] and c["num_splits"] is made[1] for c in CALLS[1:])

@@ -82,11 +82,19 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
 
 
 def _decode_step(model: DemoModel, compile_backend: str | None) -> Any:
-    """The decode step as a function of (x, req, pos, timer): the model's forward, compiled when asked."""
-    def step(x: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: Any) -> torch.Tensor:
+    """The decode step as a function of (x, req, pos, timer): the model's forward (compiled when asked) inside a
+    declared decode step, as an engine runs it (the attention layers of one shape share a scheduler plan; the step
+    is entered around the compiled function, which Dynamo cannot trace into)."""
+    def forward(x: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: Any) -> torch.Tensor:
         return model.forward(x, req, pos, timer, decode=True)
 
-    return step if compile_backend is None else torch.compile(step, backend=compile_backend, dynamic=False)
+    inner = forward if compile_backend is None else torch.compile(forward, backend=compile_backend, dynamic=False)
+
+    def step(x: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: Any) -> torch.Tensor:
+        with model.p.decode_step():
+            return inner(x, req, pos, timer)
+
+    return step
 
 
 def kernels_in_use(platform: Any, model: DemoModel, calls: list = ()) -> dict[str, str]:

@@ -7,7 +7,10 @@ SM90 and SM100) or vLLM's bundled copy (`vllm.third_party.flashmla.flash_mla_int
 use_legacy argument). sgl-flash-mla's decode is called through its torch op when the op's schema is the one read
 (decode_op: the Python entry's per-call work skipped, the same kernel). Scheduler metadata is planned per call
 unless the engine declares a decode step (dsv4hal.step), inside which one plan per (compress ratio, shapes) is
-shared, as vLLM and SGLang share one per layer type.
+shared, as vLLM and SGLang share one per layer type. Inside a step on SM90 that plan is made by
+dsv4hal.kernels.flashmla_sched (the same bytes as the op's own, from one parallel program instead of one warp's walk)
+and handed to the torch op. Outside a step the op plans per call, as a direct call does: there a Triton launch would
+add its host time to a call that is host-bound anyway.
 
 Indices follow dsv4hal's one rule: FlashMLA skips -1 and reads any other negative as a slot (-2 reads slot
 0), so other negatives are invalid and checked mode refuses them in the contract, before this binding runs;
@@ -23,6 +26,7 @@ from typing import Any, Literal
 import torch
 
 from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
+from dsv4hal.kernels import flashmla_sched
 from dsv4hal.step import step_plans
 
 Flavour = Literal["sgl", "vllm"]
@@ -94,6 +98,11 @@ def _decode_by_op(op: Callable[..., Any], q: torch.Tensor, swa_cache: V4PagedCac
     if plans is not None:
         key = _plan_key("op", q, swa_cache, swa_indices, extra_cache, extra_indices)
         md, splits = plans.get(key, (None, None))
+        if md is None:  # the step's first call of this shape: on SM90 the plan of one parallel program
+            made = flashmla_sched.plan(q, swa_lengths, swa_indices.shape[-1], extra_lengths,
+                                       0 if extra_indices is None else extra_indices.shape[-1])
+            if made is not None:
+                md, splits = made
     out, lse, md, splits = op(
         q.unsqueeze(1), swa_cache.flashmla_view(), swa_indices.unsqueeze(1), swa_lengths, sink, md, splits,
         None if extra_cache is None else extra_cache.flashmla_view(),

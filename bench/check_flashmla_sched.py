@@ -4,6 +4,7 @@ widths with and without extra keys, and lengths (none, random, zeros, mixed); th
 (bit for bit); and the times side by side (CUDA graphs): the op planning itself, the op given a plan, the plan alone.
 
     python3 bench/check_flashmla_sched.py --json out/check-flashmla-sched.json
+    python3 bench/check_flashmla_sched.py --json out/sweep-flashmla-sched.json --warps  # the plan's warps only
 """
 
 from __future__ import annotations
@@ -64,11 +65,35 @@ def _ours(a: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
     return fs.plan(a["q"], a["lens"], a["ind"].shape[-1], a["xlens"], 0 if a["xind"] is None else a["xind"].shape[-1])
 
 
+def _warps_row(b: int, h: int, width: int, xwidth: int, rng: random.Random) -> dict:
+    """One timed shape: the plan with 1, 2, 4 and 8 warps, each checked against the vendor's, timed."""
+    a = _call(b, h, width, xwidth, "random", rng)
+    _, _, md, splits = _op(a, None, None)
+    parts = fs.parts_sm90(torch.cuda.get_device_properties(0).multi_processor_count, 1, h)
+    n_block = max(1 << fs.line_bound(b, width, xwidth).bit_length(), 16)  # next power of two above the line
+    row: dict = {"b": b, "h": h, "width": width, "extra_width": xwidth, "default_warps": fs.plan_warps(n_block),
+                 "us": {}, "same_as_vendor": {}}
+    for w in (1, 2, 4, 8):
+        def run(w: int = w) -> tuple:
+            return fs.make_plan(b, parts, a["lens"], width, a["xlens"], xwidth, a["q"].device, num_warps=w)
+        got = run()
+        row["same_as_vendor"][w] = bool(torch.equal(got[0][:, :7], md[:, :7]) and torch.equal(got[1], splits))
+        row["us"][w] = graph_us(run)
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--warps", action="store_true", help="only the plan's warps, swept at the timed shapes")
     args = ap.parse_args()
     rng = random.Random(0)
+    if args.warps:
+        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "plan_warps": [
+            _warps_row(*shape, rng) for shape in TIMED]},
+                                        indent=1))
+        return
     checked = mismatches = 0
     first_mismatches: list[dict] = []
     left_to_op: list[dict] = []

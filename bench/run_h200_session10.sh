@@ -13,8 +13,10 @@
 #                                                  # conformance
 #   R=$OUT bash bench/run_h200_session10.sh final  # the mHC bench; the demo compiled (the eager yardstick is
 #                                                  # sched's: no kernel changed after it)
+#   R=$OUT bash bench/run_h200_session10.sh sweep  # the top-k passes' warps (bench/tune_triton.py --ops topk);
+#                                                  # the parallel plan's warps (check_flashmla_sched.py --warps)
 set -uo pipefail
-part=${1:?probe, sched, verify or final}
+part=${1:?probe, sched, verify, final or sweep}
 source bench/h200_env.sh
 if [[ $part == probe ]]; then
   {
@@ -77,4 +79,15 @@ if [[ $part == final ]]; then
     stamp "demo, the decode step compiled (inductor) inside the declared step"
     demo_flash 300 demo-flash-compiled --compile
   } 2>&1 | tee "$R/log-final10.txt"
+fi
+if [[ $part == sweep ]]; then
+  {
+    stamp "top-k: the sample and select passes' warps, the row kernel's (bench/tune_triton.py --ops topk)"
+    timeout 240 python3 bench/tune_triton.py --json "$R/tune-triton-topk-warps.json" --ops topk > /tmp/tune-topk.log 2>&1
+    echo "rc=$?"; topk_rows "$R/tune-triton-topk-warps.json"
+    stamp "FlashMLA's parallel plan: its warps (bench/check_flashmla_sched.py --warps)"
+    timeout 100 python3 bench/check_flashmla_sched.py --warps --json "$R/sweep-flashmla-sched-warps.json" \
+      > /tmp/sweep-sched.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/sweep-sched.log | tail -6 | cut -c1-500
+  } 2>&1 | tee "$R/log-sweep10.txt"
 fi

@@ -46,10 +46,15 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
 # The eighth session's: the select pass's K-th key by radix select (four 256-bin tl.histogram passes over the
 # candidate tile) against the bisection: exact on the GPU and the CPU, but the select pass took 26-27 us against 8.6
 # (the row kernel at 64 x 8192: 28.0 against 16.7 us), so it was taken out again (tune-triton-topk-radix.json).
+# The ninth session's: the sample and select passes' warps (a bisection is a chain of dependent reductions over
+# one tile: with fewer warps each is shuffles inside a warp, not a round trip through shared memory, as mHC's
+# Sinkhorn measured 1.9x faster on one warp), and the row kernel's.
 TOPK_CONFIGS = [dict(nsample=ns, range=True, coarse=0, chunk=c, block=1024, filter_stages=st, filter_warps=4)
                 for ns, c, st in ((2048, 1024, 1), (4096, 1024, 1), (4096, 4096, 2))]
+TOPK_CONFIGS += [{**base, "sample_warps": sw, "select_warps": selw} for base in (TOPK_CONFIGS[0], TOPK_CONFIGS[2])
+                 for sw, selw in ((1, 1), (2, 2), (1, 2), (2, 1), (1, 4), (4, 1))]
 # the row kernel (static for rows up to 16384: the demo's 64 x 8192): warps
-ROW_CONFIGS = [dict(num_warps=w) for w in (8, 16)]
+ROW_CONFIGS = [dict(num_warps=w) for w in (2, 4, 8, 16)]
 ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512)]
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
@@ -180,6 +185,8 @@ def main() -> None:
                 ((c < k) | (c > topk_sampled.CAP)).sum())}
         for c in TOPK_CONFIGS:
             name = "ns{nsample}-chunk{chunk}-st{filter_stages}".format(**c)
+            if "sample_warps" in c:
+                name += "-sw{sample_warps}-selw{select_warps}".format(**c)
             if _time_topk(row, name, ref, lambda c=c, s=scores, ln=lengths, k=k, t=table:
                           topk_sampled.indexer_topk(s, ln, k, t, config=c)):
                 row.setdefault("us_passes", {})[name] = [  # cumulative: sample, +filter, +select, +fallback

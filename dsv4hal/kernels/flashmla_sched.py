@@ -185,6 +185,11 @@ def _sm90(device: torch.device) -> tuple[bool, int]:
     return (props.major, props.minor) == (9, 0), props.multi_processor_count
 
 
+def plan_warps(n_block: int) -> int:
+    """Warps for a line of n_block units."""
+    return 4 if n_block <= 4096 else 8
+
+
 def line_bound(b: int, width: int, extra_width: int) -> int:
     """The most units the line can hold for requests within their widths (the contract's lengths)."""
     return b * (_blocks(_keys(width, extra_width, extra_width)) + OVERHEAD_SM90)
@@ -212,8 +217,10 @@ def plan(q: torch.Tensor, lengths: torch.Tensor | None, width: int, extra_length
 
 
 def make_plan(b: int, parts: int, lengths: torch.Tensor | None, width: int, extra_lengths: torch.Tensor | None,
-              extra_width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plan of b >= 1 requests over `parts` partitions (plan's launch; tests call it with any part count)."""
+              extra_width: int, device: torch.device, num_warps: int | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plan of b >= 1 requests over `parts` partitions (plan's launch; tests call it with any part count;
+    num_warps: the launch's, for sweeps)."""
     meta = torch.empty(parts, META_INTS, dtype=torch.int32, device=device)
     splits = torch.empty(b + 1, dtype=torch.int32, device=device)
     p_block = triton.next_power_of_2(parts + 1)
@@ -222,5 +229,5 @@ def make_plan(b: int, parts: int, lengths: torch.Tensor | None, width: int, extr
                        extra_lengths if extra_lengths is not None else splits, meta, splits, b, width, extra_width,
                        parts, HAS_LEN=lengths is not None, HAS_XLEN=extra_lengths is not None, OVH=OVERHEAD_SM90,
                        B_BLOCK=max(triton.next_power_of_2(b), 16), N_BLOCK=n_block, P_BLOCK=p_block,
-                       LOG_P=p_block.bit_length() - 1, num_warps=4 if n_block <= 4096 else 8)
+                       LOG_P=p_block.bit_length() - 1, num_warps=num_warps or plan_warps(n_block))
     return meta, splits

@@ -155,9 +155,11 @@ def default_config(rows: int, width: int, k: int) -> dict:
     searches start below the bits the keys share)."""
     few = rows <= FEW_ROWS and 2 * k + MARGIN * width // NSAMPLE_FEW_ROWS <= CAP // 2
     many = rows > FEW_ROWS
-    return {"nsample": NSAMPLE_FEW_ROWS if few else NSAMPLE, "cap": CAP, "margin": MARGIN,
+    ns = NSAMPLE_FEW_ROWS if few else NSAMPLE
+    return {"nsample": ns, "cap": CAP, "margin": MARGIN,
             "chunk": CHUNK_MANY_ROWS if many else CHUNK, "block": BLOCK, "range": True, "coarse": 0, "passes": 4,
-            "filter_stages": STAGES_MANY_ROWS if many else 1, "filter_warps": 4}
+            "filter_stages": STAGES_MANY_ROWS if many else 1, "filter_warps": 4,
+            "sample_warps": tile_warps(ns), "select_warps": tile_warps(CAP)}
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
@@ -180,7 +182,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     thr = torch.empty(b, dtype=torch.int32, device=dev)
     count = torch.empty(b, dtype=torch.int32, device=dev)  # zeroed by the sample pass
     _sample_kernel[(b,)](scores, scores.stride(0), lengths, thr, count, s, K=k, NS=ns, MARGIN_=cfg["margin"],
-                         RANGE=cfg["range"], COARSE=cfg["coarse"], num_warps=tile_warps(ns))
+                         RANGE=cfg["range"], COARSE=cfg["coarse"], num_warps=cfg["sample_warps"])
     if cfg["passes"] >= 2:
         _filter_kernel[grid](
             scores, scores.stride(0), lengths, thr, count, ckey, cidx, s, K=k, CAP_=cap, CHUNK_=cfg["chunk"],
@@ -189,7 +191,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     if cfg["passes"] >= 3:
         _select_kernel[(b,)](lengths, count, ckey, cidx, gate, raw, pages if pages is not None else raw, pt,
                              pt.stride(0), s, pt.shape[1], K=k, CAP_=cap, PAGE_SHIFT=page_size.bit_length() - 1,
-                             HAS_PT=page_table is not None, RANGE=cfg["range"], num_warps=tile_warps(cap))
+                             HAS_PT=page_table is not None, RANGE=cfg["range"], num_warps=cfg["select_warps"])
     if cfg["passes"] >= 4:
         # the exact fallback for flagged rows; which one is a matter of the width only (a shape: no sync)
         fallback = topk_chunked.launch if s <= topk_chunked.max_width(k) else topk.launch

@@ -46,15 +46,16 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
 # The eighth session's: the select pass's K-th key by radix select (four 256-bin tl.histogram passes over the
 # candidate tile) against the bisection: exact on the GPU and the CPU, but the select pass took 26-27 us against 8.6
 # (the row kernel at 64 x 8192: 28.0 against 16.7 us), so it was taken out again (tune-triton-topk-radix.json).
-# The ninth session's: the sample and select passes' warps (a bisection is a chain of dependent reductions over
-# one tile: with fewer warps each is shuffles inside a warp, not a round trip through shared memory, as mHC's
-# Sinkhorn measured 1.9x faster on one warp), and the row kernel's.
+# The ninth session's: the sample and select passes on 1, 2 or 4 warps (their default is tile_warps: 4), in case a
+# bisection's chain of reductions ran faster inside one warp, as mHC's Sinkhorn did (1.9x). It did not: over a
+# tile of 2048-4096 keys each step's work a thread dominates, and every fewer-warp variant was slower at every shape
+# (1 x 256K: sample 7.6 -> 9.7 us on 2 warps, 13.1 on 1; the select pass 9.3 -> 17.5 on 2, 49.7 on 1), as was the
+# row kernel on 2 or 4 warps (64 x 8192: 41.3 / 18.5 against 15.6 us on 8; tune-triton-topk-warps.json). Those
+# configs are gone from here; the options (sample_warps, select_warps) stay, as filter_warps does.
 TOPK_CONFIGS = [dict(nsample=ns, range=True, coarse=0, chunk=c, block=1024, filter_stages=st, filter_warps=4)
                 for ns, c, st in ((2048, 1024, 1), (4096, 1024, 1), (4096, 4096, 2))]
-TOPK_CONFIGS += [{**base, "sample_warps": sw, "select_warps": selw} for base in (TOPK_CONFIGS[0], TOPK_CONFIGS[2])
-                 for sw, selw in ((1, 1), (2, 2), (1, 2), (2, 1), (1, 4), (4, 1))]
 # the row kernel (static for rows up to 16384: the demo's 64 x 8192): warps
-ROW_CONFIGS = [dict(num_warps=w) for w in (2, 4, 8, 16)]
+ROW_CONFIGS = [dict(num_warps=w) for w in (4, 8, 16)]
 ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512)]
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]

@@ -152,7 +152,8 @@ def _select_kernel(len_ptr, count_ptr, ckey_ptr, cidx_ptr, gate_ptr, raw_ptr, pa
 
 def default_config(rows: int, width: int, k: int) -> dict:
     """The launch options for `rows` rows of `width` scores at `k`. range on: 1-2.5 us less at every shape timed (the
-    searches start below the bits the keys share)."""
+    searches start below the bits the keys share). The sample and select passes on fewer warps than tile_warps were
+    slower at every shape timed (H200, tune-triton-topk-warps.json)."""
     few = rows <= FEW_ROWS and 2 * k + MARGIN * width // NSAMPLE_FEW_ROWS <= CAP // 2
     many = rows > FEW_ROWS
     ns = NSAMPLE_FEW_ROWS if few else NSAMPLE

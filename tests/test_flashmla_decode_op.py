@@ -147,7 +147,9 @@ def test_in_a_step_the_parallel_plan_is_handed_to_the_op(monkeypatch: pytest.Mon
         asked.append((q.shape, lengths, width, extra_lengths, extra_width))
         return made
 
-    monkeypatch.setattr(flashmla_glue.flashmla_sched, "plan", plan)
+    from dsv4hal.kernels import flashmla_sched
+
+    monkeypatch.setattr(flashmla_sched, "plan", plan)
     op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
     args = _args(3, 4)
     CALLS.clear()
@@ -161,3 +163,14 @@ def test_in_a_step_the_parallel_plan_is_handed_to_the_op(monkeypatch: pytest.Mon
     assert shape == (3, 64, 512) and lengths is args["swa_lengths"] and width == 128
     assert extra_lengths is args["extra_lengths"] and extra_width == 64
     assert all(c["tile_scheduler_metadata"] is made[0] and c["num_splits"] is made[1] for c in CALLS[1:])
+
+
+def test_without_triton_the_op_plans_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashMLA needs no Triton: where dsv4hal's planner cannot be imported, the glue asks for none."""
+    import sys
+
+    import dsv4hal.kernels
+
+    monkeypatch.setitem(sys.modules, "dsv4hal.kernels.flashmla_sched", None)  # an import of it raises ImportError
+    monkeypatch.delattr(dsv4hal.kernels, "flashmla_sched", raising=False)
+    assert flashmla_glue.parallel_planner() is None

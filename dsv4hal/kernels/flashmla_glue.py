@@ -26,7 +26,6 @@ from typing import Any, Literal
 import torch
 
 from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
-from dsv4hal.kernels import flashmla_sched
 from dsv4hal.step import step_plans
 
 Flavour = Literal["sgl", "vllm"]
@@ -72,6 +71,16 @@ def decode_op(flavour: Flavour) -> Callable[..., Any] | None:
     return overload
 
 
+def parallel_planner() -> Callable[..., Any] | None:
+    """dsv4hal.kernels.flashmla_sched.plan, or None where Triton is not installed (FlashMLA needs no Triton: then the
+    op makes its own plan, the same bytes). Looked up per call (cheap once imported): tests replace it."""
+    try:
+        from dsv4hal.kernels import flashmla_sched
+    except ImportError:
+        return None
+    return flashmla_sched.plan
+
+
 def _shared_plan(iface: ModuleType, plans: dict[Any, Any], key: tuple) -> Any:
     meta = plans.get(key)
     if meta is None:
@@ -98,9 +107,10 @@ def _decode_by_op(op: Callable[..., Any], q: torch.Tensor, swa_cache: V4PagedCac
     if plans is not None:
         key = _plan_key("op", q, swa_cache, swa_indices, extra_cache, extra_indices)
         md, splits = plans.get(key, (None, None))
-        if md is None:  # the step's first call of this shape: on SM90 the plan of one parallel program
-            made = flashmla_sched.plan(q, swa_lengths, swa_indices.shape[-1], extra_lengths,
-                                       0 if extra_indices is None else extra_indices.shape[-1])
+        planner = parallel_planner() if md is None else None
+        if planner is not None:  # the step's first call of this shape: on SM90 the plan of one parallel program
+            made = planner(q, swa_lengths, swa_indices.shape[-1], extra_lengths,
+                           0 if extra_indices is None else extra_indices.shape[-1])
             if made is not None:
                 md, splits = made
     out, lse, md, splits = op(

@@ -1,10 +1,10 @@
-"""A decode step as an engine runs it: pack-store the new tokens' keys (SWA and, when a group closes,
-the compressed cache), then sparse attention, for compress ratios 0, 4 and 128. On a GPU the step is
-captured once in a CUDA graph and replayed for later steps with the new metadata written in place;
-every step is checked against the same ops run eagerly and against the float64 oracle over the exact
-dequantized keys (computed from the unquantized inputs). All cache bytes, history included, are written
-by the platform's pack_store, so on a GPU this is also the cross-check of the attention kernel (FlashMLA)
-reading caches that dsv4hal's pack store wrote."""
+"""A decode step as an engine runs it, inside `platform.decode_step()`: pack-store the new tokens' keys (SWA and,
+when a group closes, the compressed cache), then sparse attention, for compress ratios 0, 4 and 128. On a GPU the
+step is captured once in a CUDA graph and replayed for later steps with the new metadata written in place; every
+step is checked against the same ops run eagerly and against the float64 oracle over the exact dequantized keys
+(computed from the unquantized inputs). All cache bytes, history included, are written by the platform's
+pack_store, so on a GPU this is also the cross-check of the attention kernel (FlashMLA) reading caches that
+dsv4hal's pack store wrote."""
 
 from __future__ import annotations
 
@@ -98,14 +98,17 @@ class _Requests:
 
 
 def _step(platform: Any, caches: tuple[V4PagedCache, V4PagedCache | None], inp: dict[str, Any]) -> Any:
+    """One step inside a declared decode step, as an engine runs it (FlashMLA's plan is then shared by a step's
+    calls, and on SM90 made by dsv4hal's own planner: these cells check it against the oracle, eager and replayed)."""
     swa, x = caches
-    platform.ops.pack_store(inp["k_new"], inp["loc"], swa)
-    extra = {}
-    if x is not None:
-        platform.ops.pack_store(inp["x_new"], inp["x_loc"], x)
-        extra = dict(extra_cache=x, extra_indices=inp["extra_indices"], extra_lengths=inp["extra_lengths"])
-    return platform.ops.sparse_attention_decode(inp["q"], swa, inp["swa_indices"], inp["swa_lengths"], inp["sink"],
-                                                SCALE, **extra)
+    with platform.decode_step():
+        platform.ops.pack_store(inp["k_new"], inp["loc"], swa)
+        extra = {}
+        if x is not None:
+            platform.ops.pack_store(inp["x_new"], inp["x_loc"], x)
+            extra = dict(extra_cache=x, extra_indices=inp["extra_indices"], extra_lengths=inp["extra_lengths"])
+        return platform.ops.sparse_attention_decode(inp["q"], swa, inp["swa_indices"], inp["swa_lengths"],
+                                                    inp["sink"], SCALE, **extra)
 
 
 def decode_step_cells(platform: Any, seed: int = 0, ratios: tuple[int, ...] = RATIOS) -> list[Cell]:

@@ -112,6 +112,13 @@ def kernels_in_use(platform: Any, model: DemoModel, calls: list = ()) -> dict[st
     return out
 
 
+def _in_step(platform: Any, op: Any, args: tuple, kwargs: dict) -> Any:
+    """One op call in a decode step of its own: timed alone as the step runs it (a plan the step's first call of a
+    shape makes, such as FlashMLA's, is made in this call)."""
+    with platform.decode_step():
+        return op(*args, **kwargs)
+
+
 def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, steps: int, outputs: list,
                   layers: list, step: Any, compiled: bool) -> dict[str, Any]:
     """Step 0 eagerly under a Tape (warm-up, and each op call timed alone); then one CUDA graph of the step
@@ -127,7 +134,8 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
     pos = torch.full((batch,), context, device=dev)
     tape = Tape(platform.ops)
     model.ops = tape
-    outputs.append(model.forward(x, req, pos, null, decode=True).clone())
+    with platform.decode_step():  # as the captured step runs
+        outputs.append(model.forward(x, req, pos, null, decode=True).clone())
     layers.append([t.clone() for t in model.layer_outputs])
     model.ops = platform.ops
     torch.cuda.synchronize()
@@ -137,7 +145,7 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
     copy_bw = copy_bandwidth(1 << 30)
     for name, args, kwargs, out in tape.calls:
         op = getattr(platform.ops, name)
-        alone[name] += graph_us(lambda op=op, a=args, k=kwargs: op(*a, **k), inner=3, reps=10)
+        alone[name] += graph_us(lambda op=op, a=args, k=kwargs: _in_step(platform, op, a, k), inner=3, reps=10)
         floors[name] += floor_bytes(name, args, kwargs, out) / copy_bw * 1e6
         calls[name] += 1
     compile_s = None

@@ -70,8 +70,8 @@ def _warps_row(b: int, h: int, width: int, xwidth: int, rng: random.Random) -> d
     a = _call(b, h, width, xwidth, "random", rng)
     _, _, md, splits = _op(a, None, None)
     parts = fs.parts_sm90(torch.cuda.get_device_properties(0).multi_processor_count, 1, h)
-    n_block = max(1 << fs.line_bound(b, width, xwidth).bit_length(), 16)  # next power of two above the line
-    row: dict = {"b": b, "h": h, "width": width, "extra_width": xwidth, "default_warps": fs.plan_warps(n_block),
+    row: dict = {"b": b, "h": h, "width": width, "extra_width": xwidth,
+                 "default_warps": fs.plan_warps(fs.line_block(b, width, xwidth)),
                  "us": {}, "same_as_vendor": {}}
     for w in (1, 2, 4, 8):
         def run(w: int = w) -> tuple:

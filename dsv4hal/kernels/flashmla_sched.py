@@ -195,6 +195,11 @@ def line_bound(b: int, width: int, extra_width: int) -> int:
     return b * (_blocks(_keys(width, extra_width, extra_width)) + OVERHEAD_SM90)
 
 
+def line_block(b: int, width: int, extra_width: int) -> int:
+    """The table the program holds: the smallest power of two (16 at least) above the line's last unit."""
+    return max(triton.next_power_of_2(line_bound(b, width, extra_width) + 1), 16)
+
+
 def parts_sm90(num_sms: int, s_q: int, h_q: int) -> int:
     return max(num_sms // s_q // (h_q // 64), 1)
 
@@ -211,7 +216,7 @@ def plan(q: torch.Tensor, lengths: torch.Tensor | None, width: int, extra_length
     if not is_sm90 or h_q not in (64, 128) or b == 0 or b > MAX_REQUESTS or width <= 0:
         return None
     parts = parts_sm90(sms, s_q, h_q)
-    if line_bound(b, width, extra_width) + 1 > LINE_MAX or parts > MAX_PARTS:
+    if line_block(b, width, extra_width) > LINE_MAX or parts > MAX_PARTS:
         return None
     return make_plan(b, parts, lengths, width, extra_lengths, extra_width, q.device)
 
@@ -224,7 +229,7 @@ def make_plan(b: int, parts: int, lengths: torch.Tensor | None, width: int, extr
     meta = torch.empty(parts, META_INTS, dtype=torch.int32, device=device)
     splits = torch.empty(b + 1, dtype=torch.int32, device=device)
     p_block = triton.next_power_of_2(parts + 1)
-    n_block = max(triton.next_power_of_2(line_bound(b, width, extra_width) + 1), 16)
+    n_block = line_block(b, width, extra_width)
     _plan_kernel[(1,)](lengths if lengths is not None else splits,
                        extra_lengths if extra_lengths is not None else splits, meta, splits, b, width, extra_width,
                        parts, HAS_LEN=lengths is not None, HAS_XLEN=extra_lengths is not None, OVH=OVERHEAD_SM90,

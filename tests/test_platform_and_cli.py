@@ -155,4 +155,6 @@ def test_cli_conformance_writes_json_cells(tmp_path: Path) -> None:
     assert data["cells"] and all(keys <= set(c) for c in data["cells"])
     ran = [c for c in data["cells"] if c["op"] == "indexer_topk" and c["status"] == "pass"]
     assert ran and all(c["tolerance"]["reason"] for c in ran)
-    assert {c["status"] for c in data["cells"] if c["op"] == "moe_experts"} == {"not-run"}
+    # the ops left out are counted, not listed
+    assert not [c for c in data["cells"] if c["op"] == "moe_experts"]
+    assert 0 < data["deselected"] <= data["summary"]["not-run"]

@@ -27,6 +27,7 @@ from dsv4hal.selection import select_kernel
 
 CATALOG_MODULES = MODULES  # dsv4hal.conformance.cases_<module> for every op module of the catalog
 STATUSES = ("pass", "fail", "production-unreachable", "blocked", "deferred", "not-run")
+DESELECTED = "not selected in this run (--ops / --cases)"  # the detail of a not-run cell left out by the caller
 
 
 @dataclass
@@ -58,13 +59,16 @@ class Report:
         return not any(c.status == "fail" for c in self.cells)
 
     def to_json(self) -> dict[str, Any]:
+        """The report as JSON. Cells left out by --ops / --cases are counted in the summary (as not-run) and in
+        "deselected", not listed: a run of one op would otherwise write ~800 cells that say nothing."""
         def clean(c: Cell) -> dict[str, Any]:
             d = dataclasses.asdict(c)
             if d["max_error"] is not None and not math.isfinite(d["max_error"]):
                 d["max_error"] = str(d["max_error"])
             return d
+        kept = [c for c in self.cells if c.detail != DESELECTED]
         return {"platform": self.platform, "info": self.info, "summary": self.counts(),
-                "cells": [clean(c) for c in self.cells]}
+                "deselected": len(self.cells) - len(kept), "cells": [clean(c) for c in kept]}
 
 
 def load_catalog(ops: Iterable[str] | None = None) -> list[tuple[CaseSpec, Callable[..., Fixture]]]:
@@ -78,7 +82,7 @@ def load_catalog(ops: Iterable[str] | None = None) -> list[tuple[CaseSpec, Calla
 
 
 def _deselected(spec: CaseSpec, platform: str, impl: str) -> list[Cell]:
-    return _not_run_cells(spec, platform, impl, "not selected in this run (--ops / --cases)")
+    return _not_run_cells(spec, platform, impl, DESELECTED)
 
 
 def _to_device(x: Any, device: torch.device) -> Any:

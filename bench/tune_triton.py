@@ -22,8 +22,9 @@ from dsv4hal.bench.pools import random_pool
 from dsv4hal.bench.timing import copy_bandwidth, graph_us
 from dsv4hal.formats.v4_cache import V4PagedCache
 from dsv4hal.kernels.triton import sparse_attention as tattn
-from dsv4hal.kernels.triton import topk_row, topk_sampled
+from dsv4hal.kernels.triton import topk_chunked, topk_row, topk_sampled
 from dsv4hal.kernels.triton import v4_cache_kernels as tcache
+from dsv4hal.kernels.triton.topk import topk_outputs
 from dsv4hal.reference.indexer_topk import indexer_topk as ref_topk
 from dsv4hal.reference.pack_store import dequant_gather as ref_gather
 from dsv4hal.reference.pack_store import pack_store as ref_store
@@ -54,12 +55,19 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
 # configs are gone from here; the options (sample_warps, select_warps) stay, as filter_warps does.
 TOPK_CONFIGS = [dict(nsample=ns, range=True, coarse=0, chunk=c, block=1024, filter_stages=st, filter_warps=4)
                 for ns, c, st in ((2048, 1024, 1), (4096, 1024, 1), (4096, 4096, 2))]
+# the select launch at 4 warps (its fast path's tile) rather than the fallback chunk's (8 at 256K: the default)
+TOPK_CONFIGS += [dict(TOPK_CONFIGS[i], sample_warps=4, select_warps=4) for i in (0, 2)]
 # the row kernel (static for rows up to 16384: the demo's 64 x 8192): warps
 ROW_CONFIGS = [dict(num_warps=w) for w in (4, 8, 16)]
 ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512)]
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
 TOPK_SHAPES = [(1, 262144, 512), (8, 262144, 512), (1, 262144, 1024), (64, 262144, 512), (1, 65536, 512)]
+# the exact fallback inside the select launch (tenth session), every row forced onto it (cap = k and a margin past
+# the samples: threshold 0, so count = n > cap), at the select launch's default warps and at 4, against the former
+# fallback's launches alone (triton_chunked_topk on every row), which a flagged row used to cost after the passes
+FALLBACK_SHAPES = [(1, 262144, 512), (64, 262144, 512)]
+FALLBACK_WARPS = (None, 4)
 # pack_store / dequant_gather: tokens per program (BLOCK_T) x warps; (16, 1) is left out, it spills on sm_90
 # (255 registers and a 1.6 KB stack under Triton 3.6). t1-w2 is the default (v4_cache_kernels.DEFAULT_*).
 CACHE_CONFIGS = [dict(block_t=t, num_warps=w) for t in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8) if (t, w) != (16, 1)]
@@ -190,9 +198,23 @@ def main() -> None:
                 name += "-sw{sample_warps}-selw{select_warps}".format(**c)
             if _time_topk(row, name, ref, lambda c=c, s=scores, ln=lengths, k=k, t=table:
                           topk_sampled.indexer_topk(s, ln, k, t, config=c)):
-                row.setdefault("us_passes", {})[name] = [  # cumulative: sample, +filter, +select, +fallback
+                row.setdefault("us_passes", {})[name] = [  # cumulative: sample, +filter, +select (the fallback inside)
                     graph_us(lambda c=c, p=p, s=scores, ln=lengths, k=k, t=table:
                              topk_sampled.indexer_topk(s, ln, k, t, config={**c, "passes": p})) for p in (1, 2, 3)]
+        if (b, n, k) in FALLBACK_SHAPES:
+            for w in FALLBACK_WARPS:
+                c = {"cap": k, "margin": 1 << 30, **({} if w is None else {"select_warps": w})}
+                _time_topk(row, f"fallback-forced-selw{w or 'default'}", ref,
+                           lambda c=c, s=scores, ln=lengths, k=k, t=table: topk_sampled.indexer_topk(s, ln, k, t,
+                                                                                                     config=c))
+
+            def former(s: torch.Tensor = scores, ln: torch.Tensor = lengths, k: int = k, t: torch.Tensor = table
+                       ) -> tuple:
+                raw, pages = topk_outputs(s.shape[0], k, True, s.device)
+                topk_chunked.launch(s, ln, k, raw, pages, t, 64)
+                return raw, pages
+
+            _time_topk(row, "former-fallback-launches-alone", ref, former)
         out["topk"].append(row)
         print(json.dumps(row), flush=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -1,13 +1,11 @@
 """triton_sampled_topk (a threshold from sampled scores, one filtering read into a candidate tile, the exact select
-there, and an exact fallback on the device for the rows whose estimate missed): the indexer_topk contract on wide
-rows (both k, lengths 0, < k, == k, > S, random, heavy ties, all equal, +-inf, NaN, with and without a page
-table), which rows take the fast path and which fall back (to the chunked kernel, or to the radix kernel past the
-chunked kernel's width), small tiles through the config, the conformance catalog's size=large cases forced through
-the platform, and the registration. Under the interpreter on CPU machines, natively on a GPU."""
+there, and for the rows whose estimate missed the chunked top-k inside the same launch): the indexer_topk contract
+on wide rows (both k, lengths 0, < k, == k, > S, random, heavy ties, all equal, +-inf, NaN, with and without a page
+table), which rows take the fast path and which fall back, the fallback's exact outputs and order (every row forced
+onto it; equal to triton_row_topk's), small tiles through the config, the conformance catalog's size=large cases
+forced through the platform, and the registration. Under the interpreter on CPU machines, natively on a GPU."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 import torch
@@ -19,7 +17,7 @@ from tests.topk_forced import DEV, assert_cell_passes, forced_platform, wide_cat
 
 pytest.importorskip("triton")
 
-from dsv4hal.kernels.triton import topk, topk_chunked, topk_sampled  # noqa: E402
+from dsv4hal.kernels.triton import topk_chunked, topk_row, topk_sampled  # noqa: E402
 
 NAME = "triton_sampled_topk"
 CATALOG = wide_catalog(NAME)
@@ -31,45 +29,84 @@ def _run(scores: torch.Tensor, lengths: torch.Tensor, k: int, pt: torch.Tensor |
                                      page_size, config=config)
 
 
-@pytest.fixture()
-def fallbacks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Records the gate each fallback was launched with (rows flagged 1 are the ones it computes)."""
-    seen: dict[str, Any] = {}
-    for mod in (topk_chunked, topk):
-        def rec(*args: Any, _orig: Any = mod.launch, _name: str = mod.__name__, gate: Any = None,
-                **kwargs: Any) -> None:
-            seen[_name.rsplit(".", 1)[1]] = gate.cpu().clone()
-            _orig(*args, gate=gate, **kwargs)
-        monkeypatch.setattr(mod, "launch", rec)
-    return seen
+def _run_flagged(scores: torch.Tensor, lengths: torch.Tensor, k: int, pt: torch.Tensor | None = None,
+                 config: dict | None = None) -> tuple[tuple[torch.Tensor, torch.Tensor | None], list[int]]:
+    """_run, and which rows the fallback computed (config "flags": 1 for those, 0 for the others)."""
+    flags = torch.full((scores.shape[0],), -1, dtype=torch.int32, device=DEV)
+    got = _run(scores, lengths, k, pt, config={**(config or {}), "flags": flags})
+    return got, flags.cpu().tolist()
+
+
+def _check_fallback_order(raw: torch.Tensor, scores: torch.Tensor, lengths: torch.Tensor, k: int,
+                          flags: list[int]) -> None:
+    """Flagged rows of widths the chunked fallback holds equal triton_row_topk's outputs, order included (another
+    kernel: one register tile a row, no chunks; triton_chunked_topk past its 16384 scores), as the fallback's
+    contract says: deterministic, unlike the fast path."""
+    s = scores.shape[1]
+    if topk_sampled.fallback_chunk(s, k) is None:
+        return  # the radix kernel's launches: its order is the arrival order of its atomics
+    other = topk_row if s <= topk_row.MAX_ROW else topk_chunked
+    want = other.indexer_topk(scores.to(DEV), lengths.to(DEV), k)[0].cpu()
+    for got, exp, flag in zip(raw.cpu(), want, flags, strict=True):
+        if flag:
+            assert got.tolist() == exp.tolist()
 
 
 @pytest.mark.parametrize("k", [512, 1024])
 @pytest.mark.parametrize("s", [16385, 20000, 65536])
-def test_matches_contract(s: int, k: int, fallbacks: dict[str, Any]) -> None:
+def test_matches_contract(s: int, k: int) -> None:
     gen = torch.Generator().manual_seed(s * 7 + k)
     scores, lengths = _batch(s, k, gen)
     pt = _table(scores.shape[0], s, gen) if (s + k // 512) % 2 == 0 else None
-    check_rows(_run(scores, lengths, k, pt), scores, lengths, pt, k)
+    got, flags = _run_flagged(scores, lengths, k, pt)
+    check_rows(got, scores, lengths, pt, k)
     # rows: 4 random, heavy ties, all equal, +-inf, rounded; lengths s, 0, k-1, k, k+1, s+5, s, random. Only the
-    # all-equal row (every key a candidate: more than the tile holds) falls back, to the chunked kernel
-    assert fallbacks["topk_chunked"].tolist() == [0, 0, 0, 0, 0, 1, 0, 0]
+    # all-equal row (every key a candidate: more than the tile holds) falls back
+    assert flags == [0, 0, 0, 0, 0, 1, 0, 0]
+    _check_fallback_order(got[0], scores, lengths, k, flags)
 
 
-def test_spread_scores_take_the_fast_path_only(fallbacks: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("s", "k", "paged", "chunk"), [(5000, 512, True, 2048), (5000, 512, False, 256),
+                                                        (16385, 1024, True, 2048), (20000, 512, False, 2048),
+                                                        (1100, 1024, True, 256)])
+def test_every_row_forced_onto_the_fallback(s: int, k: int, paged: bool, chunk: int) -> None:
+    """A tile of exactly k and a threshold of 0 (the margin past any sample count: every key a candidate) flag every
+    row of more than k scores: the fallback alone gives the contract (lengths past S, <= k, widths that are not a
+    multiple of its step, ties, all equal, +-inf, NaNs of both signs, the all-ones NaN), in its exact order."""
+    gen = torch.Generator().manual_seed(s + k + chunk)
+    scores, lengths = _batch(s, k, gen)
+    nan = torch.randn(3, s, generator=gen)
+    nan[0, torch.randperm(s, generator=gen)[:40]] = float("nan")  # sign bit clear: above +inf
+    nan[1, torch.randperm(s, generator=gen)[:40]] = -float("nan")  # sign bit set: below -inf
+    nan[2, torch.randperm(s, generator=gen)[: s - 100]] = torch.full((), -1, dtype=torch.int32).view(
+        torch.float32)  # the all-ones NaN (key 0, the smallest) almost everywhere: some are taken
+    scores = torch.cat([scores, nan])
+    lengths = torch.cat([lengths, torch.tensor([s, s - 1, s], dtype=torch.int32)])
+    pt = _table(scores.shape[0], s, gen) if paged else None
+    got, flags = _run_flagged(scores, lengths, k, pt, config={"cap": k, "margin": 1 << 20, "fallback_chunk": chunk})
+    assert flags == [int(n > k) for n in lengths.clamp(max=s).tolist()]
+    rows = slice(0, -3)  # the checker orders no NaN: those rows are held to the kernels' key order below
+    check_rows((got[0][rows], None if pt is None else got[1][rows]), scores[rows], lengths[rows],
+               None if pt is None else pt[rows], k)
+    _check_fallback_order(got[0], scores, lengths, k, flags)
+    if pt is not None:
+        assert torch.equal(got[1].cpu(), page_transform(got[0].cpu(), pt, 64))
+
+
+def test_spread_scores_take_the_fast_path_only() -> None:
     gen = torch.Generator().manual_seed(11)
     s, k = 100000, 512
     scores = torch.cat([torch.randn(3, s, generator=gen), torch.rand(2, s, generator=gen) * 100,
                         torch.randn(1, s, generator=gen).exp()])  # normal, uniform, heavy-tailed
     lengths = torch.tensor([s, 70000, 40000, s, 3000, s], dtype=torch.int32)
     pt = _table(scores.shape[0], s, gen)
-    raw, pages = _run(scores, lengths, k, pt)
+    (raw, pages), flags = _run_flagged(scores, lengths, k, pt)
     check_rows((raw, pages), scores, lengths, pt, k)
-    assert fallbacks["topk_chunked"].tolist() == [0] * 6
+    assert flags == [0] * 6
     assert torch.equal(pages.cpu(), page_transform(raw.cpu(), pt, 64))
 
 
-def test_unrepresentative_samples_and_wide_ties_fall_back_exactly(fallbacks: dict[str, Any]) -> None:
+def test_unrepresentative_samples_and_wide_ties_fall_back_exactly() -> None:
     """Too few candidates (samples unlike the rest of the row: the threshold above the k-th key) or too many (a tie
     wider than the tile) flag the row; the fallback's outputs are exact."""
     gen = torch.Generator().manual_seed(4)
@@ -82,17 +119,23 @@ def test_unrepresentative_samples_and_wide_ties_fall_back_exactly(fallbacks: dic
     tie[torch.randperm(s, generator=gen)[:6000]] = 3.0  # 6000 tied keys at the top
     scores = torch.stack([hidden, tie, torch.randn(s, generator=gen)])
     lengths = torch.full((3,), s, dtype=torch.int32)
-    check_rows(_run(scores, lengths, k), scores, lengths, None, k)
-    assert fallbacks["topk_chunked"].tolist() == [1, 1, 0]
+    got, flags = _run_flagged(scores, lengths, k)
+    check_rows(got, scores, lengths, None, k)
+    assert flags == [1, 1, 0]
+    _check_fallback_order(got[0], scores, lengths, k, flags)
 
 
-def test_past_the_chunked_width_the_radix_kernel_falls_back(fallbacks: dict[str, Any]) -> None:
+def test_past_the_chunked_width_the_radix_kernel_falls_back() -> None:
+    """Past the chunked kernel's width the select launch only flags the row; the radix kernel's launches, gated on
+    the flags, compute it (its ties in the arrival order of its atomics: the contract's set, checked)."""
     s, k = topk_chunked.max_width(1024) + 7, 1024
+    assert topk_sampled.fallback_chunk(s, k) is None
     gen = torch.Generator().manual_seed(8)
     scores = torch.stack([torch.randn(s, generator=gen), torch.ones(s)])
     lengths = torch.tensor([s, s - 100], dtype=torch.int32)
-    check_rows(_run(scores, lengths, k), scores, lengths, None, k)
-    assert "topk_chunked" not in fallbacks and fallbacks["topk"].tolist() == [0, 1]
+    got, flags = _run_flagged(scores, lengths, k)
+    check_rows(got, scores, lengths, None, k)
+    assert flags == [0, 1]
 
 
 @pytest.mark.parametrize(("s", "k", "cfg"), [(5000, 512, {"nsample": 256, "cap": 1024, "chunk": 1024, "block": 256}),
@@ -120,10 +163,13 @@ def test_nan_scores_and_row_stride() -> None:
     scores[2, torch.randperm(s, generator=gen)[: s - 100]] = torch.full((), -1, dtype=torch.int32).view(
         torch.float32)  # the all-ones NaN, key 0, almost everywhere: some are taken
     lengths = torch.full((3,), s, dtype=torch.int32)
-    raw = _run(scores, lengths, k)[0].cpu()
+    (raw, _), flags = _run_flagged(scores, lengths, k)
+    raw = raw.cpu()
     want = topk_chunked.indexer_topk(scores.to(DEV), lengths.to(DEV), k)[0].cpu()
     for got_row, want_row in zip(raw, want, strict=True):  # the same set as the chunked kernel's (order differs)
         assert sorted(got_row.tolist()) == sorted(want_row.tolist())
+    assert flags == [0, 0, 1]  # key 0 almost everywhere: every key a candidate, the fallback reads the strided row
+    _check_fallback_order(raw, scores, lengths, k, flags)
 
 
 @pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[s.name for s, _ in CATALOG])
@@ -139,7 +185,7 @@ def test_registration() -> None:
 
 
 @pytest.mark.parametrize(("s", "k", "coarse"), [(20000, 512, 0), (65536, 1024, 0), (20000, 512, 14)])
-def test_bisection_from_the_common_high_bits(s: int, k: int, coarse: int, fallbacks: dict[str, Any]) -> None:
+def test_bisection_from_the_common_high_bits(s: int, k: int, coarse: int) -> None:
     """config range=True: both bisections start below the bits every valid key shares (with coarse, the sample
     threshold is resolved to that many bits only); the contract holds, the same rows fall back, and a row of close
     keys (one exponent) takes the fast path."""
@@ -148,8 +194,9 @@ def test_bisection_from_the_common_high_bits(s: int, k: int, coarse: int, fallba
     close = 1.0 + torch.rand(2, s, generator=gen)  # [1, 2): keys share their sign and exponent bits
     scores, lengths = torch.cat([scores, close]), torch.cat([lengths, torch.tensor([s, s // 2], dtype=torch.int32)])
     pt = _table(scores.shape[0], s, gen)
-    check_rows(_run(scores, lengths, k, pt, config={"range": True, "coarse": coarse}), scores, lengths, pt, k)
-    assert fallbacks["topk_chunked"].tolist() == [0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+    got, flags = _run_flagged(scores, lengths, k, pt, config={"range": True, "coarse": coarse})
+    check_rows(got, scores, lengths, pt, k)
+    assert flags == [0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
 
 
 def test_samples_by_batch_and_expected_candidates() -> None:
@@ -178,11 +225,13 @@ def test_filter_chunks_by_batch() -> None:
                                                                         topk_sampled.STAGES_MANY_ROWS)
 
 
-def test_passes_stop_early_for_timing(fallbacks: dict[str, Any]) -> None:
-    """passes < 4 (bench/tune_triton.py's per-pass timing) leaves the later passes out: no fallback is launched."""
+def test_passes_stop_early_for_timing() -> None:
+    """passes < 3 (bench/tune_triton.py's per-pass timing) leaves the select pass out; 3 (the default) is the whole
+    op, the fallback included: the three launches are all there is."""
     s, k = 20000, 512
     scores, lengths = torch.ones(1, s), torch.tensor([s], dtype=torch.int32)  # every key a candidate: falls back
-    _run(scores, lengths, k, config={"passes": 3})
-    assert fallbacks == {}
-    raw = _run(scores, lengths, k)[0].cpu()
-    assert fallbacks["topk_chunked"].tolist() == [1] and sorted(raw[0].tolist()) == list(range(k))
+    assert topk_sampled.default_config(1, s, k)["passes"] == 3
+    _, flags = _run_flagged(scores, lengths, k, config={"passes": 2})
+    assert flags == [-1]  # untouched: no select pass
+    (raw, _), flags = _run_flagged(scores, lengths, k, config={"passes": 3})
+    assert flags == [1] and raw[0].tolist() == list(range(k))

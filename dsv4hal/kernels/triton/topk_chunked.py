@@ -43,31 +43,63 @@ def max_width(k: int) -> int:
 
 
 @triton.jit
+def chunk_candidates(scores_ptr, stride_s, row, n, c, ckey_ptr, cidx_ptr, drop_ptr, NCAND, NCHUNKS, K: tl.constexpr,
+                     CHUNK: tl.constexpr):
+    """Stage 1 for chunk c of a row of n > K scores with base c * CHUNK < n (also run inside the sampled top-k's
+    select launch: topk_sampled)."""
+    base = c * CHUNK
+    j = tl.arange(0, CHUNK)
+    m = base + j < n
+    x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + base + j, mask=m, other=0.0)
+    key = tl.where(m, _order_key(x), 0)  # positions past n get key 0: never counted by the bisection
+    # a chunk with at most K valid positions takes them all (fewer: no trial counts K keys, thr stays 0)
+    ok, _ = _select_slots(key, m, _kth_key(key, K, 0), K)
+    # the largest key left out (0 when none): where stage 2's bisection may stop, as on the whole row
+    tl.store(drop_ptr + row * NCHUNKS + c, tl.max(tl.where(m & ~ok, key, 0), axis=0).to(tl.int32, bitcast=True))
+    inc = ok.to(tl.int32)
+    slot = tl.cumsum(inc, axis=0) - inc  # ascending index order within the chunk
+    out = row.to(tl.int64) * NCAND + c * K
+    tl.store(ckey_ptr + out + slot, key.to(tl.int32, bitcast=True), mask=ok)
+    tl.store(cidx_ptr + out + slot, base + j, mask=ok)
+    p = tl.arange(0, K)
+    unused = p >= tl.minimum(tl.minimum(n - base, CHUNK), K)  # past the chunk's valid positions
+    tl.store(cidx_ptr + out + p, tl.full([K], -1, tl.int32), mask=unused)
+    tl.store(ckey_ptr + out + p, tl.zeros([K], tl.int32), mask=unused)
+
+
+@triton.jit
+def merge_candidates(row, n, ckey_ptr, cidx_ptr, drop_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, out_row, P, NCAND,
+                     NCHUNKS, K: tl.constexpr, CHUNK: tl.constexpr, CBLOCK: tl.constexpr, NBLOCK: tl.constexpr,
+                     PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr):
+    """Stage 2 for a row of n > K scores: the exact top-k over the candidates of its chunks, written. Loads at L2
+    (.cg): inside the sampled top-k's select launch other programs of the same launch wrote them."""
+    q = tl.arange(0, CBLOCK)
+    nlive = tl.cdiv(n, CHUNK)  # stage 1 wrote the chunks holding valid positions
+    live = q < nlive * K
+    c = tl.arange(0, NBLOCK)
+    drop = tl.load(drop_ptr + row * NCHUNKS + c, mask=c < nlive, other=0, cache_modifier=".cg")
+    drop = drop.to(tl.uint32, bitcast=True)
+    cand = row.to(tl.int64) * NCAND + q
+    idx = tl.load(cidx_ptr + cand, mask=live, other=-1, cache_modifier=".cg")
+    m = idx >= 0  # validity from the index: a real score's key may be 0
+    key = tl.load(ckey_ptr + cand, mask=live, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+    key = tl.where(m, key, 0)
+    # stops where the bisection over the whole row would: exactly K keys >= the trial value among the
+    # candidates and none left out of them, so the outputs are triton_row_topk's bit for bit
+    thr = _kth_key(key, K, tl.max(drop, axis=0))
+    ok, pos = _select_slots(key, m, thr, K)
+    _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT, HAS_PT)
+
+
+@triton.jit
 def _chunk_topk_kernel(scores_ptr, stride_s, len_ptr, ckey_ptr, cidx_ptr, drop_ptr, gate_ptr, S, NCAND, NCHUNKS,
                        K: tl.constexpr, CHUNK: tl.constexpr, HAS_GATE: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     n = tl.minimum(tl.load(len_ptr + row), S)  # a length past S (refused in checked mode) reads no further
-    base = c * CHUNK
     # stage 2 reads no candidate of a row with n <= k, nor of a chunk past n
-    if (n > K) & (base < n) & gate_open(gate_ptr, row, HAS_GATE):
-        j = tl.arange(0, CHUNK)
-        m = base + j < n
-        x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + base + j, mask=m, other=0.0)
-        key = tl.where(m, _order_key(x), 0)  # positions past n get key 0: never counted by the bisection
-        # a chunk with at most K valid positions takes them all (fewer: no trial counts K keys, thr stays 0)
-        ok, _ = _select_slots(key, m, _kth_key(key, K, 0), K)
-        # the largest key left out (0 when none): where stage 2's bisection may stop, as on the whole row
-        tl.store(drop_ptr + row * NCHUNKS + c, tl.max(tl.where(m & ~ok, key, 0), axis=0).to(tl.int32, bitcast=True))
-        inc = ok.to(tl.int32)
-        slot = tl.cumsum(inc, axis=0) - inc  # ascending index order within the chunk
-        out = row.to(tl.int64) * NCAND + c * K
-        tl.store(ckey_ptr + out + slot, key.to(tl.int32, bitcast=True), mask=ok)
-        tl.store(cidx_ptr + out + slot, base + j, mask=ok)
-        p = tl.arange(0, K)
-        unused = p >= tl.minimum(tl.minimum(n - base, CHUNK), K)  # past the chunk's valid positions
-        tl.store(cidx_ptr + out + p, tl.full([K], -1, tl.int32), mask=unused)
-        tl.store(ckey_ptr + out + p, tl.zeros([K], tl.int32), mask=unused)
+    if (n > K) & (c * CHUNK < n) & gate_open(gate_ptr, row, HAS_GATE):
+        chunk_candidates(scores_ptr, stride_s, row, n, c, ckey_ptr, cidx_ptr, drop_ptr, NCAND, NCHUNKS, K, CHUNK)
 
 
 @triton.jit
@@ -83,21 +115,8 @@ def _merge_topk_kernel(len_ptr, ckey_ptr, cidx_ptr, drop_ptr, raw_ptr, page_ptr,
         _store_first(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, tl.minimum(n_given, K), K,
                      PAGE_SHIFT, HAS_PT)
     elif go:
-        q = tl.arange(0, CBLOCK)
-        nlive = tl.cdiv(n, CHUNK)  # stage 1 wrote the chunks holding valid positions
-        live = q < nlive * K
-        c = tl.arange(0, NBLOCK)
-        drop = tl.load(drop_ptr + row * NCHUNKS + c, mask=c < nlive, other=0).to(tl.uint32, bitcast=True)
-        cand = row.to(tl.int64) * NCAND + q
-        idx = tl.load(cidx_ptr + cand, mask=live, other=-1)
-        m = idx >= 0  # validity from the index: a real score's key may be 0
-        key = tl.load(ckey_ptr + cand, mask=live, other=0).to(tl.uint32, bitcast=True)
-        key = tl.where(m, key, 0)
-        # stops where the bisection over the whole row would: exactly K keys >= the trial value among the
-        # candidates and none left out of them, so the outputs are triton_row_topk's bit for bit
-        thr = _kth_key(key, K, tl.max(drop, axis=0))
-        ok, pos = _select_slots(key, m, thr, K)
-        _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT, HAS_PT)
+        merge_candidates(row, n, ckey_ptr, cidx_ptr, drop_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, out_row, P, NCAND,
+                         NCHUNKS, K, CHUNK, CBLOCK, NBLOCK, PAGE_SHIFT, HAS_PT)
 
 
 def launch_config(s: int, k: int) -> dict[str, int]:

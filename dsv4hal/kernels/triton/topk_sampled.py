@@ -1,5 +1,5 @@
 """Sample-threshold top-k for the indexer (spec 4.3) on wide rows, in Triton: one read of the row in the common
-case, and an exact fallback for the rows where the estimate misses.
+case, and an exact fallback in the same launches for the rows where the estimate misses.
 
   1. grid (B,): a program takes NSAMPLE evenly spaced scores of its row (all of them when the row is shorter) and
      finds a threshold t with about r = ceil(2k * samples / n) + MARGIN samples >= t (the bisection of the row
@@ -7,19 +7,25 @@ case, and an exact fallback for the rows where the estimate misses.
      It zeroes the row's candidate count;
   2. grid (B, cdiv(S, CHUNK)): every key >= t is appended to the row's candidate buffer [B, CAP] (one atomic
      add a block of keys reserves its slots; keys past CAP are counted, not written);
-  3. grid (B,): when the count c satisfies k <= c <= CAP, t is at or below the k-th largest key T (c keys are
-     >= t), so the candidates are every key >= t and hold the k largest with all the ties at T: the row kernel's
-     bisection and slot ranks over the candidate tile give the exact top-k, written with the page transform.
-     Otherwise (an estimate that missed: heavy ties, an adversarial order) the row is flagged;
-  4. the flagged rows only (a gate the kernels read on the device): triton_chunked_topk's two launches, or the
-     radix kernel's for rows wider than the chunked kernel holds. Unflagged rows exit at once.
+  3. grid (B, 1 + cdiv(S, FB_CHUNK)): program (b, 0): when the count c satisfies k <= c <= CAP, t is at or below
+     the k-th largest key T (c keys are >= t), so the candidates are every key >= t and hold the k largest with
+     all the ties at T: the row kernel's bisection and slot ranks over the candidate tile give the exact top-k,
+     written with the page transform. Otherwise (an estimate that missed: heavy ties, an adversarial order) the
+     row's other programs (b, 1..) run triton_chunked_topk on it in the same launch: each chunk's exact top-k to
+     a candidate buffer, and the last chunk to arrive (an atomic count that pass 1 zeroed, acquire-release)
+     merges them (its stage 2). For the rows that need none, those programs read two words and exit: the
+     fallback costs no launch (it used to be two launches after this one, gated on the device: ~2.3 us of every
+     call at 1 x 256K on the H200, flagged row or not) and, for a flagged row, about what it did.
+     Rows wider than the chunked kernel holds (fallback_chunk None) are flagged instead, and the radix kernel's
+     launches, gated on the flags, follow.
 Sampling fused into the filter (every filter program computing the threshold itself: one launch less) was
 measured slower at every shape on the H200 (23.5 against 22.2 us at 1 x 256K, 3x slower at 64 rows;
 tune-triton-topk-fused.json) and taken out, as was a radix select for pass 3 (tune-triton-topk-radix.json).
-Outputs: the contract's set; keys above T first, then ties, each in candidate order (which blocks reserve their
-slots first varies from run to run, as in the radix kernel's collect pass); rows with n <= k get 0..n-1 in order,
-then -1; a length past S selects among the S scores there are; a position whose page is past the table gets slot
--1. Fixed grids, buffers sized from the shapes, no host sync: CUDA-graph safe."""
+Outputs: the contract's set; on the fast path keys above T first, then ties, each in candidate order (which blocks
+reserve their slots first varies from run to run, as in the radix kernel's collect pass); on the chunked fallback
+keys above T in index order, then the lowest-index ties (triton_row_topk's outputs bit for bit); rows with n <= k
+get 0..n-1 in order, then -1; a length past S selects among the S scores there are; a position whose page is past
+the table gets slot -1. Fixed grids, buffers sized from the shapes, no host sync: CUDA-graph safe."""
 
 from __future__ import annotations
 
@@ -29,12 +35,13 @@ import triton.language as tl
 
 from dsv4hal.kernels.triton import topk, topk_chunked
 from dsv4hal.kernels.triton.topk import _order_key, _store_selected, topk_outputs
+from dsv4hal.kernels.triton.topk_chunked import chunk_candidates, merge_candidates
 from dsv4hal.kernels.triton.topk_row import _kth_key, _kth_key_in_range, _select_slots, _store_first, tile_warps
 
 # Scores sampled a row: the threshold's rank error is ~sqrt(r) of the ~2k target. At k = 512 over 256K scores,
 # 2048 samples (r = 16) leave a row more than CAP candidates with probability 6.6e-4 (the 16th largest sample lies
-# past 4096 keys: P(Gamma(16) > 32)), and such a row falls back (~40 us on the H200); 4096 samples (r = 24) make it
-# 3e-9. 2048 samples cost ~2.5 us less (H200, log-session6.txt, sweep 3: 20.3 against 22.8 us at 1 x 256K), so
+# past 4096 keys: P(Gamma(16) > 32)), and such a row falls back (~40 us on the H200); 4096 samples (r = 24) make
+# it 3e-9. 2048 samples cost ~2.5 us less (H200, log-session6.txt, sweep 3: 20.3 against 22.8 us at 1 x 256K), so
 # they serve calls of up to FEW_ROWS rows (a fallback in < 0.6% of calls) whose expected candidate count,
 # 2k + MARGIN * S / 2048, is at most half of CAP; 4096 the rest (at k = 1024 over 256K, 2048 samples expect 3072
 # candidates: P(> CAP) ~ 6%, and the H200 measured a fallback there, 71.1 us; bench-topk.json).
@@ -98,11 +105,12 @@ def _filter_chunk(scores_ptr, stride_s, row, n, base, thr, count_ptr, ckey_ptr, 
 
 
 @triton.jit
-def _sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, S, K: tl.constexpr, NS: tl.constexpr,
-                   MARGIN_: tl.constexpr, RANGE: tl.constexpr, COARSE: tl.constexpr):
+def _sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, arrive_ptr, S, K: tl.constexpr,
+                   NS: tl.constexpr, MARGIN_: tl.constexpr, RANGE: tl.constexpr, COARSE: tl.constexpr):
     row = tl.program_id(0)
     n = tl.minimum(tl.load(len_ptr + row), S)  # a length past S (refused in checked mode) reads no further
     tl.store(count_ptr + row, 0)
+    tl.store(arrive_ptr + row, 0)
     thr = _sample_threshold(scores_ptr, stride_s, row, n, K, NS, MARGIN_, RANGE, COARSE)
     tl.store(thr_ptr + row, thr.to(tl.int32, bitcast=True))
 
@@ -120,47 +128,77 @@ def _filter_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, ckey_ptr, 
 
 
 @triton.jit
-def _select_kernel(len_ptr, count_ptr, ckey_ptr, cidx_ptr, gate_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, S, P,
-                   K: tl.constexpr, CAP_: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr,
-                   RANGE: tl.constexpr):
+def _select_kernel(scores_ptr, stride_s, len_ptr, count_ptr, ckey_ptr, cidx_ptr, fkey_ptr, fidx_ptr, drop_ptr,
+                   arrive_ptr, flag_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, S, P, NCAND, NCHUNKS, K: tl.constexpr,
+                   CAP_: tl.constexpr, FB_CHUNK: tl.constexpr, FB_CBLOCK: tl.constexpr, FB_NBLOCK: tl.constexpr,
+                   PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr, RANGE: tl.constexpr, IN_LAUNCH: tl.constexpr,
+                   HAS_FLAGS: tl.constexpr):
+    """Grid (B, 1 + NCHUNKS), or (B, 1) without IN_LAUNCH. Program (row, 0): the fast path (or n <= K), and the
+    row's flag. Programs (row, c >= 1), for a row whose estimate missed only: chunk c - 1 of triton_chunked_topk's
+    stage 1; the last of the row's chunks to arrive (an arrival count the sample pass zeroed) runs its stage 2."""
     row = tl.program_id(0)
+    c = tl.program_id(1)
     n_given = tl.load(len_ptr + row)
     n = tl.minimum(n_given, S)
     out_row = row.to(tl.int64) * K
-    if n <= K:  # needs no score, so a length past S is only capped by K
-        _store_first(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, tl.minimum(n_given, K), K,
-                     PAGE_SHIFT, HAS_PT)
-        tl.store(gate_ptr + row, 0)
-    else:
-        cnt = tl.load(count_ptr + row)
-        fast = (cnt >= K) & (cnt <= CAP_)
-        tl.store(gate_ptr + row, tl.where(fast, 0, 1))
-        if fast:
-            q = tl.arange(0, CAP_)
-            m = q < cnt
-            cand = row.to(tl.int64) * CAP_ + q
-            idx = tl.load(cidx_ptr + cand, mask=m, other=-1)
-            key = tl.where(m, tl.load(ckey_ptr + cand, mask=m, other=0).to(tl.uint32, bitcast=True), 0)
-            # m tells a real key 0 (an all-ones NaN) from an empty slot
-            if RANGE:
-                thr = _kth_key_in_range(key, m, K, 0, 0)
-            else:
-                thr = _kth_key(key, K, 0)
-            ok, pos = _select_slots(key, m, thr, K)
-            _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT, HAS_PT)
+    if c == 0:
+        if n <= K:  # needs no score, so a length past S is only capped by K
+            _store_first(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, tl.minimum(n_given, K), K,
+                         PAGE_SHIFT, HAS_PT)
+            if HAS_FLAGS:
+                tl.store(flag_ptr + row, 0)
+        else:
+            cnt = tl.load(count_ptr + row)
+            fast = (cnt >= K) & (cnt <= CAP_)
+            if HAS_FLAGS:
+                tl.store(flag_ptr + row, tl.where(fast, 0, 1))
+            if fast:
+                q = tl.arange(0, CAP_)
+                m = q < cnt
+                cand = row.to(tl.int64) * CAP_ + q
+                idx = tl.load(cidx_ptr + cand, mask=m, other=-1)
+                key = tl.where(m, tl.load(ckey_ptr + cand, mask=m, other=0).to(tl.uint32, bitcast=True), 0)
+                # m tells a real key 0 (an all-ones NaN) from an empty slot
+                if RANGE:
+                    thr = _kth_key_in_range(key, m, K, 0, 0)
+                else:
+                    thr = _kth_key(key, K, 0)
+                ok, pos = _select_slots(key, m, thr, K)
+                _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT,
+                                HAS_PT)
+    elif IN_LAUNCH:
+        if n > K:
+            cnt = tl.load(count_ptr + row)
+            if ((cnt < K) | (cnt > CAP_)) & ((c - 1) * FB_CHUNK < n):
+                chunk_candidates(scores_ptr, stride_s, row, n, c - 1, fkey_ptr, fidx_ptr, drop_ptr, NCAND, NCHUNKS,
+                                 K, FB_CHUNK)
+                tl.debug_barrier()  # every thread's candidates are written before the arrival releases them
+                done = tl.atomic_add(arrive_ptr + row, 1, sem="acq_rel", scope="gpu")
+                if done == tl.cdiv(n, FB_CHUNK) - 1:  # the row's last chunk: the others' candidates are visible
+                    merge_candidates(row, n, fkey_ptr, fidx_ptr, drop_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt,
+                                     out_row, P, NCAND, NCHUNKS, K, FB_CHUNK, FB_CBLOCK, FB_NBLOCK, PAGE_SHIFT,
+                                     HAS_PT)
+
+
+def fallback_chunk(width: int, k: int) -> int | None:
+    """The chunk of the fallback inside the select launch (triton_chunked_topk's for this width: its candidates fit
+    one merge tile), or None for rows wider than that kernel holds (they fall back to the radix kernel's launches)."""
+    return topk_chunked.launch_config(width, k)["chunk"] if width <= topk_chunked.max_width(k) else None
 
 
 def default_config(rows: int, width: int, k: int) -> dict:
     """The launch options for `rows` rows of `width` scores at `k`. range on: 1-2.5 us less at every shape timed (the
     searches start below the bits the keys share). The sample and select passes on fewer warps than tile_warps were
-    slower at every shape timed (H200, tune-triton-topk-warps.json)."""
+    slower at every shape timed (H200, tune-triton-topk-warps.json); the select launch also holds the fallback's
+    chunk and merge tiles, so it gets the warps of the larger tile."""
     few = rows <= FEW_ROWS and 2 * k + MARGIN * width // NSAMPLE_FEW_ROWS <= CAP // 2
     many = rows > FEW_ROWS
     ns = NSAMPLE_FEW_ROWS if few else NSAMPLE
+    fb = fallback_chunk(width, k)
     return {"nsample": ns, "cap": CAP, "margin": MARGIN,
-            "chunk": CHUNK_MANY_ROWS if many else CHUNK, "block": BLOCK, "range": True, "coarse": 0, "passes": 4,
+            "chunk": CHUNK_MANY_ROWS if many else CHUNK, "block": BLOCK, "range": True, "coarse": 0, "passes": 3,
             "filter_stages": STAGES_MANY_ROWS if many else 1, "filter_warps": 4,
-            "sample_warps": tile_warps(ns), "select_warps": tile_warps(CAP)}
+            "sample_warps": tile_warps(ns), "select_warps": tile_warps(max(CAP, fb or 0)), "fallback_chunk": fb}
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
@@ -170,31 +208,43 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     if b == 0:
         return raw, pages
     cfg = {**default_config(b, s, k), **(config or {})}
-    ns, cap = cfg["nsample"], cfg["cap"]
-    assert cap >= k and all(v & (v - 1) == 0 for v in (ns, cap, cfg["block"])), "power-of-two tiles, cap >= k"
+    ns, cap, fb = cfg["nsample"], cfg["cap"], cfg["fallback_chunk"]
+    assert cap >= k and all(v & (v - 1) == 0 for v in (ns, cap, cfg["block"], fb or 1)), "power-of-two tiles, cap >= k"
     dev = scores.device
-    gate = torch.empty(b, dtype=torch.int32, device=dev)
     ckey = torch.empty(b, cap, dtype=torch.int32, device=dev)
     cidx = torch.empty(b, cap, dtype=torch.int32, device=dev)
     # "range": bisections from the keys' common high bits; "coarse" (with range): the sample threshold resolved to
-    # that many bits below them only (an estimate needs no more); "passes" < 4 stops early (per-pass timing only:
-    # the outputs are then incomplete)
+    # that many bits below them only (an estimate needs no more); "passes" < 3 stops early (per-pass timing only:
+    # the outputs are then incomplete; 3 is the whole op, the fallback included); "flags" (an int32 [B] tensor, tests
+    # and tuning): the select pass writes 1 for the rows that fell back, else 0
     grid = (b, max(1, triton.cdiv(s, cfg["chunk"])))
     thr = torch.empty(b, dtype=torch.int32, device=dev)
     count = torch.empty(b, dtype=torch.int32, device=dev)  # zeroed by the sample pass
-    _sample_kernel[(b,)](scores, scores.stride(0), lengths, thr, count, s, K=k, NS=ns, MARGIN_=cfg["margin"],
+    arrive = torch.empty(b, dtype=torch.int32, device=dev)  # the fallback's chunk arrivals, zeroed there too
+    _sample_kernel[(b,)](scores, scores.stride(0), lengths, thr, count, arrive, s, K=k, NS=ns, MARGIN_=cfg["margin"],
                          RANGE=cfg["range"], COARSE=cfg["coarse"], num_warps=cfg["sample_warps"])
     if cfg["passes"] >= 2:
         _filter_kernel[grid](
             scores, scores.stride(0), lengths, thr, count, ckey, cidx, s, K=k, CAP_=cap, CHUNK_=cfg["chunk"],
             BLOCK_=cfg["block"], STAGES=cfg["filter_stages"], num_warps=cfg["filter_warps"])
+    if cfg["passes"] < 3:
+        return raw, pages
     pt = page_table if page_table is not None else raw
-    if cfg["passes"] >= 3:
-        _select_kernel[(b,)](lengths, count, ckey, cidx, gate, raw, pages if pages is not None else raw, pt,
-                             pt.stride(0), s, pt.shape[1], K=k, CAP_=cap, PAGE_SHIFT=page_size.bit_length() - 1,
-                             HAS_PT=page_table is not None, RANGE=cfg["range"], num_warps=cfg["select_warps"])
-    if cfg["passes"] >= 4:
-        # the exact fallback for flagged rows; which one is a matter of the width only (a shape: no sync)
-        fallback = topk_chunked.launch if s <= topk_chunked.max_width(k) else topk.launch
-        fallback(scores, lengths, k, raw, pages, page_table, page_size, cfg.get("fallback"), gate=gate)
+    flags = cfg.get("flags")
+    if fb is None and flags is None:  # the radix launches below read the flags as their gate
+        flags = torch.empty(b, dtype=torch.int32, device=dev)
+    nchunks = triton.cdiv(s, fb) if fb else 1
+    ncand = nchunks * k
+    fkey = torch.empty(b, ncand if fb else 1, dtype=torch.int32, device=dev)
+    fidx = torch.empty_like(fkey)
+    drop = torch.empty(b, nchunks, dtype=torch.int32, device=dev)
+    _select_kernel[(b, 1 + nchunks if fb else 1)](
+        scores, scores.stride(0), lengths, count, ckey, cidx, fkey, fidx, drop, arrive,
+        flags if flags is not None else raw, raw, pages if pages is not None else raw, pt, pt.stride(0), s,
+        pt.shape[1], ncand, nchunks, K=k, CAP_=cap, FB_CHUNK=fb or 1, FB_CBLOCK=triton.next_power_of_2(ncand),
+        FB_NBLOCK=triton.next_power_of_2(nchunks), PAGE_SHIFT=page_size.bit_length() - 1,
+        HAS_PT=page_table is not None, RANGE=cfg["range"], IN_LAUNCH=fb is not None, HAS_FLAGS=flags is not None,
+        num_warps=cfg["select_warps"])
+    if fb is None:  # rows wider than the chunked kernel holds: the flagged ones through the radix kernel (a shape)
+        topk.launch(scores, lengths, k, raw, pages, page_table, page_size, gate=flags)
     return raw, pages

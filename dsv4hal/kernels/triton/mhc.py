@@ -280,6 +280,19 @@ def prenorm_partials(x: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, t
     return _pre_partials(x.contiguous(), fn.contiguous(), npad, _precision())
 
 
+def gated_outputs(x: torch.Tensor, head: bool, fused: bool) -> tuple[torch.Tensor, ...]:
+    """(stream, y, post, comb) of a gated op on x [T, 4, d]: the new stream only when fused (post_pre; else x
+    itself), post and comb only unless head (else y stands in for their never-written pointers)."""
+    t, _, d = x.shape
+    y = torch.empty(t, d, dtype=torch.bfloat16, device=x.device)
+    if head:
+        post = comb = y
+    else:
+        post = torch.empty(t, HC, dtype=torch.float32, device=x.device)
+        comb = torch.empty(t, HC, HC, dtype=torch.float32, device=x.device)
+    return torch.empty_like(x) if fused else x, y, post, comb
+
+
 def _gated(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float,
            hc_eps: float, iters: int, head: bool, fused: tuple[torch.Tensor, ...] | None
            ) -> tuple[torch.Tensor, ...]:
@@ -287,13 +300,7 @@ def _gated(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     dev = x.device
     rows = fn.shape[0]
     npad = _npad(rows)
-    y = torch.empty(t, d, dtype=torch.bfloat16, device=dev)
-    if head:  # no post or comb: y stands in for their (never written) pointers
-        post = comb = y
-    else:
-        post = torch.empty(t, HC, dtype=torch.float32, device=dev)
-        comb = torch.empty(t, HC, HC, dtype=torch.float32, device=dev)
-    stream = torch.empty_like(x) if fused is not None else x
+    stream, y, post, comb = gated_outputs(x, head, fused is not None)
     if t == 0:
         return stream, y, post, comb
     fn, base, scale = fn.contiguous(), base.contiguous(), scale.contiguous()
@@ -320,7 +327,10 @@ def apply_config(t: int, d: int) -> dict[str, int]:
     [4, 4] tile are then shuffles inside a warp, not round trips through shared memory between four warps. H200,
     DeepGEMM's partials, d = 4096 (sweep-mhc-apply-warps.json, the ninth session): the launch 8.8 -> 4.6 us at
     T = 1, 8.5 -> 5.3 at T = 8, 11.4 -> 6.1 at T = 64, 9.7 -> 7.2 at T = 512 (outputs within one bf16 rounding of
-    y: the sum over the four streams is ordered otherwise)."""
+    y: the sum over the four streams is ordered otherwise). The Sinkhorn is ~1.9 us of the launch (20 iterations
+    against 1, profile-mhc-phases.json); measured and not kept (the tenth session, sweep-mhc-apply-sinkhorn.json):
+    the approximate division, 16 scalars with no reduction in the loop, both: within +-0.5 us of the tile at every
+    T, slower at T = 512."""
     return {"block_d": min(256 if t <= 16 else 1024, triton.next_power_of_2(d)), "num_warps": 1}
 
 

@@ -15,8 +15,10 @@
 #                                                  # bound op (dsv4hal bench topk), conformance
 #   R=$OUT bash bench/run_h200_session11.sh demo   # GPU tests (the top-k's, which timed out in topk; the demo's),
 #                                                  # the yardstick demo
+#   R=$OUT bash bench/run_h200_session11.sh moe    # the triton_kernels MoE path with dsv4hal's combine and no
+#                                                  # memset launch: GPU tests, conformance (forced), the demo
 set -uo pipefail
-part=${1:?one, prof, sweep, topk or demo}
+part=${1:?one, prof, sweep, topk, demo or moe}
 source bench/h200_env.sh
 if [[ $part == one ]]; then
   {
@@ -90,4 +92,18 @@ if [[ $part == demo ]]; then
     stamp "demo (the yardstick)"
     demo_flash 200 demo-flash
   } 2>&1 | tee "$R/log-demo11.txt"
+fi
+if [[ $part == moe ]]; then
+  {
+    stamp "GPU tests: the triton_kernels MoE binding, the MoE glue kernels"
+    timeout 100 python3 -m pytest -p no:cacheprovider -p no:warnings -rfE tests/test_oai_triton_moe.py \
+      tests/test_triton_moe_glue.py > /tmp/pytest-moe.log 2>&1
+    echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" /tmp/pytest-moe.log | tail -12 | cut -c1-400
+    stamp "conformance: moe_experts through triton_kernels (forced), eager and graph"
+    DSV4HAL_KERNELS=moe_experts=triton_kernels_mxfp4_sm90 timeout 150 $D conformance --platform cuda_sm90 \
+      --ops moe_experts --json "$R/conformance-cuda_sm90-moe-triton-combine.json" --quiet > /tmp/conf-moe.log 2>&1
+    echo "rc=$?"; tail -2 /tmp/conf-moe.log | cut -c1-300
+    stamp "demo (the yardstick)"
+    demo_flash 160 demo-flash
+  } 2>&1 | tee "$R/log-moe11.txt"
 fi

@@ -58,8 +58,9 @@ def test_padded_routes_follow_the_rules(t: int, k: int, e: int, seed: int) -> No
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(-3, e + 3, (t, k), generator=g, dtype=torch.int32)  # dropped ids both sides, repeats
     w = torch.rand(t, k, generator=g)
-    bits, got_ids, got_w = padded_routes(ids.to(DEV), w.to(DEV), e)
+    bits, sums, got_ids, got_w = padded_routes(ids.to(DEV), w.to(DEV), e)
     want_bits, want_ids, want_w = oracle(ids, w, e)
+    assert sums.shape == (32 * -(-e // 32),) and (t == 0 or not sums.any())  # the bitmatrix's scratchpad: zeroed
     assert torch.equal(got_ids.cpu(), want_ids)
     assert torch.allclose(got_w.cpu(), want_w, rtol=1e-6, atol=0)
     assert torch.equal(bits.cpu().view(torch.int32).long() & 0xFFFFFFFF, want_bits)

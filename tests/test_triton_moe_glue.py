@@ -182,6 +182,24 @@ def test_combine_implicit_rows_match_explicit_rows(weighted: bool) -> None:
                        implicit)
 
 
+def test_combine_explicit_rows_drop_negative_and_past_limit_rows() -> None:
+    """Explicit rows as triton_kernels' routing gives them (scatter.src_indx: a route's row in expert order, -1 for a
+    dropped route): a negative row is dropped as a row at or past the limit is, and never read (the rows here around
+    the valid ones hold NaN)."""
+    t, k, h = 5, 4, 1100
+    gen = torch.Generator().manual_seed(9)
+    y = torch.full((2 + t * k, h), float("nan"), dtype=torch.bfloat16)
+    y[1:1 + t * k] = torch.randn(t * k, h, generator=gen).bfloat16()
+    rows = (torch.randperm(t * k, generator=gen) + 1).int().view(t, k)
+    drop = torch.rand(t, k, generator=gen) < 0.4
+    drop[2] = True  # a token with every route dropped: zeros
+    rows = torch.where(drop, torch.where(torch.rand(t, k, generator=gen) < 0.5, -1, 1 + t * k), rows)
+    got = combine_routes(y.to(DEV), rows.to(DEV), None, 1 + t * k).cpu()
+    assert bool(torch.isfinite(got).all()) and not bool(got[2].any())
+    want = (y.float()[rows.clamp(0, t * k).long()] * (~drop)[..., None]).nan_to_num(0.0).sum(1).bfloat16()
+    assert int((_ordered(got) - _ordered(want)).abs().max()) <= 1
+
+
 def test_combine_implicit_rows_edges() -> None:
     y = torch.zeros(6, 16, dtype=torch.bfloat16, device=DEV)
     ids = torch.zeros(0, 2, dtype=torch.int32, device=DEV)

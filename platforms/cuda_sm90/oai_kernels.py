@@ -15,7 +15,8 @@ kernel bridges them:
 - one bit per (token, expert), so a token routed twice to one expert would get two rows for one bit: the first
   slot keeps the summed weight and the later ones are dropped (the contract sums both contributions, which is the
   same product).
-Every output element is written, so the outputs can be torch.empty; no host sync, shapes only: CUDA-graph safe."""
+Every output element is written, so the outputs can be torch.empty; the first program also zeroes the bitmatrix's
+column sums, which the library would zero in a launch of its own. No host sync, shapes only: CUDA-graph safe."""
 
 from __future__ import annotations
 
@@ -39,8 +40,11 @@ def dsv4_clamped_swiglu(x, limit):
 
 
 @triton.jit
-def _routes_kernel(bits_ptr, ids_out, w_out, ids_ptr, w_ptr, n_tokens, n_experts, WORDS: tl.constexpr,
-                   K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr):
+def _routes_kernel(bits_ptr, sums_ptr, ids_out, w_out, ids_ptr, w_ptr, n_tokens, n_experts, WORDS: tl.constexpr,
+                   SUMS: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr):
+    if tl.program_id(0) == 0:  # the bitmatrix's column sums start at zero: the library's memset launch spared
+        c = tl.arange(0, SUMS)
+        tl.store(sums_ptr + c, tl.zeros([SUMS], tl.int32), mask=c < WORDS * 32)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, KP)
     live = rows < n_tokens
@@ -67,9 +71,10 @@ def _routes_kernel(bits_ptr, ids_out, w_out, ids_ptr, w_ptr, n_tokens, n_experts
 
 
 def padded_routes(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ids int32 [T, k], weights fp32 [T, k]) -> (bitmatrix words uint32 [T, ceil(E/32)], ids int32 [T, kp],
-    weights fp32 [T, kp]) with kp = next power of two of k, under the rules above."""
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids int32 [T, k], weights fp32 [T, k]) -> (bitmatrix words uint32 [T, ceil(E/32)], int32 zeros
+    [32 ceil(E/32)] when T >= 1 (the bitmatrix's scratchpad for its column sums), ids int32 [T, kp], weights fp32
+    [T, kp]) with kp = next power of two of k, under the rules above."""
     import torch
 
     t, k = topk_ids.shape
@@ -77,10 +82,12 @@ def padded_routes(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_expert
     words = triton.cdiv(num_experts, 32)
     dev = topk_ids.device
     bits = torch.empty(t, words, dtype=torch.uint32, device=dev)
+    sums = torch.empty(words * 32, dtype=torch.int32, device=dev)
     ids = torch.empty(t, kp, dtype=torch.int32, device=dev)
     w = torch.empty(t, kp, dtype=torch.float32, device=dev)
     if t:
-        _routes_kernel[(triton.cdiv(t, BLOCK_M),)](bits, ids, w, topk_ids.contiguous(),
+        _routes_kernel[(triton.cdiv(t, BLOCK_M),)](bits, sums, ids, w, topk_ids.contiguous(),
                                                    topk_weights.float().contiguous(), t, num_experts, WORDS=words,
-                                                   K=k, KP=kp, BLOCK=BLOCK_M)
-    return bits, ids, w
+                                                   SUMS=triton.next_power_of_2(words * 32), K=k, KP=kp,
+                                                   BLOCK=BLOCK_M)
+    return bits, sums, ids, w

@@ -5,8 +5,10 @@ Sequence (facts from the bundle's triton_kernels: matmul_ogs.py, routing.py, ten
 1. oai_kernels.padded_routes: a bitmatrix and the top-k padded to a power of two (one launch);
 2. routing_from_bitmatrix: the expert-sorted routes (gather and scatter indices, per-expert ranges);
 3. matmul_ogs(x, w13) gathering each route's token row, DSV4's clamped SwiGLU fused in its epilogue;
-4. matmul_ogs(h, w2) with the routing weights as gammas (applied after the GEMM, in fp32) and the scatter: each
-   token's rows summed in fp32, dropped routes (-1) skipped; a token with every route dropped gets zeros.
+4. matmul_ogs(h, w2) with the routing weights as gammas (applied after the GEMM, in fp32), its rows left in expert
+   order; dsv4hal's combine (dsv4hal.kernels.triton.moe_combine) sums each token's rows in fp32 through the
+   routing's scatter.src_indx (dropped routes, -1, skipped; a token with every route dropped gets zeros), where the
+   library's scatter would launch its grouped reduce (one warp a token; 7.2 us at T = 64 on the H200).
 
 The activation: the library's own swiglu is GPT-OSS's (`s * (clamp(up) + 1)`, alpha 1.702), not DSV4's
 `silu(min(gate, L)) * clamp(up, -L, L)`, so a fused activation of our own is passed. matmul_ogs hands it tiles
@@ -176,14 +178,19 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     from triton_kernels.routing import routing_from_bitmatrix
     from triton_kernels.tensor import Bitmatrix
 
+    from dsv4hal.kernels.triton.moe_combine import combine_routes
+
     t = topk_ids.shape[0]
     e = weights.num_experts
     if t == 0:
         return torch.zeros(0, weights.hidden, dtype=torch.bfloat16, device=x.device)
-    bits, ids, w = padded_routes(topk_ids, topk_weights, e)
-    bitmatrix = Bitmatrix(bits, shape=[t, bits.shape[1] * 32], shape_max=[t, None], scratchpad=None)
+    bits, sums, ids, w = padded_routes(topk_ids, topk_weights, e)
+    bitmatrix = Bitmatrix(bits, shape=[t, bits.shape[1] * 32], shape_max=[t, None], scratchpad=sums)
     routing, gather, scatter = routing_from_bitmatrix(bitmatrix, w, ids, e, ids.shape[1])
     h = matmul_ogs(x.contiguous(), weights.w13_tensor, None, routing, gather_indx=gather,
                    precision_config=weights.w13_precision, fused_activation=_activation(float(swiglu_limit)))
-    return matmul_ogs(h, weights.w2_tensor, None, routing, scatter_indx=scatter,
-                      precision_config=weights.w2_precision, gammas=routing.gate_scal)
+    # the second GEMM's rows stay in expert order, each scaled by its route's weight; dsv4hal's combine sums every
+    # token's rows (scatter.src_indx: a route's row, -1 dropped) where the library would launch its grouped reduce
+    y = matmul_ogs(h, weights.w2_tensor, None, routing, precision_config=weights.w2_precision,
+                   gammas=routing.gate_scal)
+    return combine_routes(y, scatter.src_indx.view(t, ids.shape[1]), None, y.shape[0])

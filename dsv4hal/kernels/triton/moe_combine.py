@@ -2,7 +2,7 @@
 DeepGEMM), which would otherwise materialise [T, k, H] in fp32 several times.
 
 Two ways to name a route's row: explicit rows (out[t] = sum_j w[t, j] * y[rows[t, j]] over the j with
-rows[t, j] < limit), or implicit ones read off the routing (route t*k + j is row t*k + j of y, dropped where
+0 <= rows[t, j] < limit), or implicit ones read off the routing (route t*k + j is row t*k + j of y, dropped where
 topk_ids[t, j] is outside [0, num_experts)), which spares the Marlin path building rows with torch ops. Dropped
 routes contribute nothing, whatever their rows hold."""
 
@@ -20,7 +20,7 @@ BLOCK_H = 1024
 @triton.jit
 def _combine_kernel(y_ptr, idx_ptr, w_ptr, out_ptr, limit, H, TOP_K: tl.constexpr, HAS_W: tl.constexpr,
                     IMPLICIT: tl.constexpr, BLOCK: tl.constexpr):
-    """idx: rows [T, k] (< limit: kept) or, IMPLICIT, expert ids [T, k] (in [0, limit): kept, row t*k + j)."""
+    """idx: rows [T, k] (in [0, limit): kept) or, IMPLICIT, expert ids [T, k] (in [0, limit): kept, row t*k + j)."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < H
@@ -31,7 +31,7 @@ def _combine_kernel(y_ptr, idx_ptr, w_ptr, out_ptr, limit, H, TOP_K: tl.constexp
             keep = (v >= 0) & (v < limit)
             r = t * TOP_K + j
         else:
-            keep = v < limit
+            keep = (v >= 0) & (v < limit)
             r = v
         if keep:
             y = tl.load(y_ptr + r * H + cols, mask=mask, other=0.0).to(tl.float32)
@@ -46,7 +46,7 @@ def combine_routes(y: torch.Tensor, rows: torch.Tensor | None, weights: torch.Te
                    num_experts: int | None = None) -> torch.Tensor:
     """y [R, H] (any float dtype, contiguous), weights fp32 [T, k] or None (already applied) -> bf16 [T, H].
 
-    Explicit rows: rows int [T, k] into y, limit (rows >= limit: dropped). Implicit rows: rows None, topk_ids
+    Explicit rows: rows int [T, k] into y, limit (rows < 0 or >= limit: dropped). Implicit rows: rows None, topk_ids
     int [T, k] and num_experts; route t*k + j is row t*k + j of y (R >= T*k), dropped where its id is < 0 or
     >= num_experts. One launch either way."""
     implicit = rows is None

@@ -32,3 +32,9 @@ for r in json.load(open(sys.argv[1]))["topk"]:
           "not ok", [k for k, v in r["ok"].items() if v is not True])
 PY
 }
+gpu_tests() {  # TIMEOUT NAME FILES...: pytest on the GPU, the log in /tmp/pytest-NAME.log, its summary here
+  local limit=$1 name=$2
+  shift 2
+  timeout "$limit" python3 -m pytest -p no:cacheprovider -p no:warnings -rfE "$@" > "/tmp/pytest-$name.log" 2>&1
+  echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "/tmp/pytest-$name.log" | tail -12 | cut -c1-400
+}

@@ -23,9 +23,7 @@ source bench/h200_env.sh
 if [[ $part == one ]]; then
   {
     stamp "GPU tests: mHC (Triton, DeepGEMM)"
-    timeout 120 python3 -m pytest -p no:cacheprovider -p no:warnings -rfE tests/test_triton_mhc.py \
-      tests/test_deepgemm_mhc.py > /tmp/pytest-one.log 2>&1
-    echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" /tmp/pytest-one.log | tail -12 | cut -c1-400
+    gpu_tests 120 one tests/test_triton_mhc.py tests/test_deepgemm_mhc.py
     stamp "mHC in one launch (bench/bench_mhc_one_launch.py)"
     timeout 200 python3 bench/bench_mhc_one_launch.py --json "$R/bench-mhc-one-launch.json" > /tmp/one.log 2>&1
     echo "rc=$?"; grep -v Warn /tmp/one.log | tail -34 | cut -c1-400
@@ -49,9 +47,7 @@ fi
 if [[ $part == sweep ]]; then
   {
     stamp "GPU tests: the sampled top-k (fallback in the select pass), mHC"
-    timeout 100 python3 -m pytest -p no:cacheprovider -p no:warnings -rfE tests/test_triton_sampled_topk.py \
-      tests/test_triton_mhc.py > /tmp/pytest-sweep.log 2>&1
-    echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" /tmp/pytest-sweep.log | tail -12 | cut -c1-400
+    gpu_tests 100 sweep tests/test_triton_sampled_topk.py tests/test_triton_mhc.py
     stamp "mHC apply: the Sinkhorn's forms (bench/sweep_mhc_apply.py)"
     timeout 100 python3 bench/sweep_mhc_apply.py --json "$R/sweep-mhc-apply-sinkhorn.json" > /tmp/sweep-mhc.log 2>&1
     echo "rc=$?"; grep -v Warn /tmp/sweep-mhc.log | cut -c1-260 | tail -40
@@ -64,9 +60,7 @@ fi
 if [[ $part == topk ]]; then
   {
     stamp "GPU tests: the sampled top-k (the chunked fallback inside its select launch), the chunked top-k"
-    timeout 110 python3 -m pytest -p no:cacheprovider -p no:warnings -rfE tests/test_triton_sampled_topk.py \
-      tests/test_triton_chunked_topk.py > /tmp/pytest-topk.log 2>&1
-    echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" /tmp/pytest-topk.log | tail -12 | cut -c1-400
+    gpu_tests 110 topk tests/test_triton_sampled_topk.py tests/test_triton_chunked_topk.py
     stamp "top-k: passes, select warps, the fallback forced (bench/tune_triton.py --ops topk)"
     timeout 170 python3 bench/tune_triton.py --json "$R/tune-triton-topk-fallback.json" --ops topk \
       > /tmp/tune-topk.log 2>&1
@@ -83,12 +77,9 @@ fi
 if [[ $part == demo ]]; then
   {
     stamp "GPU tests: the sampled top-k, the chunked top-k"
-    timeout 170 python3 -m pytest -p no:cacheprovider -p no:warnings -rfE tests/test_triton_sampled_topk.py \
-      tests/test_triton_chunked_topk.py > /tmp/pytest-topk.log 2>&1
-    echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" /tmp/pytest-topk.log | tail -12 | cut -c1-400
+    gpu_tests 170 topk tests/test_triton_sampled_topk.py tests/test_triton_chunked_topk.py
     stamp "GPU tests: the demo"
-    timeout 120 python3 -m pytest -p no:cacheprovider -p no:warnings -rfE tests/test_demo.py > /tmp/pytest-demo.log 2>&1
-    echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" /tmp/pytest-demo.log | tail -12 | cut -c1-400
+    gpu_tests 120 demo tests/test_demo.py
     stamp "demo (the yardstick)"
     demo_flash 200 demo-flash
   } 2>&1 | tee "$R/log-demo11.txt"
@@ -96,9 +87,7 @@ fi
 if [[ $part == moe ]]; then
   {
     stamp "GPU tests: the triton_kernels MoE binding, the MoE glue kernels"
-    timeout 100 python3 -m pytest -p no:cacheprovider -p no:warnings -rfE tests/test_oai_triton_moe.py \
-      tests/test_triton_moe_glue.py > /tmp/pytest-moe.log 2>&1
-    echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" /tmp/pytest-moe.log | tail -12 | cut -c1-400
+    gpu_tests 100 moe tests/test_oai_triton_moe.py tests/test_triton_moe_glue.py
     stamp "conformance: moe_experts through triton_kernels (forced), eager and graph"
     DSV4HAL_KERNELS=moe_experts=triton_kernels_mxfp4_sm90 timeout 150 $D conformance --platform cuda_sm90 \
       --ops moe_experts --json "$R/conformance-cuda_sm90-moe-triton-combine.json" --quiet > /tmp/conf-moe.log 2>&1

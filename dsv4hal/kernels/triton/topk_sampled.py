@@ -235,6 +235,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
         flags = torch.empty(b, dtype=torch.int32, device=dev)
     nchunks = triton.cdiv(s, fb) if fb else 1
     ncand = nchunks * k
+    assert fb is None or ncand <= topk_chunked.MAX_CAND, f"{nchunks} fallback chunks of {k} exceed one merge tile"
     fkey = torch.empty(b, ncand if fb else 1, dtype=torch.int32, device=dev)
     fidx = torch.empty_like(fkey)
     drop = torch.empty(b, nchunks, dtype=torch.int32, device=dev)

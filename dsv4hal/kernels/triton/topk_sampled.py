@@ -190,7 +190,9 @@ def default_config(rows: int, width: int, k: int) -> dict:
     """The launch options for `rows` rows of `width` scores at `k`. range on: 1-2.5 us less at every shape timed (the
     searches start below the bits the keys share). The sample and select passes on fewer warps than tile_warps were
     slower at every shape timed (H200, tune-triton-topk-warps.json); the select launch also holds the fallback's
-    chunk and merge tiles, so it gets the warps of the larger tile."""
+    chunk and merge tiles, so it gets the warps of the larger tile (8 at 256K: the fast path 17.0 us at 1 x 256K
+    against 18.0 on 4 warps, a forced fallback 48.5 against 80.8, whose merge tile spills on 4;
+    tune-triton-topk-fallback.json)."""
     few = rows <= FEW_ROWS and 2 * k + MARGIN * width // NSAMPLE_FEW_ROWS <= CAP // 2
     many = rows > FEW_ROWS
     ns = NSAMPLE_FEW_ROWS if few else NSAMPLE

@@ -24,6 +24,8 @@ table gets slot -1. Fixed grids, buffers sized from the shapes, no host sync: CU
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -143,6 +145,31 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     return raw, pages
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """The two stages' buffers for b rows of s scores in chunks of `chunk` (also the sampled top-k's in-launch
+    fallback): per row nchunks * k candidate keys and indices and each chunk's largest key left out; cblock and
+    nblock, the merge's tiles over them."""
+    key: torch.Tensor
+    idx: torch.Tensor
+    drop: torch.Tensor
+    nchunks: int
+    ncand: int
+    cblock: int
+    nblock: int
+
+    @staticmethod
+    def make(b: int, s: int, k: int, chunk: int, device: torch.device) -> Candidates:
+        assert chunk & (chunk - 1) == 0 and chunk <= MAX_CHUNK, "a chunk is one power-of-two tile"
+        nchunks = triton.cdiv(max(s, 1), chunk)
+        ncand = nchunks * k
+        assert ncand <= MAX_CAND, f"{nchunks} chunks of {k} candidates exceed {MAX_CAND}: use a larger chunk"
+        return Candidates(torch.empty(b, ncand, dtype=torch.int32, device=device),
+                          torch.empty(b, ncand, dtype=torch.int32, device=device),
+                          torch.empty(b, nchunks, dtype=torch.int32, device=device), nchunks, ncand,
+                          triton.next_power_of_2(ncand), triton.next_power_of_2(nchunks))
+
+
 def launch(scores: torch.Tensor, lengths: torch.Tensor, k: int, raw: torch.Tensor, pages: torch.Tensor | None,
            page_table: torch.Tensor | None, page_size: int, config: dict | None = None,
            gate: torch.Tensor | None = None) -> None:
@@ -151,21 +178,14 @@ def launch(scores: torch.Tensor, lengths: torch.Tensor, k: int, raw: torch.Tenso
     b, s = scores.shape
     cfg = {**launch_config(s, k), **(config or {})}
     chunk = cfg["chunk"]
-    assert chunk & (chunk - 1) == 0 and chunk <= MAX_CHUNK, "a chunk is one power-of-two tile"
-    nchunks = triton.cdiv(max(s, 1), chunk)
-    ncand = nchunks * k
-    assert ncand <= MAX_CAND, f"{nchunks} chunks of {k} candidates exceed {MAX_CAND}: use a larger chunk"
-    ckey = torch.empty(b, ncand, dtype=torch.int32, device=scores.device)
-    cidx = torch.empty(b, ncand, dtype=torch.int32, device=scores.device)
-    drop = torch.empty(b, nchunks, dtype=torch.int32, device=scores.device)
-    g = gate if gate is not None else drop
-    _chunk_topk_kernel[(b, nchunks)](scores, scores.stride(0), lengths, ckey, cidx, drop, g, s, ncand, nchunks, K=k,
-                                     CHUNK=chunk, HAS_GATE=gate is not None,
-                                     num_warps=cfg.get("num_warps", tile_warps(chunk)))
+    bufs = Candidates.make(b, s, k, chunk, scores.device)
+    g = gate if gate is not None else bufs.drop
+    _chunk_topk_kernel[(b, bufs.nchunks)](scores, scores.stride(0), lengths, bufs.key, bufs.idx, bufs.drop, g, s,
+                                          bufs.ncand, bufs.nchunks, K=k, CHUNK=chunk, HAS_GATE=gate is not None,
+                                          num_warps=cfg.get("num_warps", tile_warps(chunk)))
     pt = page_table if page_table is not None else raw
-    cblock = triton.next_power_of_2(ncand)
-    _merge_topk_kernel[(b,)](lengths, ckey, cidx, drop, raw, pages if pages is not None else raw, pt, pt.stride(0),
-                             g, s, pt.shape[1], ncand, nchunks, K=k, CHUNK=chunk, CBLOCK=cblock,
-                             NBLOCK=triton.next_power_of_2(nchunks),
-                             PAGE_SHIFT=page_size.bit_length() - 1, HAS_PT=page_table is not None,
-                             HAS_GATE=gate is not None, num_warps=cfg.get("merge_warps", tile_warps(cblock)))
+    _merge_topk_kernel[(b,)](lengths, bufs.key, bufs.idx, bufs.drop, raw, pages if pages is not None else raw, pt,
+                             pt.stride(0), g, s, pt.shape[1], bufs.ncand, bufs.nchunks, K=k, CHUNK=chunk,
+                             CBLOCK=bufs.cblock, NBLOCK=bufs.nblock, PAGE_SHIFT=page_size.bit_length() - 1,
+                             HAS_PT=page_table is not None, HAS_GATE=gate is not None,
+                             num_warps=cfg.get("merge_warps", tile_warps(bufs.cblock)))

@@ -235,17 +235,13 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     flags = cfg.get("flags")
     if fb is None and flags is None:  # the radix launches below read the flags as their gate
         flags = torch.empty(b, dtype=torch.int32, device=dev)
-    nchunks = triton.cdiv(s, fb) if fb else 1
-    ncand = nchunks * k
-    assert fb is None or ncand <= topk_chunked.MAX_CAND, f"{nchunks} fallback chunks of {k} exceed one merge tile"
-    fkey = torch.empty(b, ncand if fb else 1, dtype=torch.int32, device=dev)
-    fidx = torch.empty_like(fkey)
-    drop = torch.empty(b, nchunks, dtype=torch.int32, device=dev)
-    _select_kernel[(b, 1 + nchunks if fb else 1)](
-        scores, scores.stride(0), lengths, count, ckey, cidx, fkey, fidx, drop, arrive,
+    # the fallback's candidate buffers (one-element stand-ins when it is the radix kernel's launches)
+    fbuf = topk_chunked.Candidates.make(b, s if fb else 1, k if fb else 1, fb or 1, dev)
+    _select_kernel[(b, 1 + fbuf.nchunks if fb else 1)](
+        scores, scores.stride(0), lengths, count, ckey, cidx, fbuf.key, fbuf.idx, fbuf.drop, arrive,
         flags if flags is not None else raw, raw, pages if pages is not None else raw, pt, pt.stride(0), s,
-        pt.shape[1], ncand, nchunks, K=k, CAP_=cap, FB_CHUNK=fb or 1, FB_CBLOCK=triton.next_power_of_2(ncand),
-        FB_NBLOCK=triton.next_power_of_2(nchunks), PAGE_SHIFT=page_size.bit_length() - 1,
+        pt.shape[1], fbuf.ncand, fbuf.nchunks, K=k, CAP_=cap, FB_CHUNK=fb or 1, FB_CBLOCK=fbuf.cblock,
+        FB_NBLOCK=fbuf.nblock, PAGE_SHIFT=page_size.bit_length() - 1,
         HAS_PT=page_table is not None, RANGE=cfg["range"], IN_LAUNCH=fb is not None, HAS_FLAGS=flags is not None,
         num_warps=cfg["select_warps"])
     if fb is None:  # rows wider than the chunked kernel holds: the flagged ones through the radix kernel (a shape)

@@ -32,6 +32,11 @@ for r in json.load(open(sys.argv[1]))["topk"]:
           "not ok", [k for k, v in r["ok"].items() if v is not True])
 PY
 }
+tune_topk() {  # TIMEOUT NAME: bench/tune_triton.py --ops topk into $R/NAME.json, a line a shape, its errors
+  local limit=$1 name=$2
+  timeout "$limit" python3 bench/tune_triton.py --json "$R/$name.json" --ops topk > "/tmp/$name.log" 2>&1
+  echo "rc=$?"; topk_rows "$R/$name.json"; grep -E "Error|error" "/tmp/$name.log" | tail -5
+}
 gpu_tests() {  # TIMEOUT NAME FILES...: pytest on the GPU, the log in /tmp/pytest-NAME.log, its summary here
   local limit=$1 name=$2
   shift 2

@@ -1,9 +1,14 @@
-"""Plots of H200 results that `dsv4hal bench --plot` does not draw: the soak's memory reads and the host
-enqueue cost of a bound attention call against the direct vendor call.
+"""Plots of H200 results that `dsv4hal bench --plot` does not draw: the soak's memory reads, the host
+enqueue cost of a bound attention call against the direct vendor call, a top-k tune's calls pass by pass, and the
+FP8 MoE quantizers' launch sweep.
 
     python3 bench/plot_results.py soak bench/results/h200/soak-3.6min.json bench/results/h200/soak-3.6min.png
     python3 bench/plot_results.py host bench/results/h200/bench-attention-host.json \
-        bench/results/h200/bench-attention-host.png"""
+        bench/results/h200/bench-attention-host.png
+    python3 bench/plot_results.py topk bench/results/h200/tune-triton-topk-perkey.json \
+        bench/results/h200/tune-triton-topk-perkey.png
+    python3 bench/plot_results.py quant bench/results/h200/sweep-moe-quant.json \
+        bench/results/h200/sweep-moe-quant.png"""
 
 from __future__ import annotations
 
@@ -55,6 +60,41 @@ def host(data: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def topk(data: dict[str, Any], path: str) -> None:
+    """One panel a shape of bench/tune_triton.py --ops topk: each config's passes stacked (sample, filter, select)."""
+    rows = [r for r in data["topk"] if r.get("us_passes")]
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 5), squeeze=False)
+    for ax, r in zip(axes[0], rows, strict=True):
+        names = list(r["us_passes"])
+        bottom = [0.0] * len(names)
+        for i, label in enumerate(("sample", "filter", "select")):
+            part = [r["us_passes"][n][i] - (r["us_passes"][n][i - 1] if i else 0.0) for n in names]
+            ax.bar(range(len(names)), part, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, part, strict=True)]
+        ax.axhline(r["us"]["torch.topk"], color="k", ls="--", lw=0.8, label="torch.topk")
+        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=5)
+        ax.set_title(f"{r['B']} x {r['N']}, k {r['k']}", fontsize=8)
+        ax.set_ylabel("us (CUDA graph)")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def quant(data: dict[str, Any], path: str) -> None:
+    """bench/sweep_moe_quant.py: every setting's time a pass, the default's bar marked."""
+    passes = sorted({(r["T"], r["pass"]) for r in data["rows"] if "us" in r})
+    fig, axes = plt.subplots(1, len(passes), figsize=(7 * len(passes), 4.5), squeeze=False)
+    for ax, (t, name) in zip(axes[0], passes, strict=True):
+        rows = [r for r in data["rows"] if r["T"] == t and r["pass"] == name and "us" in r]
+        ax.bar(range(len(rows)), [r["us"] for r in rows], color=["C3" if r["default"] else "C0" for r in rows])
+        ax.set_xticks(range(len(rows)), [f"{r['tile'][0]}x{r['tile'][1]} w{r['warps']} s{r['stages']}" for r in rows],
+                      rotation=90, fontsize=6)
+        ax.set_title(f"{name} pass, T = {t} (red: the default when measured)", fontsize=9)
+        ax.set_ylabel("us (CUDA graph)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 if __name__ == "__main__":
     kind, src, dst = sys.argv[1:4]
-    {"soak": soak, "host": host}[kind](json.loads(open(src).read()), dst)
+    {"soak": soak, "host": host, "topk": topk, "quant": quant}[kind](json.loads(open(src).read()), dst)

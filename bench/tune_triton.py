@@ -38,8 +38,8 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
 # session's three sweeps (some options tried there were taken out again, measured slower: two bits a bisection
 # step, the interval in thirds, an early-stopping sample search, an atomic a candidate):
 # tune-triton-topk-sweep1.json and -sweep2.json, and the third in log-session6.txt (its JSON did not come back). The
-# first here is the default for <= 8 rows (when the expected candidates fit; topk_sampled.default_config), the second
-# for more.
+# first here is the default below 8 rows (when the expected candidates fit; topk_sampled.default_config), the first
+# per-key one below the default from 8 rows.
 # The seventh session's sweeps: the filter pass (~70 us of 104 at 64 x 256K) with its loads pipelined over a chunk
 # of several blocks (filter_stages), and its warps (tune-triton-topk-session7.json); then sampling fused into the
 # filter (every filter program computes the threshold: one launch less on the critical path) for few rows: slower at
@@ -53,16 +53,29 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
 # (1 x 256K: sample 7.6 -> 9.7 us on 2 warps, 13.1 on 1; the select pass 9.3 -> 17.5 on 2, 49.7 on 1), as was the
 # row kernel on 2 or 4 warps (64 x 8192: 41.3 / 18.5 against 15.6 us on 8; tune-triton-topk-warps.json). Those
 # configs are gone from here; the options (sample_warps, select_warps) stay, as filter_warps does.
-TOPK_CONFIGS = [dict(nsample=ns, range=True, coarse=0, chunk=c, block=1024, filter_stages=st, filter_warps=4)
-                for ns, c, st in ((2048, 1024, 1), (4096, 1024, 1), (4096, 4096, 2))]
-# the select launch at 4 warps (its fast path's tile) rather than the fallback chunk's (8 at 256K: the default)
-TOPK_CONFIGS += [dict(TOPK_CONFIGS[i], sample_warps=4, select_warps=4) for i in (0, 2)]
+# The eleventh session's: the filter pass runs at ~1 TB/s (63.5 of 86 us at 64 x 256K). First sweep
+# (tune-triton-topk-filter.json): the rows' counts count_stride int32s apart (128 B, 4 KB: no change alone) and with
+# them a slot an atomic a key (per_key: no block sum and prefix sum; measured slower in the sixth session with the
+# counts adjacent): 64 x 256K 89.2 -> 52.1 us (ns2048, chunk 1024: filter pass 70.9 -> 32.3), 8 rows 27.5 -> 24.3, one
+# row 19.3 -> 20.2. This second sweep: per_key's chunk, block and warps at 4096 samples (many rows), and at how many
+# rows per_key starts to pay (tune-triton-topk-perkey.json): per_key from 8 rows, chunk 1024 in one block, 4 warps
+# (64 x 256K 56.2 us at 4096 samples). A third sweep (tune-triton-topk-skip.json) measured blocks of 128-512 keys
+# that skip the atomics and stores when none of their keys is a candidate (an option taken out again: slower at every
+# shape, 59.0-63.9 against 56.5 us at 64 x 256K). Fourth (tune-triton-topk-lean.json): the lean filter (loads masked by
+# the width, so vectorised; raw bits compared as signed ints for a non-negative threshold; indices stored only, the
+# select pass reading the candidates' scores again), against the same filter without it, in both slot modes: 64 x
+# 256K 56.5 -> 52.5 us (filter 32.4 -> 25.5, select 11.6 -> 14.7), 16 rows equal, 1-8 rows ~1 us slower: the default
+# from topk_sampled.LEAN_MIN_ROWS rows.
+TOPK_CONFIGS = [dict(nsample=2048, range=True, coarse=0, count_stride=1, per_key=False, chunk=1024, block=1024,
+                     filter_stages=1, filter_warps=4, lean=lean) for lean in (False, True)]
+TOPK_CONFIGS += [dict(range=True, coarse=0, count_stride=32, per_key=True, nsample=ns, chunk=1024, block=1024,
+                      filter_stages=1, filter_warps=4, lean=lean) for ns in (2048, 4096) for lean in (False, True)]
 # the row kernel (static for rows up to 16384: the demo's 64 x 8192): warps
 ROW_CONFIGS = [dict(num_warps=w) for w in (4, 8, 16)]
 ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512)]
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
-TOPK_SHAPES = [(1, 262144, 512), (8, 262144, 512), (1, 262144, 1024), (64, 262144, 512), (1, 65536, 512)]
+TOPK_SHAPES = [(1, 262144, 512), (8, 262144, 512), (16, 262144, 512), (64, 262144, 512), (64, 65536, 1024)]
 # the exact fallback inside the select launch (tenth session), every row forced onto it (cap = k and a margin past
 # the samples: threshold 0, so count = n > cap), at the select launch's default warps and at 4, against the former
 # fallback's launches alone (triton_chunked_topk on every row), which a flagged row used to cost after the passes
@@ -194,8 +207,9 @@ def main() -> None:
                 ((c < k) | (c > topk_sampled.CAP)).sum())}
         for c in TOPK_CONFIGS:
             name = "ns{nsample}-chunk{chunk}-st{filter_stages}".format(**c)
-            if "sample_warps" in c:
-                name += "-sw{sample_warps}-selw{select_warps}".format(**c)
+            if "count_stride" in c:
+                name += "-b{block}-fw{filter_warps}-cs{count_stride}".format(**c) + ("-perkey" if c["per_key"] else "")
+            name += "-lean" if c.get("lean") else ""
             if _time_topk(row, name, ref, lambda c=c, s=scores, ln=lengths, k=k, t=table:
                           topk_sampled.indexer_topk(s, ln, k, t, config=c)):
                 row.setdefault("us_passes", {})[name] = [  # cumulative: sample, +filter, +select (the fallback inside)

@@ -191,10 +191,10 @@ def test_layout_written_by_the_gather_pass(t: int, k: int, e: int) -> None:
 
 
 def test_row_tile() -> None:
-    """Decode rows are sparse (a route or two at a block's start): one row, many groups; prefill: 16 rows."""
+    """Decode rows are sparse (a route or two at a block's start): one row, many groups; prefill: MAX_BLOCK_R rows."""
     assert mq.row_tile(768, 6, 4096) == (1, 16)  # T=1, top-6 of 256 experts, H=4096
-    assert mq.row_tile(57088, 24576, 4096) == (16, 1)  # T=4096
-    assert mq.row_tile(35584, 3072, 2048) == (8, 2)  # T=512: ~11 routes a block
+    assert mq.row_tile(57088, 24576, 4096) == (4, 4)  # T=4096: at most MAX_BLOCK_R rows (H200 sweep)
+    assert mq.row_tile(35584, 3072, 2048) == (4, 4)  # T=512: ~11 routes a block
     assert mq.row_tile(8, 6, 128) == (16, 1)  # one group only: the tile is all rows
     assert mq.row_tile(0, 0, 256) == (1, 2)
 

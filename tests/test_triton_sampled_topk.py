@@ -142,17 +142,25 @@ def test_past_the_chunked_width_the_radix_kernel_falls_back() -> None:
                                              (3000, 512, {"nsample": 4096, "cap": 512}),
                                              (20000, 1024, {"nsample": 1024, "cap": 2048, "margin": 0}),
                                              (9000, 512, {"chunk": 4096, "block": 1024, "filter_stages": 2,
-                                                          "filter_warps": 2})])
+                                                          "filter_warps": 2}),
+                                             (20000, 512, {"per_key": True, "count_stride": 32}),
+                                             (9000, 1024, {"per_key": True, "cap": 1024, "chunk": 4096,
+                                                           "filter_stages": 2}),
+                                             (20000, 512, {"lean": True}),
+                                             (20001, 512, {"lean": True, "per_key": True, "count_stride": 32})])
 def test_small_tiles(s: int, k: int, cfg: dict[str, int]) -> None:
     """Samples, tiles and filter steps smaller than the defaults (a tile of exactly k, no margin), the filter of
-    many-row calls (a chunk of several pipelined steps, the last one partial): still exact."""
+    many-row calls (a chunk of several pipelined steps, the last one partial), a slot an atomic a key and the row
+    counts on separate cache lines (one overflowing the candidate tile: the fallback), the lean filter (indices
+    only, raw bits compared; a width no multiple of 4): still exact."""
     gen = torch.Generator().manual_seed(s + k)
     scores, lengths = _batch(s, k, gen)
     pt = _table(scores.shape[0], s, gen)
     check_rows(_run(scores, lengths, k, pt, config=cfg), scores, lengths, pt, k)
 
 
-def test_nan_scores_and_row_stride() -> None:
+@pytest.mark.parametrize("lean", [False, True])
+def test_nan_scores_and_row_stride(lean: bool) -> None:
     gen = torch.Generator().manual_seed(5)
     s, k = 30000, 512
     wide = torch.randn(3, s + 3, generator=gen)
@@ -163,13 +171,35 @@ def test_nan_scores_and_row_stride() -> None:
     scores[2, torch.randperm(s, generator=gen)[: s - 100]] = torch.full((), -1, dtype=torch.int32).view(
         torch.float32)  # the all-ones NaN, key 0, almost everywhere: some are taken
     lengths = torch.full((3,), s, dtype=torch.int32)
-    (raw, _), flags = _run_flagged(scores, lengths, k)
+    (raw, _), flags = _run_flagged(scores, lengths, k, config={"lean": lean})
     raw = raw.cpu()
     want = topk_chunked.indexer_topk(scores.to(DEV), lengths.to(DEV), k)[0].cpu()
     for got_row, want_row in zip(raw, want, strict=True):  # the same set as the chunked kernel's (order differs)
         assert sorted(got_row.tolist()) == sorted(want_row.tolist())
     assert flags == [0, 0, 1]  # key 0 almost everywhere: every key a candidate, the fallback reads the strided row
     _check_fallback_order(raw, scores, lengths, k, flags)
+
+
+@pytest.mark.parametrize("per_key", [False, True])
+def test_lean_filter_with_negative_and_mixed_thresholds(per_key: bool) -> None:
+    """The lean filter compares raw bits as signed ints only when the threshold is a non-negative float's key; rows
+    whose threshold is negative (all scores negative; -0.0 and +0.0 around it; lengths short of the width, so keys
+    past the length are loaded but refused) take the order-key compare: the contract holds (ties at -0.0 may be
+    taken in any order, so the check is the contract's, not another kernel's indices)."""
+    gen = torch.Generator().manual_seed(11)
+    s, k = 20000, 512
+    scores = torch.randn(4, s, generator=gen)
+    scores[0] -= 100.0  # every score negative: a negative threshold
+    scores[1] = -scores[1].abs()
+    scores[1, torch.randperm(s, generator=gen)[:300]] = 0.0
+    scores[1, torch.randperm(s, generator=gen)[:300]] = -0.0
+    scores[2] = scores[2].abs() * 1e-30  # tiny positive floats (denormals among them)
+    scores[3, 15000:] = 1e6  # past the length: loaded, never candidates
+    lengths = torch.tensor([s, s, s, 15000], dtype=torch.int32)
+    cfg = {"lean": True, "per_key": per_key, "count_stride": 32 if per_key else 1}
+    got, flags = _run_flagged(scores, lengths, k, config=cfg)
+    check_rows(got, scores, lengths, None, k)
+    assert flags[0] == 0 and flags[2] == 0 and flags[3] == 0
 
 
 @pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[s.name for s, _ in CATALOG])
@@ -209,20 +239,24 @@ def test_samples_by_batch_and_expected_candidates() -> None:
     for shape in ((rows + 1, 262144, 512), (1, 262144, 1024), (1, 65536, 1024), (64, 65536, 512)):
         assert cfg(*shape)["nsample"] == topk_sampled.NSAMPLE
     many = cfg(rows + 1, 262144, 512)
-    filter_opts = ("nsample", "chunk", "filter_stages")
+    filter_opts = ("nsample", "per_key", "count_stride", "lean")
     assert {k: v for k, v in cfg(1, 262144, 512).items() if k not in filter_opts} == {
         k: v for k, v in many.items() if k not in filter_opts}
 
 
-def test_filter_chunks_by_batch() -> None:
-    """A call of more than FEW_ROWS rows filters 4096 scores a program, pipelined in two stages (programs enough);
-    fewer rows keep 1024 a program, in one step (more programs in flight)."""
-    cfg, rows = topk_sampled.default_config, topk_sampled.FEW_ROWS
-    for shape in ((1, 262144, 512), (rows, 262144, 1024), (rows, 8192, 512)):
+def test_filter_slots_by_batch() -> None:
+    """From PER_KEY_MIN_ROWS rows each selected key takes its slot with an atomic of its own, on row counts a cache
+    line apart; fewer rows reserve a block's slots with one atomic and a prefix sum, counts adjacent; from
+    LEAN_MIN_ROWS rows the filter is lean. Every call filters CHUNK scores a program, in one step."""
+    cfg, rows = topk_sampled.default_config, topk_sampled.PER_KEY_MIN_ROWS
+    for shape in ((1, 262144, 512), (rows - 1, 262144, 1024), (rows - 1, 8192, 512)):
+        assert (cfg(*shape)["per_key"], cfg(*shape)["count_stride"]) == (False, 1)
+    for shape in ((rows, 262144, 512), (64, 65536, 1024)):
+        assert (cfg(*shape)["per_key"], cfg(*shape)["count_stride"]) == (True, topk_sampled.COUNT_STRIDE)
+    lean = topk_sampled.LEAN_MIN_ROWS
+    assert [cfg(b, 262144, 512)["lean"] for b in (1, rows, lean - 1, lean, 64)] == [False, False, False, True, True]
+    for shape in ((1, 262144, 512), (64, 262144, 512)):
         assert (cfg(*shape)["chunk"], cfg(*shape)["filter_stages"]) == (topk_sampled.CHUNK, 1)
-    for shape in ((rows + 1, 262144, 512), (64, 65536, 1024)):
-        assert (cfg(*shape)["chunk"], cfg(*shape)["filter_stages"]) == (topk_sampled.CHUNK_MANY_ROWS,
-                                                                        topk_sampled.STAGES_MANY_ROWS)
 
 
 def test_passes_stop_early_for_timing() -> None:

@@ -24,7 +24,12 @@ from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_
 
 GROUP = 128
 TILE = 16  # (row, group) pairs a program quantizes at once: 2048 elements, 16 a thread at 4 warps
-MAX_BLOCK_R = 16
+# Rows a tile holds at most. H200, T = 4096 (V4-Flash, top-6; sweep-moe-quant.json, -quant2.json): 4 rows x 4 groups
+# with the loads pipelined over 3 stages take the gather pass 71.9 -> 61.2 us and the SwiGLU pass 133.4 -> 97.2
+# against 16 x 1 in one stage (the best of 70 settings: 60.0 and 95.9). The SwiGLU pass is then bound by its
+# instructions (libdevice expf and an IEEE division an element, torch's roundings), not by bandwidth (0.62 of copy).
+MAX_BLOCK_R = 4
+DENSE_STAGES = 3  # the pipeline stages of tiles of several rows; a decode tile (one row) keeps one
 
 
 # sizes that change with T are not specialised on (K and the strides are: their divisibility vectorises accesses)
@@ -32,7 +37,7 @@ MAX_BLOCK_R = 16
 def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, layout_ptr, block_expert_ptr,
                        rows, num_routes, top_k, K, align, limit, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
                        GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr,
-                       LAYOUT: tl.constexpr, HW_FP8: tl.constexpr):
+                       LAYOUT: tl.constexpr, HW_FP8: tl.constexpr, STAGES: tl.constexpr):
     # pair i of the tile: row r0 + i // BLOCK_G, group g0 + i % BLOCK_G (a row's BLOCK_G pairs share its loads)
     i = tl.arange(0, BLOCK_R * BLOCK_G)
     r = tl.program_id(0) * BLOCK_R + i // BLOCK_G
@@ -53,7 +58,7 @@ def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf
     q_row = q_ptr + r.to(tl.int64) * K
     cols = tl.arange(0, 128)
     num_groups = K // 128
-    for g0 in range(0, num_groups, BLOCK_G):
+    for g0 in tl.range(0, num_groups, BLOCK_G, num_stages=STAGES):  # STAGES > 1: the next groups load meanwhile
         g = g0 + lane
         load = valid & (g < num_groups)
         c = (g * 128)[:, None] + cols[None, :]
@@ -81,18 +86,20 @@ def row_tile(num_rows: int, num_routes: int, k_dim: int, block: int = 128) -> tu
 
     Routes sit at the start of blocks of `block` rows (one expert's each, DeepGEMM's M alignment), so
     num_routes * block / num_rows estimates the routes a block starts with: that many rows a program (a power of
-    two, at most MAX_BLOCK_R) keeps programs busy without leaving most of their rows empty; the rest of the tile
-    goes to 128-groups of the same rows, so a decode row is quantized in K/128/BLOCK_G steps."""
+    two, at most MAX_BLOCK_R, or more when a row has too few groups to fill the tile) keeps programs busy without
+    leaving most of their rows empty; the rest of the tile goes to 128-groups of the same rows, so a decode row is
+    quantized in K/128/BLOCK_G steps."""
+    groups = triton.next_power_of_2(max(k_dim // GROUP, 1))
     dense = num_routes * block // max(num_rows, 1)
-    block_r = 1 << max(0, min(dense, MAX_BLOCK_R).bit_length() - 1)
-    block_g = min(TILE // block_r, triton.next_power_of_2(max(k_dim // GROUP, 1)))
-    return block_r, block_g
+    block_r = 1 << max(0, min(dense, max(MAX_BLOCK_R, TILE // groups)).bit_length() - 1)
+    return block_r, min(TILE // block_r, groups)
 
 
 def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_routes: int, top_k: int, k_dim: int,
                          *, gather: bool, swiglu_limit: float | None = None, pow2_scales: bool = False,
                          layout: torch.Tensor | None = None, block_expert: torch.Tensor | None = None,
-                         tile: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         tile: tuple[int, int] | None = None, warps: int = 4, stages: int | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (codes uint8 [rows, K] (view as float8_e4m3fn), scales fp32 [rows, K/128] with strides (1, rows)).
 
     rows = sorted_routes.numel() (a multiple of 4, so the MN-major scales are TMA-aligned); padding rows
@@ -100,7 +107,8 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
     as SM100's UE8M0 packing needs) written as zeros with scale 1. src: x [T, K] (gather) or GEMM1's output
     [rows, 2K]. block_expert int32 [rows / block] (AlignedRoutes'): gives row_tile the block; with layout int32
     [rows] (which needs it) also filled with each row's expert, -1 for padding rows (DeepGEMM's per-row
-    grouped_layout). tile: (BLOCK_R, BLOCK_G), else row_tile's."""
+    grouped_layout). tile: (BLOCK_R, BLOCK_G), else row_tile's; warps, stages: the launch's (stages > 1 pipelines
+    the loads of a row's 128-groups; default DENSE_STAGES for tiles of several rows, else 1)."""
     if k_dim % GROUP:
         raise ValueError(f"quantize_routed_rows: K={k_dim} is not a multiple of {GROUP}")
     rows = sorted_routes.numel()
@@ -119,10 +127,11 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
     if rows:
         limit, clamp = swiglu_limit_args(swiglu_limit)
         block_r, block_g = tile or row_tile(rows, num_routes, k_dim, align)
+        stages = stages or (DENSE_STAGES if block_r > 1 else 1)
         has_layout = layout is not None  # LAYOUT: the per-row layout store, off for psum (and SWIGLU) passes
         _quant_rows_kernel[(triton.cdiv(rows, block_r),)](
             src, src.stride(0), sorted_routes, q, sf, sf.stride(0), layout if has_layout else sorted_routes,
             block_expert if has_layout else sorted_routes, rows, num_routes, top_k, k_dim, align, limit,
             BLOCK_R=block_r, BLOCK_G=block_g, GATHER=gather, SWIGLU=swiglu_limit is not None, CLAMP=clamp,
-            POW2=pow2_scales, LAYOUT=has_layout, HW_FP8=hardware_fp8(src.device))
+            POW2=pow2_scales, LAYOUT=has_layout, HW_FP8=hardware_fp8(src.device), STAGES=stages, num_warps=warps)
     return q, sf.t()

@@ -6,7 +6,8 @@ case, and an exact fallback in the same launches for the rows where the estimate
      kernel), so that about twice k of the row's keys are >= t; t = 0 (every key) when r reaches the samples.
      It zeroes the row's candidate count;
   2. grid (B, cdiv(S, CHUNK)): every key >= t is appended to the row's candidate buffer [B, CAP] (one atomic
-     add a block of keys reserves its slots; keys past CAP are counted, not written);
+     add a block of keys reserves its slots, or from PER_KEY_MIN_ROWS rows one a selected key; keys past CAP are
+     counted, not written; from LEAN_MIN_ROWS rows only indices are written, the select pass reads their scores);
   3. grid (B, 1 + cdiv(S, FB_CHUNK)): program (b, 0): when the count c satisfies k <= c <= CAP, t is at or below
      the k-th largest key T (c keys are >= t), so the candidates are every key >= t and hold the k largest with
      all the ties at T: the row kernel's bisection and slot ranks over the candidate tile give the exact top-k,
@@ -22,10 +23,10 @@ Sampling fused into the filter (every filter program computing the threshold its
 measured slower at every shape on the H200 (23.5 against 22.2 us at 1 x 256K, 3x slower at 64 rows;
 tune-triton-topk-fused.json) and taken out, as was a radix select for pass 3 (tune-triton-topk-radix.json).
 Outputs: the contract's set; on the fast path keys above T first, then ties, each in candidate order (which blocks
-reserve their slots first varies from run to run, as in the radix kernel's collect pass); on the chunked fallback
-keys above T in index order, then the lowest-index ties (triton_row_topk's outputs bit for bit); rows with n <= k
-get 0..n-1 in order, then -1; a length past S selects among the S scores there are; a position whose page is past
-the table gets slot -1. Fixed grids, buffers sized from the shapes, no host sync: CUDA-graph safe."""
+reserve, or keys take, their slots first varies from run to run, as in the radix kernel's collect pass); on the
+chunked fallback keys above T in index order, then the lowest-index ties (triton_row_topk's outputs bit for bit);
+rows with n <= k get 0..n-1 in order, then -1; a length past S selects among the S scores there are; a position
+whose page is past the table gets slot -1. Fixed grids, buffers sized from the shapes, no host sync: CUDA-graph safe."""
 
 from __future__ import annotations
 
@@ -54,11 +55,21 @@ MARGIN = 8  # samples added to the target rank, so that a short tail still yield
 # 3.2 against 8.4 us for 4096 in four steps: more programs in flight; tune-triton-topk-sweep2.json)
 CHUNK = 1024
 BLOCK = 1024  # scores a filter step holds (one atomic reserves the slots of a step's candidates)
-# Calls of more than FEW_ROWS rows have programs enough: there a program filters 4096 scores in four steps with the
-# next step's scores loading while this step reserves its slots (2 stages). H200, tune-triton-topk-session7.json: at
-# 64 x 256K the filter pass 64.6 against 71.6 us (the call 95.6 against 102.2); at 8 rows equal (34.1, 34.0); at one
-# row slower (27.9 against 24.6: a quarter of the programs).
-CHUNK_MANY_ROWS, STAGES_MANY_ROWS = 4096, 2
+# From PER_KEY_MIN_ROWS rows, each key >= t takes its slot with an atomic of its own (no block sum and prefix sum,
+# which made the filter pass instruction-bound at ~1 TB/s), on row counts COUNT_STRIDE int32s apart: H200,
+# tune-triton-topk-perkey.json, at 4096 samples: 64 x 256K 86.9 -> 56.2 us (filter pass 63.7 -> 32.3), 16 rows
+# 38.5 -> 30.4; at 2048 samples 8 rows 26.6 -> 23.6; slower at 1-4 rows (18.2 -> 19.1 at one). The sixth session's
+# per-key filter, with the counts adjacent, was slower (+7 us at 64 x 256K). With it, a program filters one block of
+# 1024 (chunks of 2048 or 4096 a program, or 8 warps, were 1-4 us slower at 64 rows). Measured and taken out: blocks
+# of 128-512 keys that skip the atomics and stores when none of their keys is a candidate (one reduction a block):
+# slower at every shape (64 x 256K 59.0-63.9 against 56.5 us; tune-triton-topk-skip.json).
+PER_KEY_MIN_ROWS = 8
+COUNT_STRIDE = 32  # 128 bytes: one row count a cache line
+# From LEAN_MIN_ROWS rows the filter is lean (_filter_chunk): H200, tune-triton-topk-lean.json, per key at 4096
+# samples: 64 x 256K 56.5 -> 52.5 us (filter pass 32.4 -> 25.5; the select pass, reading the candidates' scores
+# again, 11.6 -> 14.7), 16 rows equal (30.6, 30.8), 8 rows 27.3 -> 28.2, one row (block slots) 17.3 -> 18.1. Between
+# 16 and 64 rows nothing was timed: 32 is the midpoint.
+LEAN_MIN_ROWS = 32
 
 
 @triton.jit
@@ -84,32 +95,57 @@ def _sample_threshold(scores_ptr, stride_s, row, n, K: tl.constexpr, NS: tl.cons
 
 
 @triton.jit
-def _filter_chunk(scores_ptr, stride_s, row, n, base, thr, count_ptr, ckey_ptr, cidx_ptr, CAP_: tl.constexpr,
-                  CHUNK_: tl.constexpr, BLOCK_: tl.constexpr, STAGES: tl.constexpr):
-    """Append every key >= thr of scores [base, base + CHUNK_) of the row to its candidates (one atomic a block
-    reserves the slots; past CAP_ they are counted, not written)."""
+def _filter_chunk(scores_ptr, stride_s, row, n, S, base, thr, count_ptr, ckey_ptr, cidx_ptr, CAP_: tl.constexpr,
+                  CHUNK_: tl.constexpr, BLOCK_: tl.constexpr, STAGES: tl.constexpr, PER_KEY: tl.constexpr,
+                  LEAN: tl.constexpr):
+    """Append every key >= thr of scores [base, base + CHUNK_) of the row to its candidates (past CAP_ they are
+    counted, not written). A block of keys reserves its slots with one atomic and ranks them with a prefix sum, or
+    (PER_KEY) each key >= thr takes its slot with an atomic of its own: no block-wide sum or scan, at ~0.4% of keys
+    selected (2k of 256K). LEAN: fewer instructions a key (the pass is bound by them): loads masked by the row
+    width S (vectorised when S is a multiple of 4; keys past the length are refused by the compare), the raw bits
+    compared as signed ints when thr is a non-negative float's key, and only the index stored (the select pass
+    reads the candidates' scores again)."""
     out = row.to(tl.int64) * CAP_
+    src = scores_ptr + row.to(tl.int64) * stride_s
+    t = thr.to(tl.int32, bitcast=True)
     # STAGES > 1: the next block's scores are loaded while this block's slots are reserved (a chunk of several)
     for start in tl.range(base, base + CHUNK_, BLOCK_, num_stages=STAGES):
         j = start + tl.arange(0, BLOCK_)
         m = j < n
-        key = _order_key(tl.load(scores_ptr + row.to(tl.int64) * stride_s + j, mask=m, other=0.0))
-        sel = (m & (key >= thr)).to(tl.int32)
-        cnt = tl.sum(sel, axis=0)
-        if cnt > 0:
-            first = tl.atomic_add(count_ptr + row, cnt, sem="relaxed")
-            slot = first + tl.cumsum(sel, axis=0) - sel
-            ok = (sel != 0) & (slot < CAP_)
-            tl.store(ckey_ptr + out + slot, key.to(tl.int32, bitcast=True), mask=ok)
+        if LEAN:
+            bits = tl.load(src + j, mask=j < S, other=0.0).to(tl.int32, bitcast=True)
+            if t < 0:  # thr >= 2^31: keys of floats with the sign bit clear, whose order is their bits' order
+                hit = m & (bits >= (t & 2147483647))
+            else:
+                hit = m & (_order_key(bits.to(tl.float32, bitcast=True)) >= thr)
+        else:
+            key = _order_key(tl.load(src + j, mask=m, other=0.0))
+            hit = m & (key >= thr)
+        if PER_KEY:
+            slot = tl.atomic_add(count_ptr + tl.zeros_like(j), 1, mask=hit, sem="relaxed")
+            ok = hit & (slot < CAP_)
+            if not LEAN:
+                tl.store(ckey_ptr + out + slot, key.to(tl.int32, bitcast=True), mask=ok)
             tl.store(cidx_ptr + out + slot, j, mask=ok)
+        else:
+            sel = hit.to(tl.int32)
+            cnt = tl.sum(sel, axis=0)
+            if cnt > 0:
+                first = tl.atomic_add(count_ptr, cnt, sem="relaxed")
+                slot = first + tl.cumsum(sel, axis=0) - sel
+                ok = (sel != 0) & (slot < CAP_)
+                if not LEAN:
+                    tl.store(ckey_ptr + out + slot, key.to(tl.int32, bitcast=True), mask=ok)
+                tl.store(cidx_ptr + out + slot, j, mask=ok)
 
 
 @triton.jit
 def _sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, arrive_ptr, S, K: tl.constexpr,
-                   NS: tl.constexpr, MARGIN_: tl.constexpr, RANGE: tl.constexpr, COARSE: tl.constexpr):
+                   NS: tl.constexpr, MARGIN_: tl.constexpr, RANGE: tl.constexpr, COARSE: tl.constexpr,
+                   COUNT_STRIDE: tl.constexpr):
     row = tl.program_id(0)
     n = tl.minimum(tl.load(len_ptr + row), S)  # a length past S (refused in checked mode) reads no further
-    tl.store(count_ptr + row, 0)
+    tl.store(count_ptr + row * COUNT_STRIDE, 0)
     tl.store(arrive_ptr + row, 0)
     thr = _sample_threshold(scores_ptr, stride_s, row, n, K, NS, MARGIN_, RANGE, COARSE)
     tl.store(thr_ptr + row, thr.to(tl.int32, bitcast=True))
@@ -117,14 +153,15 @@ def _sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, arrive_ptr
 
 @triton.jit
 def _filter_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, ckey_ptr, cidx_ptr, S, K: tl.constexpr,
-                   CAP_: tl.constexpr, CHUNK_: tl.constexpr, BLOCK_: tl.constexpr, STAGES: tl.constexpr):
+                   CAP_: tl.constexpr, CHUNK_: tl.constexpr, BLOCK_: tl.constexpr, STAGES: tl.constexpr,
+                   PER_KEY: tl.constexpr, COUNT_STRIDE: tl.constexpr, LEAN: tl.constexpr):
     row = tl.program_id(0)
     base = tl.program_id(1) * CHUNK_
     n = tl.minimum(tl.load(len_ptr + row), S)
     if (n > K) & (base < n):
         thr = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True)
-        _filter_chunk(scores_ptr, stride_s, row, n, base, thr, count_ptr, ckey_ptr, cidx_ptr, CAP_, CHUNK_, BLOCK_,
-                      STAGES)
+        _filter_chunk(scores_ptr, stride_s, row, n, S, base, thr, count_ptr + row * COUNT_STRIDE, ckey_ptr,
+                      cidx_ptr, CAP_, CHUNK_, BLOCK_, STAGES, PER_KEY, LEAN)
 
 
 @triton.jit
@@ -132,7 +169,7 @@ def _select_kernel(scores_ptr, stride_s, len_ptr, count_ptr, ckey_ptr, cidx_ptr,
                    arrive_ptr, flag_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, S, P, NCAND, NCHUNKS, K: tl.constexpr,
                    CAP_: tl.constexpr, FB_CHUNK: tl.constexpr, FB_CBLOCK: tl.constexpr, FB_NBLOCK: tl.constexpr,
                    PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr, RANGE: tl.constexpr, IN_LAUNCH: tl.constexpr,
-                   HAS_FLAGS: tl.constexpr):
+                   HAS_FLAGS: tl.constexpr, COUNT_STRIDE: tl.constexpr, LEAN: tl.constexpr):
     """Grid (B, 1 + NCHUNKS), or (B, 1) without IN_LAUNCH. Program (row, 0): the fast path (or n <= K), and the
     row's flag. Programs (row, c >= 1), for a row whose estimate missed only: chunk c - 1 of triton_chunked_topk's
     stage 1; the last of the row's chunks to arrive (an arrival count the sample pass zeroed) runs its stage 2."""
@@ -148,7 +185,7 @@ def _select_kernel(scores_ptr, stride_s, len_ptr, count_ptr, ckey_ptr, cidx_ptr,
             if HAS_FLAGS:
                 tl.store(flag_ptr + row, 0)
         else:
-            cnt = tl.load(count_ptr + row)
+            cnt = tl.load(count_ptr + row * COUNT_STRIDE)
             fast = (cnt >= K) & (cnt <= CAP_)
             if HAS_FLAGS:
                 tl.store(flag_ptr + row, tl.where(fast, 0, 1))
@@ -157,7 +194,11 @@ def _select_kernel(scores_ptr, stride_s, len_ptr, count_ptr, ckey_ptr, cidx_ptr,
                 m = q < cnt
                 cand = row.to(tl.int64) * CAP_ + q
                 idx = tl.load(cidx_ptr + cand, mask=m, other=-1)
-                key = tl.where(m, tl.load(ckey_ptr + cand, mask=m, other=0).to(tl.uint32, bitcast=True), 0)
+                if LEAN:  # the filter stored indices only: the candidates' scores again (from L2, mostly)
+                    x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + idx, mask=m, other=0.0)
+                    key = tl.where(m, _order_key(x), 0)
+                else:
+                    key = tl.where(m, tl.load(ckey_ptr + cand, mask=m, other=0).to(tl.uint32, bitcast=True), 0)
                 # m tells a real key 0 (an all-ones NaN) from an empty slot
                 if RANGE:
                     thr = _kth_key_in_range(key, m, K, 0, 0)
@@ -168,7 +209,7 @@ def _select_kernel(scores_ptr, stride_s, len_ptr, count_ptr, ckey_ptr, cidx_ptr,
                                 HAS_PT)
     elif IN_LAUNCH:
         if n > K:
-            cnt = tl.load(count_ptr + row)
+            cnt = tl.load(count_ptr + row * COUNT_STRIDE)
             if ((cnt < K) | (cnt > CAP_)) & ((c - 1) * FB_CHUNK < n):
                 chunk_candidates(scores_ptr, stride_s, row, n, c - 1, fkey_ptr, fidx_ptr, drop_ptr, NCAND, NCHUNKS,
                                  K, FB_CHUNK)
@@ -194,13 +235,14 @@ def default_config(rows: int, width: int, k: int) -> dict:
     against 18.0 on 4 warps, a forced fallback 48.5 against 80.8, whose merge tile spills on 4;
     tune-triton-topk-fallback.json)."""
     few = rows <= FEW_ROWS and 2 * k + MARGIN * width // NSAMPLE_FEW_ROWS <= CAP // 2
-    many = rows > FEW_ROWS
     ns = NSAMPLE_FEW_ROWS if few else NSAMPLE
     fb = fallback_chunk(width, k)
-    return {"nsample": ns, "cap": CAP, "margin": MARGIN,
-            "chunk": CHUNK_MANY_ROWS if many else CHUNK, "block": BLOCK, "range": True, "coarse": 0, "passes": 3,
-            "filter_stages": STAGES_MANY_ROWS if many else 1, "filter_warps": 4,
-            "sample_warps": tile_warps(ns), "select_warps": tile_warps(max(CAP, fb or 0)), "fallback_chunk": fb}
+    per_key = rows >= PER_KEY_MIN_ROWS
+    lean = rows >= LEAN_MIN_ROWS
+    return {"nsample": ns, "cap": CAP, "margin": MARGIN, "chunk": CHUNK, "block": BLOCK, "range": True, "coarse": 0,
+            "passes": 3, "per_key": per_key, "lean": lean, "count_stride": COUNT_STRIDE if per_key else 1,
+            "filter_stages": 1, "filter_warps": 4, "sample_warps": tile_warps(ns),
+            "select_warps": tile_warps(max(CAP, fb or 0)), "fallback_chunk": fb}
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
@@ -213,22 +255,26 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
     ns, cap, fb = cfg["nsample"], cfg["cap"], cfg["fallback_chunk"]
     assert cap >= k and all(v & (v - 1) == 0 for v in (ns, cap, cfg["block"], fb or 1)), "power-of-two tiles, cap >= k"
     dev = scores.device
-    ckey = torch.empty(b, cap, dtype=torch.int32, device=dev)
     cidx = torch.empty(b, cap, dtype=torch.int32, device=dev)
+    ckey = cidx if cfg["lean"] else torch.empty(b, cap, dtype=torch.int32, device=dev)  # lean: never written
     # "range": bisections from the keys' common high bits; "coarse" (with range): the sample threshold resolved to
     # that many bits below them only (an estimate needs no more); "passes" < 3 stops early (per-pass timing only:
     # the outputs are then incomplete; 3 is the whole op, the fallback included); "flags" (an int32 [B] tensor, tests
     # and tuning): the select pass writes 1 for the rows that fell back, else 0
     grid = (b, max(1, triton.cdiv(s, cfg["chunk"])))
     thr = torch.empty(b, dtype=torch.int32, device=dev)
-    count = torch.empty(b, dtype=torch.int32, device=dev)  # zeroed by the sample pass
+    # zeroed by the sample pass; "count_stride" int32s apart (the filter's atomics of different rows on different
+    # cache lines)
+    cs = cfg["count_stride"]
+    count = torch.empty(b * cs, dtype=torch.int32, device=dev)
     arrive = torch.empty(b, dtype=torch.int32, device=dev)  # the fallback's chunk arrivals, zeroed there too
     _sample_kernel[(b,)](scores, scores.stride(0), lengths, thr, count, arrive, s, K=k, NS=ns, MARGIN_=cfg["margin"],
-                         RANGE=cfg["range"], COARSE=cfg["coarse"], num_warps=cfg["sample_warps"])
+                         RANGE=cfg["range"], COARSE=cfg["coarse"], COUNT_STRIDE=cs, num_warps=cfg["sample_warps"])
     if cfg["passes"] >= 2:
         _filter_kernel[grid](
             scores, scores.stride(0), lengths, thr, count, ckey, cidx, s, K=k, CAP_=cap, CHUNK_=cfg["chunk"],
-            BLOCK_=cfg["block"], STAGES=cfg["filter_stages"], num_warps=cfg["filter_warps"])
+            BLOCK_=cfg["block"], STAGES=cfg["filter_stages"], PER_KEY=cfg["per_key"],
+            COUNT_STRIDE=cs, LEAN=cfg["lean"], num_warps=cfg["filter_warps"])
     if cfg["passes"] < 3:
         return raw, pages
     pt = page_table if page_table is not None else raw
@@ -243,7 +289,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
         pt.shape[1], fbuf.ncand, fbuf.nchunks, K=k, CAP_=cap, FB_CHUNK=fb or 1, FB_CBLOCK=fbuf.cblock,
         FB_NBLOCK=fbuf.nblock, PAGE_SHIFT=page_size.bit_length() - 1,
         HAS_PT=page_table is not None, RANGE=cfg["range"], IN_LAUNCH=fb is not None, HAS_FLAGS=flags is not None,
-        num_warps=cfg["select_warps"])
+        COUNT_STRIDE=cs, LEAN=cfg["lean"], num_warps=cfg["select_warps"])
     if fb is None:  # rows wider than the chunked kernel holds: the flagged ones through the radix kernel (a shape)
         topk.launch(scores, lengths, k, raw, pages, page_table, page_size, gate=flags)
     return raw, pages

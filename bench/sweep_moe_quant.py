@@ -39,7 +39,8 @@ def settings(grid: str) -> list[dict]:
 
 
 def call_rows(t: int, gen: torch.Generator) -> list[dict]:
-    """The FP8 psum call at T tokens: whole, its launches alone, and with other expected_m values."""
+    """The FP8 psum call at T tokens: whole, its launches alone, and with other expected_m values. The launches are
+    grouped_fp8_moe's steps called one by one (that function runs them in one go), so each can be timed alone."""
     import deep_gemm
 
     import dsv4hal

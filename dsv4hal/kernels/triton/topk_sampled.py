@@ -54,7 +54,7 @@ MARGIN = 8  # samples added to the target rank, so that a short tail still yield
 # scores a filter program reads, in one step: 1024 gave the fastest filter pass of 512-4096 on the H200 (at 1 x 256K
 # 3.2 against 8.4 us for 4096 in four steps: more programs in flight; tune-triton-topk-sweep2.json)
 CHUNK = 1024
-BLOCK = 1024  # scores a filter step holds (one atomic reserves the slots of a step's candidates)
+BLOCK = 1024  # scores a filter step holds (with block slots, one atomic reserves those of its candidates)
 # From PER_KEY_MIN_ROWS rows, each key >= t takes its slot with an atomic of its own (no block sum and prefix sum,
 # which made the filter pass instruction-bound at ~1 TB/s), on row counts COUNT_STRIDE int32s apart: H200,
 # tune-triton-topk-perkey.json, at 4096 samples: 64 x 256K 86.9 -> 56.2 us (filter pass 63.7 -> 32.3), 16 rows

@@ -202,6 +202,21 @@ def test_lean_filter_with_negative_and_mixed_thresholds(per_key: bool) -> None:
     assert flags[0] == 0 and flags[2] == 0 and flags[3] == 0
 
 
+def test_many_rows_take_the_default_lean_per_key_filter() -> None:
+    """A call of LEAN_MIN_ROWS rows runs the defaults for many rows (per-key slots, lean filter) end to end: the
+    contract on rows of every kind _batch makes (ties, all equal, +-inf, lengths 0 to past S), with a page table."""
+    gen = torch.Generator().manual_seed(21)
+    s, k = 16400, 512
+    rows = topk_sampled.LEAN_MIN_ROWS
+    cfg = topk_sampled.default_config(rows, s, k)
+    assert cfg["lean"] and cfg["per_key"]
+    parts = [_batch(s, k, gen) for _ in range(-(-rows // 8))]
+    scores = torch.cat([p[0] for p in parts])[:rows]
+    lengths = torch.cat([p[1] for p in parts])[:rows]
+    pt = _table(rows, s, gen)
+    check_rows(_run(scores, lengths, k, pt), scores, lengths, pt, k)
+
+
 @pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[s.name for s, _ in CATALOG])
 def test_conformance_catalog(spec, build) -> None:  # noqa: ANN001
     assert_cell_passes(forced_platform(NAME), spec, build, NAME)

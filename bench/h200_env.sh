@@ -37,6 +37,18 @@ tune_topk() {  # TIMEOUT NAME: bench/tune_triton.py --ops topk into $R/NAME.json
   timeout "$limit" python3 bench/tune_triton.py --json "$R/$name.json" --ops topk > "/tmp/$name.log" 2>&1
   echo "rc=$?"; topk_rows "$R/$name.json"; grep -E "Error|error" "/tmp/$name.log" | tail -5
 }
+bench_op() {  # TIMEOUT NAME: dsv4hal bench NAME into $R/bench-NAME.json/png, the log's tail
+  local limit=$1 name=$2
+  timeout "$limit" $D bench "$name" --json "$R/bench-$name.json" --plot "$R/bench-$name.png" \
+    > "/tmp/bench-$name.log" 2>&1
+  echo "rc=$?"; grep -v Warning "/tmp/bench-$name.log" | tail -16 | cut -c1-300
+}
+conform() {  # TIMEOUT NAME OPS [ARGS...]: dsv4hal conformance --ops OPS into $R/NAME.json (eager and graph), its tail
+  local limit=$1 name=$2 ops=$3
+  shift 3
+  timeout "$limit" $D conformance --ops "$ops" --quiet --json "$R/$name.json" "$@" > "/tmp/$name.log" 2>&1
+  echo "rc=$?"; tail -3 "/tmp/$name.log" | cut -c1-300
+}
 gpu_tests() {  # TIMEOUT NAME FILES...: pytest on the GPU, the log in /tmp/pytest-NAME.log, its summary here
   local limit=$1 name=$2
   shift 2

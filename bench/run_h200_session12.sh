@@ -53,21 +53,17 @@ if [[ $part == three ]]; then
     timeout 120 python3 bench/sweep_moe_quant.py --json "$R/sweep-moe-fp8-call.json" --call-only > /tmp/call.log 2>&1
     echo "rc=$?"; grep -v Warn /tmp/call.log | cut -c1-200 | tail -20
     stamp "top-k: the bound op (dsv4hal bench topk)"
-    timeout 90 $D bench topk --json "$R/bench-topk.json" --plot "$R/bench-topk.png" > /tmp/bench-topk.log 2>&1
-    echo "rc=$?"; grep -v Warning /tmp/bench-topk.log | tail -16 | cut -c1-300
+    bench_op 90 topk
     stamp "conformance: indexer_topk (eager and graph)"
-    timeout 130 $D conformance --ops indexer_topk --quiet --json "$R/conformance-cuda_sm90-topk-perkey.json" \
-      > /tmp/conf-topk.log 2>&1
-    echo "rc=$?"; tail -3 /tmp/conf-topk.log | cut -c1-300
+    conform 130 conformance-cuda_sm90-topk-perkey indexer_topk
   } 2>&1 | tee "$R/log-three12.txt"
 fi
 if [[ $part == four ]]; then
   {
     stamp "conformance: moe_experts through DeepGEMM's FP8 psum and per-row layouts (forced), eager and graph"
     for impl in deepgemm_fp8_psum_sm90 deepgemm_fp8_sm90; do
-      DSV4HAL_KERNELS=moe_experts=$impl timeout 110 $D conformance --platform cuda_sm90 --ops moe_experts \
-        --json "$R/conformance-cuda_sm90-moe-$impl.json" --quiet > /tmp/conf-moe.log 2>&1
-      echo "$impl rc=$?"; tail -2 /tmp/conf-moe.log | cut -c1-300
+      echo "$impl"; DSV4HAL_KERNELS=moe_experts=$impl conform 110 conformance-cuda_sm90-moe-$impl moe_experts \
+        --platform cuda_sm90
     done
     stamp "FP8 MoE at T = 4096: the call with the former and the current quantizer tiles, its launches alone"
     timeout 120 python3 bench/sweep_moe_quant.py --json "$R/sweep-moe-fp8-call.json" --call-only > /tmp/call.log 2>&1

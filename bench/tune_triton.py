@@ -65,11 +65,19 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
 # the width, so vectorised; raw bits compared as signed ints for a non-negative threshold; indices stored only, the
 # select pass reading the candidates' scores again), against the same filter without it, in both slot modes: 64 x
 # 256K 56.5 -> 52.5 us (filter 32.4 -> 25.5, select 11.6 -> 14.7), 16 rows equal, 1-8 rows ~1 us slower: the default
-# from topk_sampled.LEAN_MIN_ROWS rows.
-TOPK_CONFIGS = [dict(nsample=2048, range=True, coarse=0, count_stride=1, per_key=False, chunk=1024, block=1024,
-                     filter_stages=1, filter_warps=4, lean=lean) for lean in (False, True)]
-TOPK_CONFIGS += [dict(range=True, coarse=0, count_stride=32, per_key=True, nsample=ns, chunk=1024, block=1024,
-                      filter_stages=1, filter_warps=4, lean=lean) for ns in (2048, 4096) for lean in (False, True)]
+# from topk_sampled.LEAN_MIN_ROWS rows. Fifth (tune-triton-topk-bits.json, the twelfth session), variants of each
+# shape's defaults, taken out again: the k-th key searches resolving two bits a block reduction (three trials counted
+# in one int64 sum: 0.5-1 us slower for the sampled top-k at every shape, 10-20% slower for the row kernel), and the
+# lean filter storing the scores' bits beside their indices so that the select pass reads them in order (equal at
+# 1-16 rows, 51.6 -> 56.4 us at 64 x 256K). Sixth (tune-triton-topk-fbp.json), against the new default (the sample
+# positions by a shift, not a 64-bit division: 51.3 -> 48.4 us at 64 x 256K, 17.8 -> 16.5 at one row): the select
+# launch's exact fallback with its chunks shared by fewer programs a row (one, or four: the fast path unchanged,
+# 48.3-48.5 us; every row forced onto the fallback 328.6 -> 534.8 us with one), taken out. Seventh
+# (tune-triton-topk-half.json): the select pass's fast path on a tile of half the size for rows with at most CAP / 2
+# candidates (half_tile), and the filter's chunk of several blocks with its loads pipelined.
+TOPK_VARIANTS: dict[str, dict] = {"default": {}, "half": {"half_tile": True},
+                                  "chunk2048-st2": {"chunk": 2048, "filter_stages": 2},
+                                  "chunk4096-st3": {"chunk": 4096, "filter_stages": 3}}
 # the row kernel (static for rows up to 16384: the demo's 64 x 8192): warps
 ROW_CONFIGS = [dict(num_warps=w) for w in (4, 8, 16)]
 ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512)]
@@ -205,11 +213,8 @@ def main() -> None:
             c = (scores >= t).sum(1)
             row.setdefault("estimate", {})[f"ns{ns}"] = {"c_min": int(c.min()), "c_max": int(c.max()), "misses": int(
                 ((c < k) | (c > topk_sampled.CAP)).sum())}
-        for c in TOPK_CONFIGS:
-            name = "ns{nsample}-chunk{chunk}-st{filter_stages}".format(**c)
-            if "count_stride" in c:
-                name += "-b{block}-fw{filter_warps}-cs{count_stride}".format(**c) + ("-perkey" if c["per_key"] else "")
-            name += "-lean" if c.get("lean") else ""
+        for name, variant in TOPK_VARIANTS.items():
+            c = {**topk_sampled.default_config(b, n, k), **variant}
             if _time_topk(row, name, ref, lambda c=c, s=scores, ln=lengths, k=k, t=table:
                           topk_sampled.indexer_topk(s, ln, k, t, config=c)):
                 row.setdefault("us_passes", {})[name] = [  # cumulative: sample, +filter, +select (the fallback inside)

@@ -93,6 +93,23 @@ def test_every_row_forced_onto_the_fallback(s: int, k: int, paged: bool, chunk: 
         assert torch.equal(got[1].cpu(), page_transform(got[0].cpu(), pt, 64))
 
 
+@pytest.mark.parametrize("lean", [False, True])
+def test_half_tile_select(lean: bool) -> None:
+    """half_tile: rows with at most CAP / 2 candidates select over a tile of half the size, the others over the whole
+    tile: the contract either way, the same rows fall back."""
+    gen = torch.Generator().manual_seed(23)
+    s, k = 20000, 256
+    scores, lengths = _batch(s, k, gen)
+    pt = _table(scores.shape[0], s, gen)
+    # no margin: ~2k = 512 candidates a row, half the tile's 1024 (rows 0, 6 and 7 have 456, 578 and 586)
+    cfg = {"lean": lean, "cap": 1024, "nsample": 1024, "margin": 0}
+    assert topk_sampled.default_config(64, s, k)["half_tile"]
+    (got, pages), flags = _run_flagged(scores, lengths, k, pt, config={**cfg, "half_tile": True})
+    _, want_flags = _run_flagged(scores, lengths, k, pt, config={**cfg, "half_tile": False})
+    assert flags == want_flags
+    check_rows((got, pages), scores, lengths, pt, k)
+
+
 def test_spread_scores_take_the_fast_path_only() -> None:
     gen = torch.Generator().manual_seed(11)
     s, k = 100000, 512

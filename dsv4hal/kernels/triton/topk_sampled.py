@@ -8,17 +8,17 @@ case, and an exact fallback in the same launches for the rows where the estimate
   2. grid (B, cdiv(S, CHUNK)): every key >= t is appended to the row's candidate buffer [B, CAP] (one atomic
      add a block of keys reserves its slots, or from PER_KEY_MIN_ROWS rows one a selected key; keys past CAP are
      counted, not written; from LEAN_MIN_ROWS rows only indices are written, the select pass reads their scores);
-  3. grid (B, 1 + cdiv(S, FB_CHUNK)): program (b, 0): when the count c satisfies k <= c <= CAP, t is at or below
-     the k-th largest key T (c keys are >= t), so the candidates are every key >= t and hold the k largest with
-     all the ties at T: the row kernel's bisection and slot ranks over the candidate tile give the exact top-k,
-     written with the page transform. Otherwise (an estimate that missed: heavy ties, an adversarial order) the
-     row's other programs (b, 1..) run triton_chunked_topk on it in the same launch: each chunk's exact top-k to
-     a candidate buffer, and the last chunk to arrive (an atomic count that pass 1 zeroed, acquire-release)
-     merges them (its stage 2). For the rows that need none, those programs read two words and exit: the
-     fallback costs no launch (it used to be two launches after this one, gated on the device: ~2.3 us of every
-     call at 1 x 256K on the H200, flagged row or not) and, for a flagged row, about what it did.
-     Rows wider than the chunked kernel holds (fallback_chunk None) are flagged instead, and the radix kernel's
-     launches, gated on the flags, follow.
+  3. grid (B, 1 + cdiv(S, FB_CHUNK)): program (b, 0): when the count c satisfies k <= c <= CAP, t is at or below the
+     k-th largest key T (c keys are >= t), so the candidates are every key >= t and hold the k largest with all the ties
+     at T: the row kernel's bisection and slot ranks over the candidate tile (half of it when c fits there: half_tile)
+     give the exact top-k, written with the page transform. Otherwise (an estimate that missed: heavy ties, an
+     adversarial order) the row's other programs (b, 1..) run triton_chunked_topk on it in the same launch: each chunk's
+     exact top-k to a candidate buffer, and the last chunk to arrive (an atomic count that pass 1 zeroed,
+     acquire-release) merges them (its stage 2). For the rows that need none, those programs read two words and exit:
+     the fallback costs no launch (it used to be two launches after this one, gated on the device: ~2.3 us of every call
+     at 1 x 256K on the H200, flagged row or not) and, for a flagged row, about what it did. Rows wider than the chunked
+     kernel holds (fallback_chunk None) are flagged instead, and the radix kernel's launches, gated on the flags,
+     follow.
 Sampling fused into the filter (every filter program computing the threshold itself: one launch less) was
 measured slower at every shape on the H200 (23.5 against 22.2 us at 1 x 256K, 3x slower at 64 rows;
 tune-triton-topk-fused.json) and taken out, as was a radix select for pass 3 (tune-triton-topk-radix.json).
@@ -70,6 +70,9 @@ COUNT_STRIDE = 32  # 128 bytes: one row count a cache line
 # again, 11.6 -> 14.7), 16 rows equal (30.6, 30.8), 8 rows 27.3 -> 28.2, one row (block slots) 17.3 -> 18.1. Between
 # 16 and 64 rows nothing was timed: 32 is the midpoint.
 LEAN_MIN_ROWS = 32
+# The select pass takes a tile of CAP / 2 for rows with at most that many candidates (the common case: ~2k + MARGIN
+# samples' worth), the whole tile otherwise (half_tile; H200, tune-triton-topk-half.json, in one run: 64 x 256K 47.9 ->
+# 46.5 us, 16 rows 26.1 -> 24.0, 8 rows 22.5 -> 21.2, one row and 64 x 64K at k = 1024 unchanged)
 
 
 @triton.jit
@@ -82,7 +85,9 @@ def _sample_threshold(scores_ptr, stride_s, row, n, K: tl.constexpr, NS: tl.cons
         i = tl.arange(0, NS)
         nv = tl.minimum(n, NS)
         m = i < nv
-        pos = (i.to(tl.int64) * n) // nv  # distinct, evenly spaced in [0, n)
+        # distinct, evenly spaced in [0, n): i * n // nv, with nv either NS (a power of two: a shift, where a 64-bit
+        # division by nv cost ~3 us of the pass at 64 x 256K on the H200, tune-triton-topk-fbp.json) or n (then i)
+        pos = tl.where(n >= NS, (i.to(tl.int64) * n) // NS, i.to(tl.int64))
         x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + pos, mask=m, other=0.0)
         key = tl.where(m, _order_key(x), 0)  # unsampled slots get key 0: never counted by the bisection
         r = (2 * K * nv + n - 1) // n + MARGIN_
@@ -165,11 +170,36 @@ def _filter_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, count_ptr, ckey_ptr, 
 
 
 @triton.jit
+def _select_fast(scores_ptr, stride_s, ckey_ptr, cidx_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, cnt,
+                 K: tl.constexpr, CAP_: tl.constexpr, TILE: tl.constexpr, PAGE_SHIFT: tl.constexpr,
+                 HAS_PT: tl.constexpr, RANGE: tl.constexpr, LEAN: tl.constexpr):
+    """The fast path of a row whose cnt (k <= cnt <= TILE) candidates hold its top-k: the k-th key's bisection and the
+    slot ranks over a tile of TILE candidates (rows of CAP_ in the buffers), written with the page transform."""
+    q = tl.arange(0, TILE)
+    m = q < cnt
+    cand = row.to(tl.int64) * CAP_ + q
+    idx = tl.load(cidx_ptr + cand, mask=m, other=-1)
+    if LEAN:  # the filter stored indices only: the candidates' scores again (from L2, mostly)
+        x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + idx, mask=m, other=0.0)
+        key = tl.where(m, _order_key(x), 0)
+    else:
+        key = tl.where(m, tl.load(ckey_ptr + cand, mask=m, other=0).to(tl.uint32, bitcast=True), 0)
+    # m tells a real key 0 (an all-ones NaN) from an empty slot
+    if RANGE:
+        thr = _kth_key_in_range(key, m, K, 0, 0)
+    else:
+        thr = _kth_key(key, K, 0)
+    ok, pos = _select_slots(key, m, thr, K)
+    _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT, HAS_PT)
+
+
+@triton.jit
 def _select_kernel(scores_ptr, stride_s, len_ptr, count_ptr, ckey_ptr, cidx_ptr, fkey_ptr, fidx_ptr, drop_ptr,
                    arrive_ptr, flag_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, S, P, NCAND, NCHUNKS, K: tl.constexpr,
                    CAP_: tl.constexpr, FB_CHUNK: tl.constexpr, FB_CBLOCK: tl.constexpr, FB_NBLOCK: tl.constexpr,
                    PAGE_SHIFT: tl.constexpr, HAS_PT: tl.constexpr, RANGE: tl.constexpr, IN_LAUNCH: tl.constexpr,
-                   HAS_FLAGS: tl.constexpr, COUNT_STRIDE: tl.constexpr, LEAN: tl.constexpr):
+                   HAS_FLAGS: tl.constexpr, COUNT_STRIDE: tl.constexpr, LEAN: tl.constexpr,
+                   HALF_TILE: tl.constexpr):
     """Grid (B, 1 + NCHUNKS), or (B, 1) without IN_LAUNCH. Program (row, 0): the fast path (or n <= K), and the
     row's flag. Programs (row, c >= 1), for a row whose estimate missed only: chunk c - 1 of triton_chunked_topk's
     stage 1; the last of the row's chunks to arrive (an arrival count the sample pass zeroed) runs its stage 2."""
@@ -190,23 +220,16 @@ def _select_kernel(scores_ptr, stride_s, len_ptr, count_ptr, ckey_ptr, cidx_ptr,
             if HAS_FLAGS:
                 tl.store(flag_ptr + row, tl.where(fast, 0, 1))
             if fast:
-                q = tl.arange(0, CAP_)
-                m = q < cnt
-                cand = row.to(tl.int64) * CAP_ + q
-                idx = tl.load(cidx_ptr + cand, mask=m, other=-1)
-                if LEAN:  # the filter stored indices only: the candidates' scores again (from L2, mostly)
-                    x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + idx, mask=m, other=0.0)
-                    key = tl.where(m, _order_key(x), 0)
+                if HALF_TILE:  # a row with at most half the tile's candidates (most: ~2k + MARGIN samples' worth)
+                    if cnt <= CAP_ // 2:
+                        _select_fast(scores_ptr, stride_s, ckey_ptr, cidx_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt,
+                                     row, out_row, P, cnt, K, CAP_, CAP_ // 2, PAGE_SHIFT, HAS_PT, RANGE, LEAN)
+                    else:
+                        _select_fast(scores_ptr, stride_s, ckey_ptr, cidx_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt,
+                                     row, out_row, P, cnt, K, CAP_, CAP_, PAGE_SHIFT, HAS_PT, RANGE, LEAN)
                 else:
-                    key = tl.where(m, tl.load(ckey_ptr + cand, mask=m, other=0).to(tl.uint32, bitcast=True), 0)
-                # m tells a real key 0 (an all-ones NaN) from an empty slot
-                if RANGE:
-                    thr = _kth_key_in_range(key, m, K, 0, 0)
-                else:
-                    thr = _kth_key(key, K, 0)
-                ok, pos = _select_slots(key, m, thr, K)
-                _store_selected(raw_ptr, page_ptr, pt_ptr, stride_pt, row, out_row, P, pos, idx, ok, PAGE_SHIFT,
-                                HAS_PT)
+                    _select_fast(scores_ptr, stride_s, ckey_ptr, cidx_ptr, raw_ptr, page_ptr, pt_ptr, stride_pt, row,
+                                 out_row, P, cnt, K, CAP_, CAP_, PAGE_SHIFT, HAS_PT, RANGE, LEAN)
     elif IN_LAUNCH:
         if n > K:
             cnt = tl.load(count_ptr + row * COUNT_STRIDE)
@@ -241,6 +264,7 @@ def default_config(rows: int, width: int, k: int) -> dict:
     lean = rows >= LEAN_MIN_ROWS
     return {"nsample": ns, "cap": CAP, "margin": MARGIN, "chunk": CHUNK, "block": BLOCK, "range": True, "coarse": 0,
             "passes": 3, "per_key": per_key, "lean": lean, "count_stride": COUNT_STRIDE if per_key else 1,
+            "half_tile": True,
             "filter_stages": 1, "filter_warps": 4, "sample_warps": tile_warps(ns),
             "select_warps": tile_warps(max(CAP, fb or 0)), "fallback_chunk": fb}
 
@@ -289,7 +313,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
         pt.shape[1], fbuf.ncand, fbuf.nchunks, K=k, CAP_=cap, FB_CHUNK=fb or 1, FB_CBLOCK=fbuf.cblock,
         FB_NBLOCK=fbuf.nblock, PAGE_SHIFT=page_size.bit_length() - 1,
         HAS_PT=page_table is not None, RANGE=cfg["range"], IN_LAUNCH=fb is not None, HAS_FLAGS=flags is not None,
-        COUNT_STRIDE=cs, LEAN=cfg["lean"], num_warps=cfg["select_warps"])
+        COUNT_STRIDE=cs, LEAN=cfg["lean"], HALF_TILE=cfg["half_tile"], num_warps=cfg["select_warps"])
     if fb is None:  # rows wider than the chunked kernel holds: the flagged ones through the radix kernel (a shape)
         topk.launch(scores, lengths, k, raw, pages, page_table, page_size, gate=flags)
     return raw, pages

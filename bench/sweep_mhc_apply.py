@@ -1,5 +1,6 @@
 """Sweep the launch of mHC's apply kernel (gates, Sinkhorn, weighted sum) on the GPU: warps and d block, at the
-DeepGEMM split-K partials the cuda_sm90 binding hands it, V4-Flash d = 4096. Each variant's outputs are checked
+DeepGEMM split-K partials the cuda_sm90 binding hands it, V4-Flash d = 4096; post and the Sinkhorn in d block 0 or
+in a program of their own. Each variant's outputs are checked
 against the current launch's; times are CUDA-graph medians, side by side in one run. The apply launch alone, and the
 whole bound mhc_pre (DeepGEMM GEMM + apply) at the current and the best launch.
 
@@ -22,6 +23,9 @@ D = 4096
 TOKENS = (1, 8, 64, 512)
 WARPS = (1, 2, 4, 8)
 BLOCKS = (128, 256, 512, 1024)
+# post and the Sinkhorn in d block 0's program, or in one of their own (comb_apart: no y waits for the Sinkhorn)
+CONFIGS = [{"num_warps": w, "block_d": bd, "comb_apart": apart} for w in WARPS for bd in BLOCKS
+           for apart in (False, True)]
 
 
 def _inputs(t: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -52,22 +56,20 @@ def _sweep(t: int, g: torch.Generator, rows: list[dict]) -> None:
     ref = tmhc.mhc_pre_from_partials(x, mix, sq, base, scale)
     y_ulp = float(ref[0].float().abs().max()) * 2.0 ** -7
     best = None
-    for w in WARPS:
-        for bd in BLOCKS:
-            cfg = {"num_warps": w, "block_d": bd}
-            for iters in (20, 1) if cfg == current else (20,):
-                out = tmhc.mhc_pre_from_partials(x, mix, sq, base, scale, sinkhorn_iters=iters, config=cfg)
-                err = [float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref, strict=True)]
-                us = graph_us(lambda c=cfg, i=iters: tmhc.mhc_pre_from_partials(x, mix, sq, base, scale,
-                                                                               sinkhorn_iters=i, config=c))
-                row = {"tokens": t, "splits": mix.shape[0], **cfg, "iters": iters, "apply_us": us,
-                       "max_abs_diff_vs_current": max(err), "y_diff_in_ulps": err[0] / y_ulp,
-                       "post_comb_diff": max(err[1:]), "current": cfg == current}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                agrees = err[0] <= y_ulp and max(err[1:]) <= 1e-4
-                if iters == 20 and agrees and (best is None or us < best[1]):
-                    best = (cfg, us)
+    for cfg in CONFIGS:
+        for iters in (20, 1) if cfg == current else (20,):
+            out = tmhc.mhc_pre_from_partials(x, mix, sq, base, scale, sinkhorn_iters=iters, config=cfg)
+            err = [float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref, strict=True)]
+            us = graph_us(lambda c=cfg, i=iters: tmhc.mhc_pre_from_partials(x, mix, sq, base, scale,
+                                                                           sinkhorn_iters=i, config=c))
+            row = {"tokens": t, "splits": mix.shape[0], **cfg, "iters": iters, "apply_us": us,
+                   "max_abs_diff_vs_current": max(err), "y_diff_in_ulps": err[0] / y_ulp,
+                   "post_comb_diff": max(err[1:]), "current": cfg == current}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            agrees = err[0] <= y_ulp and max(err[1:]) <= 1e-4
+            if iters == 20 and agrees and (best is None or us < best[1]):
+                best = (cfg, us)
     assert best is not None
     for label, cfg in (("current", current), ("best", best[0])):
         op_us = graph_us(lambda c=cfg: tmhc.mhc_pre_from_partials(x, *_partials(x, fn), base, scale, config=c))

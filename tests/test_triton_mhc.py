@@ -109,6 +109,24 @@ def test_pre_post_pre_and_head_match_reference(ops, t: int, iters: int, wide: bo
     _close_bf16(ops.mhc_head(x, hfn, hbase, hscale), ref.mhc_head(x, hfn, hbase, hscale))
 
 
+@pytest.mark.parametrize("t", [1, 5])
+def test_comb_in_a_program_of_its_own_gives_the_same_outputs(t: int) -> None:
+    """The apply launch with post and the Sinkhorn in a program of their own after the d blocks (comb_apart) writes
+    what the launch with them in d block 0 writes, bit for bit, for several d blocks and a masked tail."""
+    from dsv4hal.kernels.triton import mhc as tmhc
+
+    d = 96
+    x = _stream(t, d, 8, wide=True)
+    fn, base, scale = _gates(24, 3, d, 9, spread=4.0)
+    mix, sq = tmhc.prenorm_partials(x, fn)
+    outs = [tmhc.mhc_pre_from_partials(x, mix, sq, base, scale, config={"block_d": 32, "comb_apart": apart})
+            for apart in (False, True)]
+    for a, b in zip(*outs, strict=True):
+        assert bool(torch.isfinite(a.float()).all()) and torch.equal(a, b)
+    want = ref.mhc_pre(x, fn, base, scale)
+    _close_bf16(outs[1][0], want[0])
+
+
 def test_zero_token_strided_input_and_empty_batch(ops) -> None:  # noqa: ANN001
     """An all-zero token at the default eps gives y = 0 and base-only gates (no NaN); a strided stream view is
     read by its strides; T = 0 returns empty outputs without a launch."""

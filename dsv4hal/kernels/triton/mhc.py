@@ -26,6 +26,8 @@ import triton.language as tl
 
 HC = 4
 MIX = 24
+# the apply launch's post and Sinkhorn in a program of their own up to this many tokens (apply_config)
+COMB_APART_MAX_T = 64
 
 
 @functools.lru_cache(maxsize=8)
@@ -184,9 +186,10 @@ def _comb_tile(mix_ws, row, smask, r, s2, base_ptr, hc_eps, iters):
 @triton.jit
 def _apply_kernel(x_ptr, mix_ws, sq_ws, base_ptr, scale_ptr, y_ptr, post_ptr, comb_ptr, T, D, S, rms_eps, hc_eps,
                   iters, NPAD: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
-                  INTERPRET: tl.constexpr):
+                  COMB_APART: tl.constexpr, INTERPRET: tl.constexpr):
     """One token, one block of d: gates from the reduced partials, y = sum_i pre_i x_i; post and the Sinkhorn
-    of comb once per token (d block 0)."""
+    of comb once per token: by d block 0 before its y, or (COMB_APART) by a program of its own after the d
+    blocks, so that no y waits for the Sinkhorn's dependent chain."""
     t = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
     s = tl.arange(0, S_BLOCK)
@@ -197,19 +200,24 @@ def _apply_kernel(x_ptr, mix_ws, sq_ws, base_ptr, scale_ptr, y_ptr, post_ptr, co
     r = 1.0 / tl.sqrt(sq / (4 * D) + rms_eps)
     m_pre = tl.sum(tl.load(mix_ws + row[:, None] + i4[None, :], mask=smask[:, None], other=0.0), axis=0) * r
     pre = tl.sigmoid(m_pre * tl.load(scale_ptr) + tl.load(base_ptr + i4)) + hc_eps
+    if COMB_APART:
+        comb_here = pid_d == tl.num_programs(1) - 1
+    else:
+        comb_here = pid_d == 0
     if not HEAD:
-        if pid_d == 0:
+        if comb_here:
             m_post = tl.sum(tl.load(mix_ws + row[:, None] + 4 + i4[None, :], mask=smask[:, None], other=0.0),
                             axis=0) * r
             post = 2.0 * tl.sigmoid(m_post * tl.load(scale_ptr + 1) + tl.load(base_ptr + 4 + i4))
             tl.store(post_ptr + t * 4 + i4, post)
             c = _comb_tile(mix_ws, row, smask, r, tl.load(scale_ptr + 2), base_ptr, hc_eps, iters)
             tl.store(comb_ptr + t * 16 + i4[:, None] * 4 + i4[None, :], c)
-    d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    dmask = d < D
-    x = tl.load(x_ptr + t * 4 * D + i4[:, None] * D + d[None, :], mask=dmask[None, :], other=0.0).to(tl.float32)
-    y = tl.sum(pre[:, None] * x, axis=0)
-    tl.store(y_ptr + t * D + d, _to_bf16(y, INTERPRET), mask=dmask)
+    if not (COMB_APART and comb_here and not HEAD):
+        d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+        dmask = d < D
+        x = tl.load(x_ptr + t * 4 * D + i4[:, None] * D + d[None, :], mask=dmask[None, :], other=0.0)
+        y = tl.sum(pre[:, None] * x.to(tl.float32), axis=0)
+        tl.store(y_ptr + t * D + d, _to_bf16(y, INTERPRET), mask=dmask)
 
 
 @triton.jit
@@ -330,8 +338,12 @@ def apply_config(t: int, d: int) -> dict[str, int]:
     y: the sum over the four streams is ordered otherwise). The Sinkhorn is ~1.9 us of the launch (20 iterations
     against 1, profile-mhc-phases.json); measured and not kept (the tenth session, sweep-mhc-apply-sinkhorn.json):
     the approximate division, 16 scalars with no reduction in the loop, both: within +-0.5 us of the tile at every
-    T, slower at T = 512."""
-    return {"block_d": min(256 if t <= 16 else 1024, triton.next_power_of_2(d)), "num_warps": 1}
+    T, slower at T = 512. Post and the Sinkhorn in a program of their own after the d blocks (comb_apart), so that
+    no y waits for the Sinkhorn's chain, up to COMB_APART_MAX_T tokens (the twelfth session,
+    sweep-mhc-apply-apart.json, same outputs bit for bit): the launch 4.92 -> 4.77 us at T = 1, 5.25 -> 4.82 at
+    T = 8, 5.79 -> 5.26 at T = 64, and 7.06 -> 7.32 at T = 512 (there every d block waits anyway)."""
+    return {"block_d": min(256 if t <= 16 else 1024, triton.next_power_of_2(d)), "num_warps": 1,
+            "comb_apart": t <= COMB_APART_MAX_T}
 
 
 def _apply(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Tensor, npad: int, base: torch.Tensor,
@@ -343,10 +355,12 @@ def _apply(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Tensor, npad: int
     s = mix_ws.shape[0]
     cfg = {**apply_config(t, d), **(config or {})}
     bd = cfg["block_d"]
-    _apply_kernel[(t, triton.cdiv(d, bd))](x, mix_ws, sq_ws, base, scale, y, post, comb, t, d, s,
-                                           float(rms_eps), float(hc_eps), int(iters), NPAD=npad,
-                                           S_BLOCK=max(2, triton.next_power_of_2(s)), BLOCK_D=bd, HEAD=head,
-                                           INTERPRET=_interpreting(), num_warps=cfg["num_warps"])
+    apart = bool(cfg["comb_apart"]) and not head
+    _apply_kernel[(t, triton.cdiv(d, bd) + apart)](x, mix_ws, sq_ws, base, scale, y, post, comb, t, d, s,
+                                                   float(rms_eps), float(hc_eps), int(iters), NPAD=npad,
+                                                   S_BLOCK=max(2, triton.next_power_of_2(s)), BLOCK_D=bd, HEAD=head,
+                                                   COMB_APART=apart, INTERPRET=_interpreting(),
+                                                   num_warps=cfg["num_warps"])
 
 
 def mhc_pre_from_partials(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Tensor, base: torch.Tensor,

@@ -1,6 +1,6 @@
 """Plots of H200 results that `dsv4hal bench --plot` does not draw: the soak's memory reads, the host
 enqueue cost of a bound attention call against the direct vendor call, a top-k tune's calls pass by pass, and the
-FP8 MoE quantizers' launch sweep.
+FP8 MoE quantizers' launch sweep, and mHC's apply launch sweep.
 
     python3 bench/plot_results.py soak bench/results/h200/soak-3.6min.json bench/results/h200/soak-3.6min.png
     python3 bench/plot_results.py host bench/results/h200/bench-attention-host.json \
@@ -8,7 +8,9 @@ FP8 MoE quantizers' launch sweep.
     python3 bench/plot_results.py topk bench/results/h200/tune-triton-topk-perkey.json \
         bench/results/h200/tune-triton-topk-perkey.png
     python3 bench/plot_results.py quant bench/results/h200/sweep-moe-quant.json \
-        bench/results/h200/sweep-moe-quant.png"""
+        bench/results/h200/sweep-moe-quant.png
+    python3 bench/plot_results.py apply bench/results/h200/sweep-mhc-apply-apart.json \
+        bench/results/h200/sweep-mhc-apply-apart.png"""
 
 from __future__ import annotations
 
@@ -95,6 +97,24 @@ def quant(data: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def apply(data: dict[str, Any], path: str) -> None:
+    """bench/sweep_mhc_apply.py: the apply launch a setting (20 Sinkhorn iterations) a token count, post and the
+    Sinkhorn in d block 0 or in a program of their own (comb_apart), the default when measured outlined."""
+    rows = [r for r in data["rows"] if r.get("iters") == 20]
+    tokens = sorted({r["tokens"] for r in rows})
+    fig, axes = plt.subplots(1, len(tokens), figsize=(6 * len(tokens), 4.5), squeeze=False)
+    for ax, t in zip(axes[0], tokens, strict=True):
+        sel = [r for r in rows if r["tokens"] == t]
+        colors = ["C1" if r.get("comb_apart") else "C0" for r in sel]
+        ax.bar(range(len(sel)), [r["apply_us"] for r in sel], color=colors,
+               edgecolor=["k" if r["current"] else "none" for r in sel])
+        ax.set_xticks(range(len(sel)), [f"w{r['num_warps']} d{r['block_d']}" for r in sel], rotation=90, fontsize=6)
+        ax.set_title(f"T = {t} (orange: comb apart; outlined: the default when measured)", fontsize=8)
+        ax.set_ylabel("apply launch, us (CUDA graph)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 if __name__ == "__main__":
     kind, src, dst = sys.argv[1:4]
-    {"soak": soak, "host": host, "topk": topk, "quant": quant}[kind](json.loads(open(src).read()), dst)
+    {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply}[kind](json.loads(open(src).read()), dst)

@@ -1,5 +1,6 @@
-"""The bench plot's compress panel: the prefill form's share of copy bandwidth per way of calling it, from a result
-shaped as `dsv4hal bench compress` writes it (an older result without the num_groups timing still plots)."""
+"""The bench plot: the compress panel (the prefill form's share of copy bandwidth per way of calling it, from a
+result shaped as `dsv4hal bench compress` writes it; an older result without the num_groups timing still plots), the
+mHC panel, and a result with nothing to draw."""
 
 from __future__ import annotations
 
@@ -29,3 +30,16 @@ def test_compress_panel(tmp_path: Path, with_num_groups: bool) -> None:
     out = tmp_path / "compress.png"
     plot(result, str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_mhc_panel_and_nothing_to_plot(tmp_path: Path) -> None:
+    """`dsv4hal bench mhc --plot` draws its rows (it failed with no mHC panel: a figure of zero columns); a result with
+    no benchmark the plot draws is refused with the list of those it does."""
+    rows = [{"op": "mhc_pre", "T": t, "hidden": 4096, "us": {"triton_mhc_pre": 9.0 + t / 64, "torch_reference": 240.0},
+             "floor_us": 1.0} for t in (1, 64)]
+    rows.append({"op": "mhc_pre_gemm", "T": 1, "hidden": 4096, "us": {"triton_partials": 3.7}, "floor_us": 0.4})
+    out = tmp_path / "mhc.png"
+    plot({"device": "test", "command": "dsv4hal bench mhc", "mhc": rows}, str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    with pytest.raises(ValueError, match="nothing to plot"):
+        plot({"device": "test", "command": "x", "other": [1]}, str(tmp_path / "none.png"))

@@ -4,6 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
+# the bar panels: a label a row, and the title
+_BAR_PANELS = {"topk": (lambda r: f"B{r['B']} N{r['N'] // 1024}K k{r['k']}", "indexer top-k"),
+               "mhc": (lambda r: f"{r['op']} T{r['T']} d{r['hidden']}", "mHC")}
+
+
+def _bars(ax: Any, rows: list[dict[str, Any]], name: str) -> None:
+    """Microseconds a kernel a shape, beside the shape's bandwidth floor (log scale)."""
+    label, title = _BAR_PANELS[name]
+    impls = list(dict.fromkeys(i for r in rows for i in r["us"]))  # kernels differ by shape
+    width = 0.8 / (len(impls) + 1)
+    for i, impl in enumerate(impls):
+        pts = [(x + i * width, r["us"][impl]) for x, r in enumerate(rows) if impl in r["us"]]
+        ax.bar(*zip(*pts), width, label=impl)
+    ax.bar([x + len(impls) * width for x in range(len(rows))], [r["floor_us"] for r in rows], width,
+           label="bandwidth floor", color="grey")
+    ax.set_xticks(range(len(rows)), [label(r) for r in rows], rotation=70, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("us")
+    ax.set_title(title)
+
 
 def plot(result: dict[str, Any], path: str) -> None:
     import matplotlib
@@ -11,7 +31,10 @@ def plot(result: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("attention", "pack_store", "topk", "moe", "compress") if result.get(k)]
+    panels = [k for k in ("attention", "pack_store", "topk", "mhc", "moe", "compress") if result.get(k)]
+    if not panels:
+        raise ValueError(f"nothing to plot: no benchmark this plot draws in the result (keys {sorted(result)}); "
+                         "plot a result of dsv4hal bench attention, pack_store, topk, mhc, moe or compress")
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
     for ax, name in zip(axes[0], panels):
         rows = result[name]
@@ -60,18 +83,7 @@ def plot(result: dict[str, Any], path: str) -> None:
             ax.set_ylabel("fraction of copy bandwidth")
             ax.set_title("compress (prefill form)")
         else:
-            labels = [f"B{r['B']} N{r['N'] // 1024}K k{r['k']}" for r in rows]
-            impls = list(dict.fromkeys(i for r in rows for i in r["us"]))  # kernels differ by shape
-            width = 0.8 / (len(impls) + 1)
-            for i, impl in enumerate(impls):
-                pts = [(x + i * width, r["us"][impl]) for x, r in enumerate(rows) if impl in r["us"]]
-                ax.bar(*zip(*pts), width, label=impl)
-            ax.bar([x + len(impls) * width for x in range(len(rows))], [r["floor_us"] for r in rows], width,
-                   label="bandwidth floor", color="grey")
-            ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7)
-            ax.set_yscale("log")
-            ax.set_ylabel("us")
-            ax.set_title("indexer top-k")
+            _bars(ax, rows, name)
         ax.legend(fontsize=6)
         ax.grid(alpha=0.3)
     fig.suptitle(f"{result.get('device', '')}: {result.get('command', '')}", fontsize=9)

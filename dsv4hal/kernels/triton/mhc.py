@@ -212,7 +212,7 @@ def _apply_kernel(x_ptr, mix_ws, sq_ws, base_ptr, scale_ptr, y_ptr, post_ptr, co
             tl.store(post_ptr + t * 4 + i4, post)
             c = _comb_tile(mix_ws, row, smask, r, tl.load(scale_ptr + 2), base_ptr, hc_eps, iters)
             tl.store(comb_ptr + t * 16 + i4[:, None] * 4 + i4[None, :], c)
-    if not (COMB_APART and comb_here and not HEAD):
+    if not (COMB_APART and comb_here):  # COMB_APART only where post and comb are written (not HEAD)
         d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
         dmask = d < D
         x = tl.load(x_ptr + t * 4 * D + i4[:, None] * D + d[None, :], mask=dmask[None, :], other=0.0)

@@ -1,6 +1,7 @@
 """Plots of H200 results that `dsv4hal bench --plot` does not draw: the soak's memory reads, the host
 enqueue cost of a bound attention call against the direct vendor call, a top-k tune's calls pass by pass, and the
-FP8 MoE quantizers' launch sweep, and mHC's apply launch sweep.
+FP8 MoE quantizers' launch sweep, mHC's apply launch sweep, and the MXFP4 decode MoE's settings beside the
+libraries.
 
     python3 bench/plot_results.py soak bench/results/h200/soak-3.6min.json bench/results/h200/soak-3.6min.png
     python3 bench/plot_results.py host bench/results/h200/bench-attention-host.json \
@@ -10,7 +11,9 @@ FP8 MoE quantizers' launch sweep, and mHC's apply launch sweep.
     python3 bench/plot_results.py quant bench/results/h200/sweep-moe-quant.json \
         bench/results/h200/sweep-moe-quant.png
     python3 bench/plot_results.py apply bench/results/h200/sweep-mhc-apply-apart.json \
-        bench/results/h200/sweep-mhc-apply-apart.png"""
+        bench/results/h200/sweep-mhc-apply-apart.png
+    python3 bench/plot_results.py mxmoe bench/results/h200/sweep-mx-moe-decode-m8.json \
+        bench/results/h200/sweep-mx-moe-decode-m8.png"""
 
 from __future__ import annotations
 
@@ -115,6 +118,27 @@ def apply(data: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def mxmoe(data: dict[str, Any], path: str) -> None:
+    """bench/sweep_mx_moe_decode.py: each setting's share of copy bandwidth a token count, the libraries (Marlin,
+    triton_kernels) and the fused MoE's row kernels apart in colour, issue 16's decode goals as dashes."""
+    rows = data["rows"]
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 5), squeeze=False, sharey=True)
+    for ax, r in zip(axes[0], rows, strict=True):
+        names = sorted(r["x_copy_bw"], key=r["x_copy_bw"].get, reverse=True)
+        colors = ["C3" if n.startswith(("marlin", "triton_kernels")) else "C7" if n.startswith("rows") else "C0"
+                  for n in names]
+        ax.bar(range(len(names)), [r["x_copy_bw"][n] for n in names], color=colors)
+        ax.set_xticks(range(len(names)), [n.replace("_mxfp4_sm90", "") for n in names], rotation=90, fontsize=6)
+        ax.axhline(0.5 if r["T"] == 1 else 0.75, color="k", ls="--", lw=0.8)
+        ax.set_title(f"T = {r['T']}", fontsize=9)
+    axes[0][0].set_ylabel("share of copy bandwidth")
+    fig.suptitle(f"{data.get('command', '')}: red the libraries, grey the row kernels, blue the swapped kernels; "
+                 "dashes: issue 16's goal", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 if __name__ == "__main__":
     kind, src, dst = sys.argv[1:4]
-    {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply}[kind](json.loads(open(src).read()), dst)
+    {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply, "mxmoe": mxmoe}[kind](
+        json.loads(open(src).read()), dst)

@@ -112,11 +112,12 @@ def _weights(fmt: str = "mxfp4", h: int = 256, i: int = 128):  # noqa: ANN202
 
 def test_selection_below_marlin_for_few_tokens_above_it_from_nine_and_reasons() -> None:
     both = {"triton_kernels": "1", "vllm_moe": "0.24"}
-    for tokens in (None, 1, 8):  # the class few (the default): Marlin
+    for tokens in (None, 1, 8):  # the class few (the default): the portable fused MoE, then Marlin, triton_kernels
         d = _decide(case_expert_weights(_weights(), tokens), both)
         cand = {c.name: c for c in d.candidates}
-        assert d.chosen.name == "marlin_mxfp4_sm90" and cand[oai.NAME].status == "eligible"
-        assert cand["marlin_mxfp4_sm90"].priority > cand[oai.NAME].priority > cand["triton_fused_moe"].priority
+        assert d.chosen.name == "triton_fused_moe" and cand[oai.NAME].status == "eligible"
+        assert cand["marlin_mxfp4_sm90"].status == "eligible"
+        assert cand["triton_fused_moe"].priority > cand["marlin_mxfp4_sm90"].priority > cand[oai.NAME].priority
     for tokens in (9, 64, 65, 4096):  # decode and prefill: triton_kernels, measured faster from T = 16 up
         d = _decide(case_expert_weights(_weights(), tokens), both)
         cand = {c.name: c for c in d.candidates}
@@ -124,9 +125,9 @@ def test_selection_below_marlin_for_few_tokens_above_it_from_nine_and_reasons() 
         assert cand[oai.NAME].priority > cand["marlin_mxfp4_sm90"].priority
     d = _decide(case_expert_weights(_weights("fp8_block"), 4096), both)  # no MXFP4: its reason, whatever the class
     assert d.chosen.name != oai.NAME and next(c for c in d.candidates if c.name == oai.NAME).reasons
-    with ov.overrides(kernels={"moe_experts": oai.NAME}):  # without Marlin's library it is the vendor choice
-        d = _decide(case_expert_weights(_weights()), {"triton_kernels": "1"})
-    assert d.chosen.name == oai.NAME
+    only_oai = {"triton_kernels": "1"}  # without Marlin's library: the vendor choice from nine tokens
+    assert _decide(case_expert_weights(_weights(), 64), only_oai).chosen.name == oai.NAME
+    assert _decide(case_expert_weights(_weights()), only_oai).chosen.name == "triton_fused_moe"
     d = _decide(case_expert_weights(_weights()), {})
     assert next(c for c in d.candidates if c.name == oai.NAME).reasons == ("missing triton_kernels",)
     reasons = oai.supports(case_expert_weights(_weights(h=192, i=96)), simulated("sm90"))

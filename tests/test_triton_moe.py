@@ -4,7 +4,9 @@ block weights, masked (negative) ids, repeated experts and an active SwiGLU clam
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -109,7 +111,8 @@ def test_weights_prepared_for_triton_are_refused_by_the_reference(platform) -> N
     assert torch.equal(default.ops.moe_experts(x, ids, tw, prepared), platform.ops.moe_experts(x, ids, tw, prepared))
 
 
-TILES = [{"block_m": 16, "block_n": 16, "block_k": 32}, {"block_m": 32, "block_n": 32, "block_k": 64}]
+TILES = [{"block_m": 16, "block_n": 16, "block_k": 32, "swap": False},  # the row kernels (MXFP4 decode's default
+         {"block_m": 32, "block_n": 32, "block_k": 64, "swap": False}]   # is the swapped ones)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8_block"])
@@ -132,3 +135,61 @@ def test_no_tokens_and_bad_tile_config() -> None:
     assert empty.shape == (0, x.shape[1]) and empty.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="block_k"):
         fused_moe(x, ids, tw, prepared, config={"block_k": 256})
+
+
+SWAPPED = [{"swap": True, "block_m": 16, "block_n": 128, "block_k": 64},
+           {"swap": True, "block_m": 8, "block_n": 64, "block_k": 1024}]  # block_k cut to the shapes' 64
+_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+@pytest.mark.parametrize("cfg", SWAPPED, ids=["n128-k64", "m8-n64-k1024"])
+def test_swapped_mxfp4_kernels(cfg: dict) -> None:
+    """The MXFP4 kernels with the weight rows as the dot's M (decoded by inline PTX on a GPU, in plain Triton under
+    the interpreter): masked row tiles (I = 192, H = 320 are no multiples of 128), several K steps, dropped and
+    repeated routes, the clamp active, against the reference within the tight bound."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+
+    x, ids, tw, w = _case("mxfp4", e=4, h=320, i=192, t=5, k=3, gain=20.0, masked=0.2, seed=8)
+    ids[2] = torch.tensor([1, 1, -1], dtype=torch.int32)
+    want = moe_experts(x, ids, tw, w)
+    dev = torch.device("cuda" if _GPU else "cpu")
+    wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+    calls = []
+    real = tmoe._mx_gate_up_swapped
+    tmoe._mx_gate_up_swapped = _Recorder(real, calls)  # the swapped kernels ran, not the row kernels
+    try:
+        got = tmoe.fused_moe(x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd), config=cfg)
+    finally:
+        tmoe._mx_gate_up_swapped = real
+    assert calls
+    _check(got.cpu(), want)
+
+
+def test_shapes_off_64_run_the_row_kernels_with_their_tiles() -> None:
+    """The MXFP4 decode default (swapped kernels, blocks of 8) on H = 160, I = 96: the row kernels run, with their
+    own tiles (a block of 8 routes would not compile there on a GPU: their dot needs 16 rows)."""
+    from dsv4hal.kernels.moe_align import route_blocks
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+
+    x, ids, tw, w = _case("mxfp4", e=4, h=160, i=96, t=5, k=3, gain=20.0, masked=0.2, seed=9)
+    dev = torch.device("cuda" if _GPU else "cpu")
+    wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+    swapped, rows = [], []
+    real_swapped, real_rows = tmoe._mx_gate_up_swapped, tmoe._gate_up_kernel
+    tmoe._mx_gate_up_swapped, tmoe._gate_up_kernel = _Recorder(real_swapped, swapped), _Recorder(real_rows, rows)
+    try:
+        got = tmoe.fused_moe(x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
+    finally:
+        tmoe._mx_gate_up_swapped, tmoe._gate_up_kernel = real_swapped, real_rows
+    assert not swapped and rows
+    assert rows[0][0] == route_blocks(5 * 3, 4, tmoe.ROW_DECODE_TILES["block_m"])  # blocks of 16 routes, not 8
+    _check(got.cpu(), moe_experts(x, ids, tw, w))
+
+
+class _Recorder:
+    def __init__(self, kernel, calls: list) -> None:  # noqa: ANN001
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):  # noqa: ANN001, ANN204
+        self.calls.append(grid)
+        return self.kernel[grid]

@@ -18,7 +18,12 @@ Algorithm (no host sync, fixed-size buffers: CUDA-graph safe):
   3. kernel 2, grid (blocks, H / BLOCK_N): h rows [BLOCK_M, I] times the expert's w2 tiles, scaled by the
      pair's routing weight and atomically added (fp32) into y [T, H]; y is cast to bf16 at the end.
 
-Dequantization: MXFP4 bytes are split into low (even k) and high (odd k) nibbles and dotted against the
+MXFP4 decode (T <= 64) runs two other kernels with the same algorithm and buffers: the weight rows are the
+dot's M and the tokens its N, the packed bytes are read as 16-bit elements of four nibbles decoded by inline PTX on
+NVIDIA GPUs (plain Triton elsewhere), and the activations and h are split by k mod 4 (see "MXFP4, weights as the M
+operand" below). Shapes whose H or I is not a multiple of 64 run the row kernels.
+
+Dequantization (row kernels): MXFP4 bytes are split into low (even k) and high (odd k) nibbles and dotted against the
 even and odd columns of the activations (two dots of BLOCK_K/2), e2m1 decoded arithmetically and
 multiplied by 2**(s - 127) built from the exponent bits (exact in bf16). FP8 codes are exact in bf16;
 the 128x128 block scale is constant along K inside a tile (BLOCK_K divides 128) and is applied per output
@@ -27,6 +32,7 @@ column after the dot, as DeepGEMM does. Activations stay bf16 (W4A16 / W8A16); a
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -44,17 +50,26 @@ from dsv4hal.prepared import ExpertTensors
 LAYOUT = "triton-moe-v1"
 # Triton's interpreter computes tl.dot on bf16 operands wrongly: upcast them to fp32 there.
 _DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
+# The swapped MXFP4 kernels decode with inline PTX on NVIDIA GPUs, in plain Triton elsewhere (same values).
+_MX_ASM = not _DOT_F32 and torch.version.hip is None
 
 # Tile sizes per (format, token class), the fastest of nine each on an H200 with V4-Flash experts at T = 64 and
 # 4096 (bench/results/h200/tune-moe.json; every one checked against the float64 oracle there). BLOCK_M is the
-# rows of one expert block: 16 for decode (a few pairs per expert), 64-128 for prefill.
+# rows of one expert block: 16 for decode (a few pairs per expert), 64-128 for prefill. MXFP4 decode runs the
+# swapped kernels (below) with blocks of 8 routes, the fastest of 43 settings at T = 1 .. 64 on the H200 and
+# 4.7-5.5x the row kernels (bench/results/h200/sweep-mx-moe-decode*.json); "swap" (MXFP4 only): False selects the
+# row kernels.
 CONFIGS = {
-    ("mxfp4", "decode"): {"block_m": 16, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
+    ("mxfp4", "decode"): {"block_m": 8, "block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3,
+                          "swap": True},
     ("mxfp4", "prefill"): {"block_m": 64, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3},
     ("fp8_block", "decode"): {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 3},
     ("fp8_block", "prefill"): {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
 }
 FP8_BLOCK = 128
+SWAP_MAX_BLOCK_K = 1024  # the swapped MXFP4 kernels' K tile: 512 bytes of a weight row
+SWAP_MIN_BLOCK_K = 64  # each of its four dots needs K >= 16; H and I must be multiples (else: the row kernels)
+ROW_DECODE_TILES = {"block_m": 16, "block_n": 64, "block_k": 64}  # the row kernels' decode tiles (the former default)
 
 
 @dataclass(frozen=True)
@@ -86,20 +101,21 @@ def prepare_weights(w: ExpertWeights) -> TritonMoeWeights:
 
 @triton.jit
 def _e2m1(c):
-    """4-bit e2m1 codes (int32) -> fp32: magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign."""
+    """4-bit e2m1 codes (int32) -> fp32: magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign. In integer
+    bits, so that -0 stays -0 (a float negation compiles to 0 - v on NVIDIA, which gives +0)."""
     m = c & 7
     ex = m >> 1
     mant = m & 1
-    normal = (((ex + 126) << 23) | (mant << 22)).to(tl.float32, bitcast=True)
-    v = tl.where(ex == 0, mant.to(tl.float32) * 0.5, normal)
-    return tl.where((c & 8) != 0, -v, v)
+    magnitude = tl.where(ex == 0, mant * 0x3F000000, ((ex + 126) << 23) | (mant << 22))  # 0x3F000000: 0.5
+    return (magnitude | ((c & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _ue8m0(s):
-    """UE8M0 bytes (int32) -> 2**(s - 127) from the exponent bits; 0xFF is NaN (OCP MX)."""
-    v = (s << 23).to(tl.float32, bitcast=True)
-    return tl.where(s == 255, float("nan"), v)
+    """UE8M0 bytes (int32) -> 2**(s - 127) from the exponent bits, exactly (0 is the subnormal 2**-127, which a GPU
+    that flushes fp32 subnormals multiplies as 0); 0xFF is NaN (OCP MX)."""
+    bits = tl.where(s == 0, 0x400000, tl.where(s == 255, 0x7FC00000, s << 23))
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -237,17 +253,220 @@ def _down_kernel(
     tl.atomic_add(y_ptr + tok[:, None] * H + n[None, :], acc, mask=valid[:, None] & nmask[None, :], sem="relaxed")
 
 
+# ----------------------------------------------------------------------------- MXFP4, weights as the M operand
+# Few-token (decode) kernels: the weight rows are the dot's M (64+ rows fill a tensor-core tile however few routes
+# an expert has) and the block's tokens its N. The packed bytes are read as 16-bit elements: element e of a row
+# holds k = 4e .. 4e + 3 (byte 2e: k 4e in its low nibble, 4e + 1 in its high one; byte 2e + 1: 4e + 2, 4e + 3).
+# It decodes into four bf16 operands, one per k mod 4, each dotted with the activations' matching quarter: the
+# activations (and h between the GEMMs) are stored split by k mod 4, [rows, 4, K / 4], so each quarter's tile is
+# a contiguous run the loads can pipeline. On NVIDIA GPUs inline PTX decodes two elements a register; each output
+# depends on its own element and scale only, so it holds in whatever register layout the compiler chooses.
+
+_MX_QUARTERS_ASM = tl.constexpr("""
+{
+.reg .b32 t, u, bias;
+mov.b32 bias, 0x7E807E80;
+shl.b32 t, $4, 6;
+and.b32 t, t, 0x01C001C0;
+shl.b32 u, $4, 12;
+and.b32 u, u, 0x80008000;
+or.b32 t, t, u;
+mul.rn.bf16x2 t, t, bias;
+mul.rn.bf16x2 $0, t, $5;
+shl.b32 t, $4, 2;
+and.b32 t, t, 0x01C001C0;
+shl.b32 u, $4, 8;
+and.b32 u, u, 0x80008000;
+or.b32 t, t, u;
+mul.rn.bf16x2 t, t, bias;
+mul.rn.bf16x2 $1, t, $5;
+shr.b32 t, $4, 2;
+and.b32 t, t, 0x01C001C0;
+shl.b32 u, $4, 4;
+and.b32 u, u, 0x80008000;
+or.b32 t, t, u;
+mul.rn.bf16x2 t, t, bias;
+mul.rn.bf16x2 $2, t, $5;
+shr.b32 t, $4, 6;
+and.b32 t, t, 0x01C001C0;
+and.b32 u, $4, 0x80008000;
+or.b32 t, t, u;
+mul.rn.bf16x2 t, t, bias;
+mul.rn.bf16x2 $3, t, $5;
+}
+""")
+# Why this decodes: $4 holds two 16-bit elements, one per bf16 lane (bits 0-15, 16-31); output j takes nibble j of
+# each (bits 4j..4j+3 of its lane) with one shift and mask for both lanes. A nibble s e1 e0 m placed as bf16 bits s
+# at 15 and e1 e0 m at 8..6 is the bf16 whose exponent field is e: for e > 0 2**(e - 127) * (1 + m / 2), for e = 0
+# the subnormal m * 2**-127, each exactly 2**-126 times the e2m1 value. Times 2**126 (0x7E80, exact, subnormals
+# kept) and then the element's block scale $5 (a power of two, per lane) it is exact in bf16.
+
+
+@triton.jit
+def _mx_scale_bf16(s):
+    """UE8M0 bytes -> 2**(s - 127) as bf16 (exact: 0 is the subnormal 2**-127, 255 NaN)."""
+    s = s.to(tl.int32)
+    bits = tl.where(s == 0, 0x40, tl.where(s == 255, 0x7FC0, s << 7))
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _mx_quarters(q, m, ASM: tl.constexpr, DTYPE: tl.constexpr):
+    """16-bit elements q (four e2m1 nibbles each) and their block scales m (one per element: bf16 for the PTX, fp32
+    else), any shape and layout -> the four nibbles' values times the scale, exact in bf16 (DTYPE: bf16, or fp32
+    for the interpreter's dot)."""
+    if ASM:
+        v0, v1, v2, v3 = tl.inline_asm_elementwise(
+            _MX_QUARTERS_ASM, "=r,=r,=r,=r,r,r", [q, m], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+            is_pure=True, pack=2)
+    else:  # the same values in plain Triton (the interpreter, ROCm)
+        b = q.to(tl.int32) & 0xFFFF
+        v0 = (_e2m1(b & 15) * m).to(DTYPE)
+        v1 = (_e2m1((b >> 4) & 15) * m).to(DTYPE)
+        v2 = (_e2m1((b >> 8) & 15) * m).to(DTYPE)
+        v3 = (_e2m1(b >> 12) * m).to(DTYPE)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE: tl.constexpr, EVEN: tl.constexpr,
+                 ASM: tl.constexpr, DTYPE: tl.constexpr):
+    """Weight rows n, 16-bit elements e0 .. e0 + BKE (8 to a 32-group) -> the four operands [BN, BKE]."""
+    BN: tl.constexpr = n.shape[0]
+    e = e0 + tl.arange(0, BKE)
+    g = e0 // 8 + tl.arange(0, BKE // 8)
+    if EVEN:
+        q = tl.load(w_base + n[:, None] * stride_wn + e[None, :])
+        s = tl.load(s_base + n[:, None] * stride_sn + g[None, :])
+    else:
+        q = tl.load(w_base + n[:, None] * stride_wn + e[None, :], mask=nmask[:, None], other=0)
+        s = tl.load(s_base + n[:, None] * stride_sn + g[None, :], mask=nmask[:, None], other=127)
+    if ASM:  # the scales once a group, as the PTX multiplies them: bf16
+        m = _mx_scale_bf16(s)
+    else:
+        m = _ue8m0(s.to(tl.int32))
+    m = tl.reshape(tl.broadcast_to(m[:, :, None], [BN, BKE // 8, 8]), [BN, BKE])
+    return _mx_quarters(q, m, ASM, DTYPE)
+
+
+@triton.jit
+def _mx_act_quarters(base, e0, quarter, BKE: tl.constexpr, DTYPE: tl.constexpr):
+    """Activation tiles [BKE, BM] of the four quarters (k mod 4) at elements e0 .. e0 + BKE; base: [1, BM] row
+    pointers of a split layout [rows, 4, K / 4] (quarter: K / 4)."""
+    e = (e0 + tl.arange(0, BKE))[:, None]
+    a0 = tl.load(base + e).to(DTYPE)
+    a1 = tl.load(base + quarter + e).to(DTYPE)
+    a2 = tl.load(base + 2 * quarter + e).to(DTYPE)
+    a3 = tl.load(base + 3 * quarter + e).to(DTYPE)
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _mx_gate_up_swapped(
+    xs_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr,
+    num_pairs, top_k, H, I, stride_we, stride_wn, stride_se, stride_sn,
+    limit, CLAMP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block; xs: x split [T, 4, H / 4];
+    h is stored split too, [rows, 4, I / 4]. BLOCK_K (k values a step) divides H."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + rows)
+    valid = pair < num_pairs
+    tok = tl.where(valid, pair // top_k, 0).to(tl.int64)  # a padding column reads token 0 and is never stored
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < I
+    w_base = w_ptr + e.to(tl.int64) * stride_we
+    s_base = s_ptr + e.to(tl.int64) * stride_se
+    x_base = xs_ptr + tok[None, :] * H
+    BKE: tl.constexpr = BLOCK_K // 4
+    DTYPE: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
+    acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for e0 in range(0, H // 4, BKE):
+        x0, x1, x2, x3 = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
+        g0, g1, g2, g3 = _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM, DTYPE)
+        acc_g = tl.dot(g0, x0, acc_g)
+        acc_g = tl.dot(g1, x1, acc_g)
+        acc_g = tl.dot(g2, x2, acc_g)
+        acc_g = tl.dot(g3, x3, acc_g)
+        u0, u1, u2, u3 = _mx_row_tile(w_base, s_base, n + I, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM,
+                                      DTYPE)
+        acc_u = tl.dot(u0, x0, acc_u)
+        acc_u = tl.dot(u1, x1, acc_u)
+        acc_u = tl.dot(u2, x2, acc_u)
+        acc_u = tl.dot(u3, x3, acc_u)
+    h = _swiglu_f32(acc_g, acc_u, limit, CLAMP)
+    col = (n % 4) * (I // 4) + n // 4  # the split layout of h
+    tl.store(h_ptr + rows.to(tl.int64)[None, :] * I + col[:, None], _to_bf16(h), mask=valid[None, :] & nmask[:, None])
+
+
+@triton.jit
+def _mx_down_swapped(
+    h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_ptr,
+    num_pairs, top_k, H, I, stride_we, stride_wn, stride_se, stride_sn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """y^T tile [BLOCK_N, BLOCK_M] += route weight * W2 h^T for one expert block (fp32 atomics into y [T, H]); h
+    split [rows, 4, I / 4]. BLOCK_K divides I."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + rows)
+    valid = pair < num_pairs
+    safe_pair = tl.where(valid, pair, 0)
+    tok = (safe_pair // top_k).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < H
+    w_base = w_ptr + e.to(tl.int64) * stride_we
+    s_base = s_ptr + e.to(tl.int64) * stride_se
+    h_base = h_ptr + rows.to(tl.int64)[None, :] * I  # a padding row's h is never written: its column is not stored
+    BKE: tl.constexpr = BLOCK_K // 4
+    DTYPE: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for e0 in range(0, I // 4, BKE):
+        h0, h1, h2, h3 = _mx_act_quarters(h_base, e0, I // 4, BKE, DTYPE)
+        w0, w1, w2, w3 = _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM, DTYPE)
+        acc = tl.dot(w0, h0, acc)
+        acc = tl.dot(w1, h1, acc)
+        acc = tl.dot(w2, h2, acc)
+        acc = tl.dot(w3, h3, acc)
+    wgt = tl.load(tw_ptr + safe_pair, mask=valid, other=0.0)
+    acc = acc * wgt[None, :]
+    tl.atomic_add(y_ptr + tok[None, :] * H + n[:, None], acc, mask=valid[None, :] & nmask[:, None], sem="relaxed")
+
+
 # ----------------------------------------------------------------------------- host side
+
+def _pow2_divisor(n: int) -> int:
+    """The largest power of two dividing n > 0."""
+    return n & -n
+
 
 def _config(fmt: str, num_tokens: int, config: dict | None) -> dict:
     base = CONFIGS[(fmt, "decode" if num_tokens <= DECODE_MAX_TOKENS else "prefill")]
     cfg = {**base, **(config or {})}
     bk, bn, bm = cfg["block_k"], cfg["block_n"], cfg["block_m"]
-    if bk & (bk - 1) or not 32 <= bk <= FP8_BLOCK:
+    if fmt == "mxfp4" and cfg.get("swap"):
+        if bk & (bk - 1) or not SWAP_MIN_BLOCK_K <= bk <= SWAP_MAX_BLOCK_K:
+            raise ValueError(f"block_k of the swapped MXFP4 kernels must be a power of two in [{SWAP_MIN_BLOCK_K}, "
+                             f"{SWAP_MAX_BLOCK_K}] (four dots of K >= 16 a step); got {bk}")
+    elif bk & (bk - 1) or not 32 <= bk <= FP8_BLOCK:
         raise ValueError(f"block_k must be a power of two in [32, {FP8_BLOCK}] (it divides the 128 FP8 block and "
                          f"holds whole MXFP4 32-groups); got {bk}")
-    if bn & (bn - 1) or bn < 16 or bm & (bm - 1) or bm < 16:
-        raise ValueError(f"block_m and block_n must be powers of two >= 16; got {bm}, {bn}")
+    min_m = 8 if fmt == "mxfp4" and cfg.get("swap") else 16  # the swapped kernels' tokens are the dot's N
+    if bn & (bn - 1) or bn < 16 or bm & (bm - 1) or bm < min_m:
+        raise ValueError(f"block_m and block_n must be powers of two >= {min_m} and 16; got {bm}, {bn}")
     return cfg
 
 
@@ -261,6 +480,10 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     y = torch.zeros(t, hid, dtype=torch.float32, device=dev)
     p = t * k
     cfg = _config(weights.format, t, config)
+    mx = weights.format == "mxfp4"
+    swapped = mx and bool(cfg.get("swap")) and hid % SWAP_MIN_BLOCK_K == 0 and inter % SWAP_MIN_BLOCK_K == 0
+    if mx and cfg.get("swap") and not swapped:  # shapes the swapped kernels do not take: the row kernels and tiles
+        cfg = {**cfg, **ROW_DECODE_TILES}
     bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
     if p == 0:
         return y.to(torch.bfloat16)
@@ -270,11 +493,25 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     x = x.contiguous()
     tw = topk_weights.reshape(-1).float().contiguous()
     h = torch.empty(nb * bm, inter, dtype=torch.bfloat16, device=dev)
-    mx = weights.format == "mxfp4"
     limit, clamp = swiglu_limit_args(swiglu_limit)
+    w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
+    if swapped:
+        # "ptx": False runs the plain Triton decode on an NVIDIA GPU too (to measure what ROCm runs)
+        bk = min(bk, _pow2_divisor(math.gcd(hid, inter)))  # K tiles never straddle the end
+        tiles = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, ASM=_MX_ASM and cfg.get("ptx", True), DOT_F32=_DOT_F32,
+                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        xs = x.view(t, hid // 4, 4).transpose(1, 2).contiguous()  # split by k mod 4: [T, 4, H / 4]
+        w13e, w2e = w13.view(torch.int16), w2.view(torch.int16)  # 16-bit elements: four nibbles each
+        _mx_gate_up_swapped[(nb, triton.cdiv(inter, bn))](
+            xs, w13e, s13, h, sorted_pairs, block_expert, p, k, hid, inter,
+            w13e.stride(0), w13e.stride(1), s13.stride(0), s13.stride(1), limit, CLAMP=clamp,
+            EVEN_N=inter % bn == 0, **tiles)
+        _mx_down_swapped[(nb, triton.cdiv(hid, bn))](
+            h, w2e, s2, y, tw, sorted_pairs, block_expert, p, k, hid, inter,
+            w2e.stride(0), w2e.stride(1), s2.stride(0), s2.stride(1), EVEN_N=hid % bn == 0, **tiles)
+        return y.to(torch.bfloat16)
     launch = dict(MXFP4=mx, FNUZ=weights.fnuz, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_F32=_DOT_F32,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
     sk13 = 0 if mx else s13.stride(2)
     sk2 = 0 if mx else s2.stride(2)
     _gate_up_kernel[(nb, triton.cdiv(inter, bn))](

@@ -117,8 +117,9 @@ def register(registry: Registry) -> None:
                                                "renormalised", **{**common, "supports": _route_supports}))
     registry.add_kernel(KernelImpl(op="moe_experts", name="triton_fused_moe", target=f"{_MOD}.fused_moe:moe_experts",
                                    prepare=f"{_MOD}.fused_moe:prepare_weights", layout="triton-moe-v1",
-                                   description="expert-sorted blocks; MXFP4/FP8 dequant in registers, fused "
-                                               "clamp+SwiGLU, down proj with routing weight (fp32 atomics)",
+                                   description="expert-sorted blocks; MXFP4/FP8 dequant in registers (MXFP4 "
+                                               "decode: weight rows as the dot's M, PTX nibble decode on NVIDIA), "
+                                               "fused clamp+SwiGLU, down proj with routing weight (fp32 atomics)",
                                    **common))
     registry.add_kernel(KernelImpl(op="compress", name="triton_compress", target=f"{_MOD}.compress:compress",
                                    description="one program per group: window read once, online softmax pool, "

@@ -13,8 +13,10 @@
 #   R=$OUT bash bench/run_h200_session14.sh m8     # blocks of 8 routes: tile settings at T = 1 .. 64; decode tests
 #   R=$OUT bash bench/run_h200_session14.sh last   # the final defaults (blocks of 8; e2m1's sign in bits): decode
 #                                                  # tests, conformance (triton_fused_moe forced), bench moe --quick
+#   R=$OUT bash bench/run_h200_session14.sh fma    # the PTX's products as fma with -0 (sm_80+; the same SASS on
+#                                                  # sm_90a): decode tests, the row-kernel fallback, the default timed
 set -uo pipefail
-part=${1:?mx, mx2, final, m8 or last}
+part=${1:?mx, mx2, final, m8, last or fma}
 source bench/h200_env.sh
 if [[ $part == mx ]]; then
   {
@@ -87,4 +89,15 @@ if [[ $part == last ]]; then
       > /tmp/bench-moe.log 2>&1
     echo "rc=$?"; grep -v Warn /tmp/bench-moe.log | tail -12 | cut -c1-400
   } 2>&1 | tee "$R/log-last14.txt"
+fi
+if [[ $part == fma ]]; then
+  {
+    stamp "GPU tests: the PTX and plain decode, the swapped kernels, the row-kernel fallback"
+    gpu_tests 90 fma tests/test_triton_mx_decode.py tests/test_triton_moe.py -k "decode or swapped or shapes_off"
+    grep -E "^E  " /tmp/pytest-fma.log | head -12 | cut -c1-600
+    stamp "MXFP4 decode MoE: the default beside Marlin and triton_kernels"
+    timeout 120 python3 bench/sweep_mx_moe_decode.py --grid default --tokens 1,8,64 \
+      --json "$R/sweep-mx-moe-decode-fma.json" > /tmp/sweep-fma.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/sweep-fma.log | tail -6 | cut -c1-900
+  } 2>&1 | tee "$R/log-fma14.txt"
 fi

@@ -28,6 +28,7 @@ TOKENS = (1, 8, 16, 32, 64)
 GRIDS = {  # (block_n, block_k, warps, stages[, PTX decode[, block_m]]): "final" is the default and its neighbours
     "final": [(64, 256, 4, 3), (64, 256, 4, 3, False), (64, 256, 4, 3, True, 8), (64, 128, 4, 3, True, 8),
               (64, 512, 4, 3), (64, 128, 4, 3), (128, 256, 4, 3)],
+    "default": [(64, 256, 4, 3, True, 8)],
     "m8": [(bn, bk, w, s, True, 8) for bn, bk, w, s in ((64, 256, 4, 3), (64, 512, 4, 3), (128, 256, 4, 3),
                                                         (128, 256, 8, 3), (64, 256, 4, 4), (32, 256, 4, 3),
                                                         (64, 256, 4, 2), (64, 256, 8, 3))],
@@ -59,7 +60,7 @@ def main() -> None:
         except Exception as exc:  # recorded; the others still run
             print(f"{name} skipped: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
     ours = tmoe.prepare_weights(w)
-    settings = {"rows (former default)": dict(swap=False, block_k=64)}
+    settings = {"rows (former default)": dict(swap=False, block_m=16, block_k=64)}
     for bn, bk, nw, ns, *rest in GRIDS[args.grid]:
         ptx, bm = rest[0] if rest else True, rest[1] if len(rest) > 1 else 16
         name = f"swap-n{bn}-k{bk}-w{nw}-s{ns}{'' if ptx else '-plain'}{'' if bm == 16 else f'-m{bm}'}"

@@ -264,42 +264,44 @@ def _down_kernel(
 
 _MX_QUARTERS_ASM = tl.constexpr("""
 {
-.reg .b32 t, u, bias;
+.reg .b32 t, u, bias, nz;
 mov.b32 bias, 0x7E807E80;
+mov.b32 nz, 0x80008000;
 shl.b32 t, $4, 6;
 and.b32 t, t, 0x01C001C0;
 shl.b32 u, $4, 12;
 and.b32 u, u, 0x80008000;
 or.b32 t, t, u;
-mul.rn.bf16x2 t, t, bias;
-mul.rn.bf16x2 $0, t, $5;
+fma.rn.bf16x2 t, t, bias, nz;
+fma.rn.bf16x2 $0, t, $5, nz;
 shl.b32 t, $4, 2;
 and.b32 t, t, 0x01C001C0;
 shl.b32 u, $4, 8;
 and.b32 u, u, 0x80008000;
 or.b32 t, t, u;
-mul.rn.bf16x2 t, t, bias;
-mul.rn.bf16x2 $1, t, $5;
+fma.rn.bf16x2 t, t, bias, nz;
+fma.rn.bf16x2 $1, t, $5, nz;
 shr.b32 t, $4, 2;
 and.b32 t, t, 0x01C001C0;
 shl.b32 u, $4, 4;
 and.b32 u, u, 0x80008000;
 or.b32 t, t, u;
-mul.rn.bf16x2 t, t, bias;
-mul.rn.bf16x2 $2, t, $5;
+fma.rn.bf16x2 t, t, bias, nz;
+fma.rn.bf16x2 $2, t, $5, nz;
 shr.b32 t, $4, 6;
 and.b32 t, t, 0x01C001C0;
 and.b32 u, $4, 0x80008000;
 or.b32 t, t, u;
-mul.rn.bf16x2 t, t, bias;
-mul.rn.bf16x2 $3, t, $5;
+fma.rn.bf16x2 t, t, bias, nz;
+fma.rn.bf16x2 $3, t, $5, nz;
 }
 """)
 # Why this decodes: $4 holds two 16-bit elements, one per bf16 lane (bits 0-15, 16-31); output j takes nibble j of
 # each (bits 4j..4j+3 of its lane) with one shift and mask for both lanes. A nibble s e1 e0 m placed as bf16 bits s
 # at 15 and e1 e0 m at 8..6 is the bf16 whose exponent field is e: for e > 0 2**(e - 127) * (1 + m / 2), for e = 0
 # the subnormal m * 2**-127, each exactly 2**-126 times the e2m1 value. Times 2**126 (0x7E80, exact, subnormals
-# kept) and then the element's block scale $5 (a power of two, per lane) it is exact in bf16.
+# kept) and then the element's block scale $5 (a power of two, per lane) it is exact in bf16. The products are
+# fma with -0 added (exact, the sign of a zero kept): fma.bf16x2 needs sm_80, mul.bf16x2 sm_90.
 
 
 @triton.jit

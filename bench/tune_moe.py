@@ -17,7 +17,9 @@ from dsv4hal.bench.timing import graph_us
 from dsv4hal.conformance.cases_moe import _expert_weights, _experts_params, oracle_moe_experts
 from dsv4hal.kernels.triton import fused_moe as tmoe
 
-DECODE = [dict(block_m=16, block_n=bn, block_k=bk, num_warps=w, num_stages=s)
+# the row kernels' decode tiles ("swap": False); MXFP4 decode's default, the swapped kernels, is swept by
+# bench/sweep_mx_moe_decode.py
+DECODE = [dict(block_m=16, block_n=bn, block_k=bk, num_warps=w, num_stages=s, swap=False)
           for bn, bk, w, s in ((64, 128, 4, 3), (32, 128, 4, 3), (128, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3),
                                (128, 128, 8, 3), (64, 128, 4, 4), (32, 64, 4, 4), (128, 64, 4, 4))]
 PREFILL = [dict(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s)

@@ -28,7 +28,7 @@ DEEPGEMM_MOE_PSUM_PRIORITY = 291
 # OpenAI's triton_kernels (vLLM 0.24's bundle) for MXFP4 experts, against Marlin on the H200 (V4-Flash, bench-moe.json,
 # 2026-12-01, sixth session): 1.11x faster at T=16, 1.09x at 32, 1.13x at 64, 1.24x at 512, 1.96x at 4096 (0.49 of the
 # bf16 peak), but 2.9x slower at T=1 and 1.42x at T=8. Weights prepared for more than 8 tokens a call
-# (prepare_weights(tokens=...), the classes decode and prefill) get it; the class few keeps Marlin
+# (prepare_weights(tokens=...), the classes decode and prefill) get it; the class few: below
 OAI_TRITON_MOE_PRIORITY = 250
 OAI_TRITON_MOE_CLASS_PRIORITY = 310
 # The class few (<= 8 tokens a call): the portable triton_fused_moe (100; its MXFP4 decode kernels with the weight

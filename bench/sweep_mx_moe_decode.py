@@ -5,7 +5,7 @@ checked against the float64 oracle first (relative L2); the time is a CUDA graph
 call (route alignment, both GEMMs, the combine), quoted as the share of copy bandwidth the distinct routed
 experts' bytes would take (issue 16's decode goals: >= 0.50 at T = 1, 0.75 at 8 and 64).
 
-    python3 bench/sweep_mx_moe_decode.py --json out/sweep-mx-moe-decode.json [--grid wide|narrow|final]
+    python3 bench/sweep_mx_moe_decode.py --json out/sweep-mx-moe-decode.json [--grid narrow|final|default|m8]
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ GRIDS = {  # (block_n, block_k, warps, stages[, PTX decode[, block_m]]): "final"
                                                         (128, 256, 8, 3), (64, 256, 4, 4), (32, 256, 4, 3),
                                                         (64, 256, 4, 2), (64, 256, 8, 3))],
     "narrow": [(bn, bk, w, s) for bn in (32, 64, 128) for bk in (128, 256, 512) for w, s in ((4, 3), (4, 4), (8, 3))],
-    "wide": [(bn, bk, w, s) for bn in (16, 32, 64, 128) for bk in (128, 256, 512, 1024) for w in (4, 8)
-             for s in (2, 3, 4)],
 }
 
 

@@ -55,3 +55,27 @@ gpu_tests() {  # TIMEOUT NAME FILES...: pytest on the GPU, the log in /tmp/pytes
   timeout "$limit" python3 -m pytest -p no:cacheprovider -p no:warnings -rfE "$@" > "/tmp/pytest-$name.log" 2>&1
   echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "/tmp/pytest-$name.log" | tail -12 | cut -c1-400
 }
+decode_tests() {  # TIMEOUT NAME KEXPR: the MXFP4 decode and fused-MoE GPU tests, their assertion messages
+  stamp "GPU tests: the PTX and plain decode, the fused MoE kernels ($3)"
+  gpu_tests "$1" "$2" tests/test_triton_mx_decode.py tests/test_triton_moe.py -k "$3"
+  grep -E "^E  " "/tmp/pytest-$2.log" | head -12 | cut -c1-600
+}
+mx_sweep() {  # TIMEOUT NAME TAIL ARGS...: bench/sweep_mx_moe_decode.py into $R/NAME.json, the log's last TAIL lines
+  local limit=$1 name=$2 lines=$3
+  shift 3
+  stamp "MXFP4 decode MoE ($*) beside Marlin and triton_kernels"
+  timeout "$limit" python3 bench/sweep_mx_moe_decode.py "$@" --json "$R/$name.json" > "/tmp/$name.log" 2>&1
+  echo "rc=$?"; grep -v Warn "/tmp/$name.log" | tail -"$lines" | cut -c1-1200
+}
+conform_fused_moe() {  # TIMEOUT NAME: moe_experts conformance with triton_fused_moe forced into $R/NAME.json
+  stamp "conformance: moe_experts with triton_fused_moe forced (no full-size V4-Pro), eager and graph"
+  DSV4HAL_KERNELS=moe_experts=triton_fused_moe timeout "$1" $D conformance --platform cuda_sm90 --ops moe_experts \
+    --cases '^(?!pro-(mxfp4|fp8_block)-)' --json "$R/$2.json" --quiet > /tmp/conf-moe.log 2>&1
+  echo "rc=$?"; tail -3 /tmp/conf-moe.log | cut -c1-300
+}
+bench_moe_quick() {  # TIMEOUT: dsv4hal bench moe --quick into $R/bench-moe-quick.json/png
+  stamp "MoE: dsv4hal bench moe --quick"
+  timeout "$1" $D bench moe --quick --json "$R/bench-moe-quick.json" --plot "$R/bench-moe-quick.png" \
+    > /tmp/bench-moe.log 2>&1
+  echo "rc=$?"; grep -v Warn /tmp/bench-moe.log | tail -12 | cut -c1-400
+}

@@ -110,23 +110,24 @@ def _weights(fmt: str = "mxfp4", h: int = 256, i: int = 128):  # noqa: ANN202
     return quantize_experts(torch.randn(4, 2 * i, h, generator=g) * 0.1, torch.randn(4, h, i, generator=g) * 0.1, fmt)
 
 
-def test_selection_below_marlin_for_few_tokens_above_it_from_nine_and_reasons() -> None:
+def test_selection_below_marlin_up_to_64_tokens_above_it_from_65_and_reasons() -> None:
     both = {"triton_kernels": "1", "vllm_moe": "0.24"}
-    for tokens in (None, 1, 8):  # the class few (the default): the portable fused MoE, then Marlin, triton_kernels
+    for tokens in (None, 1, 8, 9, 64):  # few (the default) and decode: the portable fused MoE, Marlin, triton_kernels
         d = _decide(case_expert_weights(_weights(), tokens), both)
         cand = {c.name: c for c in d.candidates}
         assert d.chosen.name == "triton_fused_moe" and cand[oai.NAME].status == "eligible"
         assert cand["marlin_mxfp4_sm90"].status == "eligible"
         assert cand["triton_fused_moe"].priority > cand["marlin_mxfp4_sm90"].priority > cand[oai.NAME].priority
-    for tokens in (9, 64, 65, 4096):  # decode and prefill: triton_kernels, measured faster from T = 16 up
+    for tokens in (65, 4096):  # prefill: triton_kernels, measured faster than Marlin from T = 16 up
         d = _decide(case_expert_weights(_weights(), tokens), both)
         cand = {c.name: c for c in d.candidates}
         assert d.chosen.name == oai.NAME and cand["marlin_mxfp4_sm90"].status == "eligible"
         assert cand[oai.NAME].priority > cand["marlin_mxfp4_sm90"].priority
     d = _decide(case_expert_weights(_weights("fp8_block"), 4096), both)  # no MXFP4: its reason, whatever the class
     assert d.chosen.name != oai.NAME and next(c for c in d.candidates if c.name == oai.NAME).reasons
-    only_oai = {"triton_kernels": "1"}  # without Marlin's library: the vendor choice from nine tokens
-    assert _decide(case_expert_weights(_weights(), 64), only_oai).chosen.name == oai.NAME
+    only_oai = {"triton_kernels": "1"}  # without Marlin's library: the vendor choice from 65 tokens
+    assert _decide(case_expert_weights(_weights(), 65), only_oai).chosen.name == oai.NAME
+    assert _decide(case_expert_weights(_weights(), 64), only_oai).chosen.name == "triton_fused_moe"
     assert _decide(case_expert_weights(_weights()), only_oai).chosen.name == "triton_fused_moe"
     d = _decide(case_expert_weights(_weights()), {})
     assert next(c for c in d.candidates if c.name == oai.NAME).reasons == ("missing triton_kernels",)

@@ -78,7 +78,7 @@ def test_triton_moe_matches_reference(platform, name: str) -> None:  # noqa: ANN
     x, ids, tw, w = _case(**CASES[name])
     prepared = platform.ops.moe_experts.prepare_weights(w)
     assert prepared.implementation == "triton_fused_moe"
-    assert prepared.layout == "triton-moe-v1"
+    assert prepared.layout == "triton-moe-v2"
     got = platform.ops.moe_experts(x, ids, tw, prepared, swiglu_limit=10.0)
     _check(got, moe_experts(x, ids, tw, w, 10.0))
 
@@ -117,13 +117,19 @@ TILES = [{"block_m": 16, "block_n": 16, "block_k": 32, "swap": False},  # the ro
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8_block"])
 def test_small_tiles_loop_over_k_and_n(fmt: str) -> None:
-    """Several K iterations, N tiles and masked edges (H = 160, I = 96 are not multiples of the tiles)."""
+    """Several K iterations, N tiles and masked edges (H = 160, I = 96 are not multiples of the tiles); MXFP4's
+    row kernels take K tiles of 64 and more (four dots of K >= 16), and refuse 32."""
     from dsv4hal.kernels.triton.fused_moe import fused_moe, prepare_weights
 
     x, ids, tw, w = _case(fmt, e=4, h=160, i=96, t=5, k=3, gain=20.0, masked=0.2, seed=8)
     want = moe_experts(x, ids, tw, w)
+    prepared = prepare_weights(w)
     for cfg in TILES:
-        _check(fused_moe(x, ids, tw, prepare_weights(w), config=cfg), want)
+        if fmt == "mxfp4" and cfg["block_k"] < 64:
+            with pytest.raises(ValueError, match="MXFP4 in \\[64"):
+                fused_moe(x, ids, tw, prepared, config=cfg)
+            cfg = {**cfg, "block_k": 64}
+        _check(fused_moe(x, ids, tw, prepared, config=cfg), want)
 
 
 def test_no_tokens_and_bad_tile_config() -> None:
@@ -138,11 +144,12 @@ def test_no_tokens_and_bad_tile_config() -> None:
 
 
 SWAPPED = [{"swap": True, "block_m": 16, "block_n": 128, "block_k": 64},
-           {"swap": True, "block_m": 8, "block_n": 64, "block_k": 1024}]  # block_k cut to the shapes' 64
+           {"swap": True, "block_m": 8, "block_n": 64, "block_k": 1024},  # block_k cut to the shapes' 64
+           {"swap": True, "block_m": 8, "block_n": 64, "block_k": 128, "x_split": True}]  # x split by a copy first
 _GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 
 
-@pytest.mark.parametrize("cfg", SWAPPED, ids=["n128-k64", "m8-n64-k1024"])
+@pytest.mark.parametrize("cfg", SWAPPED, ids=["n128-k64", "m8-n64-k1024", "x-split-copy"])
 def test_swapped_mxfp4_kernels(cfg: dict) -> None:
     """The MXFP4 kernels with the weight rows as the dot's M (decoded by inline PTX on a GPU, in plain Triton under
     the interpreter): masked row tiles (I = 192, H = 320 are no multiples of 128), several K steps, dropped and
@@ -157,12 +164,17 @@ def test_swapped_mxfp4_kernels(cfg: dict) -> None:
     calls = []
     real = tmoe._mx_gate_up_swapped
     tmoe._mx_gate_up_swapped = _Recorder(real, calls)  # the swapped kernels ran, not the row kernels
+    args = (x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
     try:
-        got = tmoe.fused_moe(x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd), config=cfg)
+        got = tmoe.fused_moe(*args, config=cfg)
+        # y is not zeroed by a launch of its own but by the gate-up kernel: a second call, whose y may reuse the
+        # first one's memory, gives the same output
+        again = tmoe.fused_moe(*args, config=cfg)
     finally:
         tmoe._mx_gate_up_swapped = real
     assert calls
     _check(got.cpu(), want)
+    assert torch.equal(again, got)
 
 
 def test_shapes_off_64_run_the_row_kernels_with_their_tiles() -> None:
@@ -184,6 +196,24 @@ def test_shapes_off_64_run_the_row_kernels_with_their_tiles() -> None:
     assert not swapped and rows
     assert rows[0][0] == route_blocks(5 * 3, 4, tmoe.ROW_DECODE_TILES["block_m"])  # blocks of 16 routes, not 8
     _check(got.cpu(), moe_experts(x, ids, tw, w))
+
+
+@pytest.mark.parametrize("cfg", [{}, {"swap": False, "block_m": 16, "block_k": 64}], ids=["swapped", "rows"])
+def test_scale_bytes_above_128_take_the_two_multiply_decode(cfg: dict) -> None:
+    """Gate/up weights of magnitude ~180 need scale bytes above 128 (2**(s - 1) overflows bf16): prepare_weights
+    records them as not narrow, and the kernels (on a GPU the PTX that multiplies twice) still match the reference;
+    ordinary weights are narrow."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+
+    x, ids, tw, w = _case("mxfp4", e=4, h=128, i=64, t=5, k=3, gain=2000.0, masked=0.2, seed=10)
+    assert int(w.w13_scale.view(torch.uint8).max()) > tmoe.MX_NARROW_SCALE_MAX
+    dev = torch.device("cuda" if _GPU else "cpu")
+    wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+    prepared = tmoe.prepare_weights(wd)
+    assert not prepared.narrow_scales
+    got = tmoe.fused_moe(x.to(dev), ids.to(dev), tw.to(dev), prepared, config=cfg)
+    _check(got.cpu(), moe_experts(x, ids, tw, w))
+    assert tmoe.prepare_weights(_case("mxfp4", e=4, h=128, i=64)[3]).narrow_scales
 
 
 class _Recorder:

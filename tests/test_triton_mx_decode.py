@@ -1,7 +1,7 @@
-"""The swapped MXFP4 kernels' decode (`fused_moe._mx_quarters`): every pair of e2m1 bytes (a 16-bit element) under
-the scale bytes at the ends of their range, each nibble's value at its k. Under the interpreter the plain Triton
-decode is checked against a table; on a GPU the inline PTX decode and the plain one too, bit for bit, -0 and NaN
-included."""
+"""The MXFP4 kernels' decode (`fused_moe._mx_quarters`): every pair of e2m1 bytes (a 16-bit element), reordered as
+prepare_weights lays them out, under the scale bytes at the ends of their range, each nibble's value at its k.
+Under the interpreter the plain Triton decode is checked against a table; on a GPU both inline PTX decodes (narrow
+scales: one multiply; any scale: two) and the plain one too, bit for bit, -0 and NaN included."""
 
 from __future__ import annotations
 
@@ -13,7 +13,13 @@ import torch
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from dsv4hal.kernels.triton.fused_moe import _mx_quarters, _mx_scale_bf16, _ue8m0  # noqa: E402
+from dsv4hal.kernels.triton.fused_moe import (  # noqa: E402
+    MX_BITS,
+    MX_NARROW_SCALE_MAX,
+    _mx_quarters,
+    _mx_scale_operand,
+    reorder_mxfp4,
+)
 
 _GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
@@ -21,16 +27,14 @@ SCALES = [0, 1, 2, 100, 126, 127, 128, 129, 200, 253, 254, 255]
 
 
 @triton.jit
-def _decode_kernel(q_ptr, s_ptr, v_ptr, ASM: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
+def _decode_kernel(q_ptr, s_ptr, v_ptr, ASM: tl.constexpr, NARROW: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
     """q int16 [R, C], s uint8 [R, C] (each element's scale) -> v fp32 [R, 4, C]: nibble j of element c at [:, j, c]."""
     r = tl.arange(0, R)[:, None]
     c = tl.arange(0, C)[None, :]
     q = tl.load(q_ptr + r * C + c)
     s = tl.load(s_ptr + r * C + c)
-    if ASM:
-        v0, v1, v2, v3 = _mx_quarters(q, _mx_scale_bf16(s), True, tl.bfloat16)
-    else:
-        v0, v1, v2, v3 = _mx_quarters(q, _ue8m0(s.to(tl.int32)), False, tl.float32)
+    DTYPE: tl.constexpr = tl.bfloat16 if ASM else tl.float32
+    v0, v1, v2, v3 = _mx_quarters(q, _mx_scale_operand(s, ASM, NARROW), ASM, NARROW, DTYPE)
     out = v_ptr + r * 4 * C + c
     tl.store(out, v0.to(tl.float32))
     tl.store(out + C, v1.to(tl.float32))
@@ -47,17 +51,19 @@ def _want(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (v * scale).float()
 
 
-def _run(asm: bool, dev: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every byte value in both bytes of an element, each row under one scale byte of SCALES (padded to 16 rows of
-    scale 127)."""
+def _run(asm: bool, dev: str, *, narrow: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every byte value in both bytes of an element, each row under one scale byte of SCALES (narrow: those up to
+    MX_NARROW_SCALE_MAX; padded to 16 rows of scale 127)."""
     rows, c = 16, 512
     b = torch.arange(256, dtype=torch.int32)
     pairs = torch.cat([b | (b.roll(1) << 8), b.flip(0) | (b << 8)])  # every byte at both places
     q = (pairs - ((pairs & 0x8000) << 1)).to(torch.int16).repeat(rows, 1)
+    scales = [x for x in SCALES if x <= MX_NARROW_SCALE_MAX] if narrow else SCALES
     s = torch.full((rows, c), 127, dtype=torch.uint8)
-    s[:len(SCALES)] = torch.tensor(SCALES, dtype=torch.uint8)[:, None]
+    s[:len(scales)] = torch.tensor(scales, dtype=torch.uint8)[:, None]
+    laid_out = reorder_mxfp4(q.view(torch.uint8)).view(torch.int16)
     v = torch.empty(rows, 4, c, device=dev)
-    _decode_kernel[(1,)](q.to(dev), s.to(dev), v, ASM=asm, R=rows, C=c)
+    _decode_kernel[(1,)](laid_out.to(dev), s.to(dev), v, ASM=asm, NARROW=narrow, R=rows, C=c)
     return v.cpu(), _want(q, s)
 
 
@@ -82,8 +88,21 @@ def test_plain_decode_every_byte_and_scale() -> None:
 
 
 @pytest.mark.skipif(not _GPU, reason="inline PTX runs on an NVIDIA GPU only")
-def test_ptx_decode_every_byte_and_scale() -> None:
-    _check(*_run(True, "cuda"))
+@pytest.mark.parametrize("narrow", [False, True])
+def test_ptx_decode_every_byte_and_scale(narrow: bool) -> None:
+    _check(*_run(True, "cuda", narrow=narrow))
+
+
+def test_reorder_places_each_code_at_its_bits() -> None:
+    """Code c at k = 4e + j reads back from MX_BITS[j] (magnitude bits, sign bit) of element e, for every c and j;
+    the other bits stay 0."""
+    for j, (magnitude, sign) in enumerate(MX_BITS):
+        for code in range(16):
+            raw = torch.tensor([[code << (4 * j)]], dtype=torch.int32).to(torch.uint16).view(torch.int16)
+            got = int(reorder_mxfp4(raw.view(torch.uint8)).view(torch.int16)) & 0xFFFF
+            assert got == ((code & 7) << magnitude) | ((code >> 3) << sign), (j, code, hex(got))
+    bits = sorted(b for m, s in MX_BITS for b in (m, m + 1, m + 2, s))
+    assert bits == list(range(16))
 
 
 @pytest.mark.skipif(not _GPU, reason="the plain decode on a GPU: what a GPU without the PTX (ROCm) runs")

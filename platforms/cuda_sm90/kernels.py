@@ -27,17 +27,17 @@ DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200
 DEEPGEMM_MOE_PSUM_PRIORITY = 291
 # OpenAI's triton_kernels (vLLM 0.24's bundle) for MXFP4 experts, against Marlin on the H200 (V4-Flash, bench-moe.json,
 # 2026-12-01, sixth session): 1.11x faster at T=16, 1.09x at 32, 1.13x at 64, 1.24x at 512, 1.96x at 4096 (0.49 of the
-# bf16 peak), but 2.9x slower at T=1 and 1.42x at T=8. Weights prepared for more than 8 tokens a call
-# (prepare_weights(tokens=...), the classes decode and prefill) get it; the class few: below
+# bf16 peak), but 2.9x slower at T=1 and 1.42x at T=8. Weights prepared for more than 64 tokens a call
+# (prepare_weights(tokens=...), the class prefill) get it; the classes few and decode: below
 OAI_TRITON_MOE_PRIORITY = 250
-OAI_TRITON_MOE_CLASS_PRIORITY = 310
-# The class few (<= 8 tokens a call): the portable triton_fused_moe (100; its MXFP4 decode kernels with the weight
-# rows as the dot's M) beat both libraries on the H200 (sweep-mx-moe-decode-m8.json, 2026-12-01, thirteenth
-# session): 77.4 / 133.4 / 227.7 us at T = 2 / 4 / 8 against Marlin's 84.8 / 143.7 / 247.7 (7-9% faster), 55.3 against
-# 54.6 at T = 1 (1.3% slower, within run-to-run spread), triton_kernels 1.3-1.8x slower. So both go below it there,
-# Marlin still above triton_kernels
-MARLIN_FEW_PRIORITY = 95
-OAI_TRITON_MOE_FEW_PRIORITY = 90
+OAI_TRITON_MOE_PREFILL_PRIORITY = 310
+# The classes few and decode (<= 64 tokens a call): the portable triton_fused_moe (100; its MXFP4 decode kernels with
+# the weight rows as the dot's M, layout triton-moe-v2) beats both libraries at every measured T on the H200
+# (sweep-mx-moe-decode-v2.json, 2026-12-01, fourteenth session): 48.0 / 110.7 / 189.5 / 335.8 / 769.7 us at
+# T = 1 / 4 / 8 / 16 / 64 against Marlin's 54.4 / 141.6 / 251.3 / 445.2 / 1012.7 and triton_kernels' 96.4 / 201.3 /
+# 283.3 / 419.9 / 909.8. So both go below it there, Marlin still above triton_kernels
+MARLIN_DECODE_PRIORITY = 95
+OAI_TRITON_MOE_DECODE_PRIORITY = 90
 ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (same file)
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
 # mhc_pre and mhc_post_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): above the Triton kernels
@@ -92,7 +92,7 @@ def register(registry: Registry) -> None:
     registry.add_kernel(KernelImpl(
         op="moe_experts", name=marlin_moe.NAME, target="dsv4hal_cuda_sm90.marlin_moe:moe_experts",
         prepare="dsv4hal_cuda_sm90.marlin_moe:prepare_weights", platforms=(PLATFORM,), priority=MARLIN_PRIORITY,
-        priority_when=(({"tokens": "few"}, MARLIN_FEW_PRIORITY),),
+        priority_when=tuple(({"tokens": c}, MARLIN_DECODE_PRIORITY) for c in ("few", "decode")),
         tier="vendor", requires=(), supports=marlin_moe.supports, layout=marlin_moe.LAYOUT,
         description=f"vLLM 0.24 Marlin MoE (W4A16 MXFP4, torch.ops.{marlin_moe.OP_NAMESPACE}.{marlin_moe.OP_NAME}; "
                     f"library from {marlin_moe.ENV_LIB})"))
@@ -112,8 +112,8 @@ def register(registry: Registry) -> None:
         (oai_triton_moe.LIBRARY,), oai_triton_moe.LAYOUT, oai_triton_moe.supports,
         "triton_kernels matmul_ogs (vLLM 0.24's bundle; W4A16 MXFP4 in the Hopper layouts): routing from the top-k, "
         "GEMM1 with DSV4's clamped SwiGLU fused, GEMM2 with the routing weights and the per-token sum",
-        priority_when=(*(({"tokens": c}, OAI_TRITON_MOE_CLASS_PRIORITY) for c in ("decode", "prefill")),
-                       ({"tokens": "few"}, OAI_TRITON_MOE_FEW_PRIORITY))))
+        priority_when=(({"tokens": "prefill"}, OAI_TRITON_MOE_PREFILL_PRIORITY),
+                       *(({"tokens": c}, OAI_TRITON_MOE_DECODE_PRIORITY) for c in ("few", "decode")))))
     registry.add_kernel(KernelImpl(
         op="moe_route", name=vllm_router.NAME, target="dsv4hal_cuda_sm90.vllm_router:moe_route",
         platforms=(PLATFORM,), priority=ROUTER_PRIORITY, tier="vendor", supports=vllm_router.supports,

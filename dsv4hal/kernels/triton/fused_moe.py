@@ -1,11 +1,12 @@
 """Portable Triton fused MoE (routed experts) for MXFP4 and FP8 128x128 block-scaled weights.
 
-Layout "triton-moe-v1" (prepare_weights): the logical ExpertWeights tensors, unchanged and uncopied
-(made contiguous), in a TritonMoeWeights: w13 [E, 2I, H(/2)] and w2 [E, H, I(/2)] are K-contiguous
-rows, which is what a weight tile [BLOCK_K, BLOCK_N] loaded along K wants (each row's K run is
-coalesced). FP8 values are kept as raw uint8 bytes (decoded in registers with integer arithmetic, so
-e4m3fn and e4m3fnuz decode identically on NVIDIA, ROCm and the interpreter); MXFP4 keeps its packed
-nibbles and UE8M0 bytes; FP8 block scales stay fp32 [E, ceil(N/128), ceil(K/128)].
+Layout "triton-moe-v2" (prepare_weights): the logical ExpertWeights tensors in a TritonMoeWeights: w13 [E, 2I,
+H(/2)] and w2 [E, H, I(/2)] are K-contiguous rows, which is what a weight tile loaded along K wants (each row's K run
+is coalesced). FP8 values are kept as raw uint8 bytes, uncopied (decoded in registers with integer arithmetic, so
+e4m3fn and e4m3fnuz decode identically on NVIDIA, ROCm and the interpreter); FP8 block scales stay fp32
+[E, ceil(N/128), ceil(K/128)]. MXFP4 keeps its UE8M0 bytes; its packed nibbles are copied with the bits of each
+16-bit element (the four e2m1 codes of k = 4e .. 4e + 3) reordered so that the decode takes few instructions (see
+MX_BITS below).
 
 Algorithm (no host sync, fixed-size buffers: CUDA-graph safe):
   1. align (torch ops on the device): the T*k (token, slot) pairs are sorted by expert (stable), each
@@ -19,13 +20,12 @@ Algorithm (no host sync, fixed-size buffers: CUDA-graph safe):
      pair's routing weight and atomically added (fp32) into y [T, H]; y is cast to bf16 at the end.
 
 MXFP4 decode (T <= 64) runs two other kernels with the same algorithm and buffers: the weight rows are the
-dot's M and the tokens its N, the packed bytes are read as 16-bit elements of four nibbles decoded by inline PTX on
-NVIDIA GPUs (plain Triton elsewhere), and the activations and h are split by k mod 4 (see "MXFP4, weights as the M
-operand" below). Shapes whose H or I is not a multiple of 64 run the row kernels.
+dot's M and the tokens its N, the activations and h are split by k mod 4 (see "MXFP4, weights as the M operand"
+below). Shapes whose H or I is not a multiple of 64 run the row kernels.
 
-Dequantization (row kernels): MXFP4 bytes are split into low (even k) and high (odd k) nibbles and dotted against the
-even and odd columns of the activations (two dots of BLOCK_K/2), e2m1 decoded arithmetically and
-multiplied by 2**(s - 127) built from the exponent bits (exact in bf16). FP8 codes are exact in bf16;
+Dequantization: MXFP4 weights are read as 16-bit elements, decoded into four operands (one per k mod 4) that are
+dotted against the matching activations, exactly in bf16 (by inline PTX on NVIDIA GPUs, in plain Triton elsewhere:
+_mx_quarters). FP8 codes are exact in bf16;
 the 128x128 block scale is constant along K inside a tile (BLOCK_K divides 128) and is applied per output
 column after the dot, as DeepGEMM does. Activations stay bf16 (W4A16 / W8A16); accumulation is fp32.
 """
@@ -47,7 +47,7 @@ from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_
 from dsv4hal.ops.moe import DECODE_MAX_TOKENS
 from dsv4hal.prepared import ExpertTensors
 
-LAYOUT = "triton-moe-v1"
+LAYOUT = "triton-moe-v2"
 # Triton's interpreter computes tl.dot on bf16 operands wrongly: upcast them to fp32 there.
 _DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
 # The swapped MXFP4 kernels decode with inline PTX on NVIDIA GPUs, in plain Triton elsewhere (same values).
@@ -72,29 +72,63 @@ SWAP_MIN_BLOCK_K = 64  # each of its four dots needs K >= 16; H and I must be mu
 ROW_DECODE_TILES = {"block_m": 16, "block_n": 64, "block_k": 64}  # the row kernels' decode tiles (the former default)
 
 
+# The MXFP4 element layout: a 16-bit element holds the e2m1 codes of k = 4e + j (j = 0..3), code j's magnitude
+# bits (e1 e0 m) at MX_BITS[j][0] .. + 2 and its sign at MX_BITS[j][1]. The decode places them at bf16 bits 6..8 and
+# 15 with one shift when the two offsets agree (j = 0: none, j = 1: 3), two shifts else: 11 integer instructions for
+# four bf16x2 registers, the fewest of any such order (the byte order, nibble j at bits 4j, needs 15).
+MX_BITS = ((6, 15), (3, 12), (0, 13), (9, 14))
+# Scale bytes up to this value let the PTX multiply once, by 2**(s - 1) (a normal bf16); larger bytes (scales above
+# 2, and NaN) take a second multiply. prepare_weights records which.
+MX_NARROW_SCALE_MAX = 128
+
+
 @dataclass(frozen=True)
 class TritonMoeWeights(ExpertTensors):
-    """Payload of weights prepared for triton_fused_moe (layout triton-moe-v1, see the module doc): w13 uint8
-    [E, 2I, H/2] (mxfp4) or [E, 2I, H] FP8 bytes, w13_scale uint8 [E, 2I, H/32] or fp32 [E, ceil(2I/128),
-    ceil(H/128)]; w2 uint8 [E, H, I/2] or [E, H, I], w2_scale uint8 [E, H, I/32] or fp32 [E, ceil(H/128),
-    ceil(I/128)]."""
+    """Payload of weights prepared for triton_fused_moe (layout triton-moe-v2, see the module doc): w13 uint8
+    [E, 2I, H/2] (mxfp4, elements reordered: MX_BITS) or [E, 2I, H] FP8 bytes, w13_scale uint8 [E, 2I, H/32] or
+    fp32 [E, ceil(2I/128), ceil(H/128)]; w2 uint8 [E, H, I/2] or [E, H, I], w2_scale uint8 [E, H, I/32] or fp32
+    [E, ceil(H/128), ceil(I/128)]."""
 
     format: str  # "mxfp4" or "fp8_block"
     fnuz: bool  # fp8_block only: e4m3fnuz codes (bias 8) rather than e4m3fn
+    narrow_scales: bool = False  # mxfp4 only: every scale byte <= MX_NARROW_SCALE_MAX
+
+
+def reorder_mxfp4(packed: torch.Tensor) -> torch.Tensor:
+    """Packed e2m1 bytes [..., K/2] (two codes a byte, low nibble first) -> the same shape with each 16-bit element's
+    bits in the MX_BITS order, a new tensor. One expert at a time, so the int32 scratch stays small."""
+    out = torch.empty_like(packed)
+    src = packed.view(torch.int16).reshape(-1, *packed.shape[-2:-1], packed.shape[-1] // 2)
+    dst = out.view(torch.int16).reshape(src.shape)
+    for i in range(src.shape[0]):
+        u = src[i].to(torch.int32) & 0xFFFF
+        v = torch.zeros_like(u)
+        for j, (magnitude, sign) in enumerate(MX_BITS):
+            code = u >> (4 * j)
+            v |= ((code & 7) << magnitude) | (((code >> 3) & 1) << sign)
+        dst[i] = (v - ((v & 0x8000) << 1)).to(torch.int16)
+    return out
 
 
 def prepare_weights(w: ExpertWeights) -> TritonMoeWeights:
-    """Logical ExpertWeights -> TritonMoeWeights (no copy when the tensors are already contiguous)."""
+    """Logical ExpertWeights -> TritonMoeWeights: FP8 uncopied (made contiguous), MXFP4 nibbles reordered. The MXFP4
+    scale bytes are read once here (a host sync at load time) to record whether all are narrow."""
     def raw(t: torch.Tensor) -> torch.Tensor:
         t = t.contiguous()
         return t if t.dtype == torch.uint8 or t.dtype == torch.float32 else t.view(torch.uint8)
 
     mx = w.format == "mxfp4"
+    if mx:
+        s13, s2 = raw(w.w13_scale), raw(w.w2_scale)
+        narrow = max(int(s13.max()), int(s2.max())) <= MX_NARROW_SCALE_MAX if s13.numel() and s2.numel() else True
+        return TritonMoeWeights(
+            format=w.format, fnuz=False, narrow_scales=narrow, w13=reorder_mxfp4(raw(w.w13)), w13_scale=s13,
+            w2=reorder_mxfp4(raw(w.w2)), w2_scale=s2, num_experts=w.num_experts, hidden=w.hidden,
+            intermediate=w.intermediate)
     return TritonMoeWeights(
-        format=w.format, fnuz=(not mx) and w.fp8 == "e4m3fnuz",
-        w13=raw(w.w13), w13_scale=raw(w.w13_scale) if mx else w.w13_scale.float().contiguous(),
-        w2=raw(w.w2), w2_scale=raw(w.w2_scale) if mx else w.w2_scale.float().contiguous(),
-        num_experts=w.num_experts, hidden=w.hidden, intermediate=w.intermediate)
+        format=w.format, fnuz=w.fp8 == "e4m3fnuz", w13=raw(w.w13), w13_scale=w.w13_scale.float().contiguous(),
+        w2=raw(w.w2), w2_scale=w.w2_scale.float().contiguous(), num_experts=w.num_experts, hidden=w.hidden,
+        intermediate=w.intermediate)
 
 
 # ----------------------------------------------------------------------------- in-register dequant
@@ -119,14 +153,15 @@ def _ue8m0(s):
 
 
 @triton.jit
-def _mx_tiles(w_base, s_base, n, kb, mask, stride_wn, stride_sn, DTYPE: tl.constexpr):
-    """Weight rows n, packed byte columns kb -> (even-k, odd-k) dequantized tiles [BLOCK_K/2, BLOCK_N]."""
-    b = tl.load(w_base + n[None, :] * stride_wn + kb[:, None], mask=mask, other=0).to(tl.int32)
-    s = tl.load(s_base + n[None, :] * stride_sn + kb[:, None] // 16, mask=mask, other=127).to(tl.int32)
-    scale = _ue8m0(s)
-    lo = (_e2m1(b & 0xF) * scale).to(DTYPE)
-    hi = (_e2m1(b >> 4) * scale).to(DTYPE)
-    return lo, hi
+def _mx_x_quarters(rows, e, mask, quarter, DTYPE: tl.constexpr):
+    """Row kernels: rows [BM, 1] (pointers) of activations split by k mod 4 ([rows, 4, K / 4], quarter: K / 4), at
+    k = 4e + j -> the four tiles [BM, BKE], j = 0..3 (contiguous runs, as the swapped kernels load them)."""
+    k = e[None, :]
+    x0 = tl.load(rows + k, mask=mask, other=0.0).to(DTYPE)
+    x1 = tl.load(rows + quarter + k, mask=mask, other=0.0).to(DTYPE)
+    x2 = tl.load(rows + 2 * quarter + k, mask=mask, other=0.0).to(DTYPE)
+    x3 = tl.load(rows + 3 * quarter + k, mask=mask, other=0.0).to(DTYPE)
+    return x0, x1, x2, x3
 
 
 @triton.jit
@@ -150,7 +185,7 @@ def _gate_up_kernel(
     num_pairs, top_k, H, I, stride_xt,
     stride_we, stride_wn, stride_se, stride_sn, stride_sk,
     limit, CLAMP: tl.constexpr,
-    MXFP4: tl.constexpr, FNUZ: tl.constexpr,
+    MXFP4: tl.constexpr, FNUZ: tl.constexpr, ASM: tl.constexpr, NARROW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -170,22 +205,23 @@ def _gate_up_kernel(
     x_rows = x_ptr + tok[:, None] * stride_xt
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if MXFP4:
-        HALF: tl.constexpr = BLOCK_K // 2
-        kb_total = H // 2
-        for kb0 in range(0, kb_total, HALF):
-            kb = kb0 + tl.arange(0, HALF)
-            kmask = kb < kb_total
-            xm = valid[:, None] & kmask[None, :]
-            xe = tl.load(x_rows + 2 * kb[None, :], mask=xm, other=0.0).to(DTYPE)
-            xo = tl.load(x_rows + 2 * kb[None, :] + 1, mask=xm, other=0.0).to(DTYPE)
-            wm = kmask[:, None] & nmask[None, :]
-            g_lo, g_hi = _mx_tiles(w_base, s_base, n, kb, wm, stride_wn, stride_sn, DTYPE)
-            acc_g += tl.dot(xe, g_lo)
-            acc_g += tl.dot(xo, g_hi)
-            u_lo, u_hi = _mx_tiles(w_base, s_base, n + I, kb, wm, stride_wn, stride_sn, DTYPE)
-            acc_u += tl.dot(xe, u_lo)
-            acc_u += tl.dot(xo, u_hi)
+    if MXFP4:  # 16-bit elements: four dots a step, one per k mod 4
+        BKE: tl.constexpr = BLOCK_K // 4
+        for e0 in range(0, H // 4, BKE):
+            ke = e0 + tl.arange(0, BKE)  # (e is the expert)
+            emask = ke < H // 4
+            x0, x1, x2, x3 = _mx_x_quarters(x_rows, ke, valid[:, None] & emask[None, :], H // 4, DTYPE)
+            wm = emask[:, None] & nmask[None, :]
+            g0, g1, g2, g3 = _mx_col_tiles(w_base, s_base, n, ke, wm, stride_wn, stride_sn, ASM, NARROW, DTYPE)
+            acc_g = tl.dot(x0, g0, acc_g)
+            acc_g = tl.dot(x1, g1, acc_g)
+            acc_g = tl.dot(x2, g2, acc_g)
+            acc_g = tl.dot(x3, g3, acc_g)
+            u0, u1, u2, u3 = _mx_col_tiles(w_base, s_base, n + I, ke, wm, stride_wn, stride_sn, ASM, NARROW, DTYPE)
+            acc_u = tl.dot(x0, u0, acc_u)
+            acc_u = tl.dot(x1, u1, acc_u)
+            acc_u = tl.dot(x2, u2, acc_u)
+            acc_u = tl.dot(x3, u3, acc_u)
     else:
         for k0 in range(0, H, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
@@ -199,8 +235,11 @@ def _gate_up_kernel(
             su = _fp8_col_scale(s_base, n + I, nmask, k0, stride_sn, stride_sk)
             acc_u += tl.dot(xk, qu) * su[None, :]
     h = _swiglu_f32(acc_g, acc_u, limit, CLAMP)
-    h_ptrs = h_ptr + rows.to(tl.int64)[:, None] * I + n[None, :]
-    tl.store(h_ptrs, _to_bf16(h), mask=valid[:, None] & nmask[None, :])
+    if MXFP4:  # h split by k mod 4, as the down kernel reads it
+        col = (n % 4) * (I // 4) + n // 4
+    else:
+        col = n
+    tl.store(h_ptr + rows.to(tl.int64)[:, None] * I + col[None, :], _to_bf16(h), mask=valid[:, None] & nmask[None, :])
 
 
 @triton.jit
@@ -208,7 +247,7 @@ def _down_kernel(
     h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_ptr,
     num_pairs, top_k, H, I,
     stride_we, stride_wn, stride_se, stride_sn, stride_sk,
-    MXFP4: tl.constexpr, FNUZ: tl.constexpr,
+    MXFP4: tl.constexpr, FNUZ: tl.constexpr, ASM: tl.constexpr, NARROW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -229,17 +268,17 @@ def _down_kernel(
     h_rows = h_ptr + rows.to(tl.int64)[:, None] * I
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if MXFP4:
-        HALF: tl.constexpr = BLOCK_K // 2
-        kb_total = I // 2
-        for kb0 in range(0, kb_total, HALF):
-            kb = kb0 + tl.arange(0, HALF)
-            kmask = kb < kb_total
-            hm = valid[:, None] & kmask[None, :]
-            he = tl.load(h_rows + 2 * kb[None, :], mask=hm, other=0.0).to(DTYPE)
-            ho = tl.load(h_rows + 2 * kb[None, :] + 1, mask=hm, other=0.0).to(DTYPE)
-            lo, hi = _mx_tiles(w_base, s_base, n, kb, kmask[:, None] & nmask[None, :], stride_wn, stride_sn, DTYPE)
-            acc += tl.dot(he, lo)
-            acc += tl.dot(ho, hi)
+        BKE: tl.constexpr = BLOCK_K // 4
+        for e0 in range(0, I // 4, BKE):
+            ke = e0 + tl.arange(0, BKE)  # (e is the expert)
+            emask = ke < I // 4
+            h0, h1, h2, h3 = _mx_x_quarters(h_rows, ke, valid[:, None] & emask[None, :], I // 4, DTYPE)
+            wm = emask[:, None] & nmask[None, :]
+            w0, w1, w2, w3 = _mx_col_tiles(w_base, s_base, n, ke, wm, stride_wn, stride_sn, ASM, NARROW, DTYPE)
+            acc = tl.dot(h0, w0, acc)
+            acc = tl.dot(h1, w1, acc)
+            acc = tl.dot(h2, w2, acc)
+            acc = tl.dot(h3, w3, acc)
     else:
         for k0 in range(0, I, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
@@ -262,46 +301,41 @@ def _down_kernel(
 # a contiguous run the loads can pipeline. On NVIDIA GPUs inline PTX decodes two elements a register; each output
 # depends on its own element and scale only, so it holds in whatever register layout the compiler chooses.
 
-_MX_QUARTERS_ASM = tl.constexpr("""
-{
-.reg .b32 t, u, bias, nz;
-mov.b32 bias, 0x7E807E80;
-mov.b32 nz, 0x80008000;
-shl.b32 t, $4, 6;
-and.b32 t, t, 0x01C001C0;
-shl.b32 u, $4, 12;
-and.b32 u, u, 0x80008000;
-or.b32 t, t, u;
-fma.rn.bf16x2 t, t, bias, nz;
-fma.rn.bf16x2 $0, t, $5, nz;
-shl.b32 t, $4, 2;
-and.b32 t, t, 0x01C001C0;
-shl.b32 u, $4, 8;
-and.b32 u, u, 0x80008000;
-or.b32 t, t, u;
-fma.rn.bf16x2 t, t, bias, nz;
-fma.rn.bf16x2 $1, t, $5, nz;
-shr.b32 t, $4, 2;
-and.b32 t, t, 0x01C001C0;
-shl.b32 u, $4, 4;
-and.b32 u, u, 0x80008000;
-or.b32 t, t, u;
-fma.rn.bf16x2 t, t, bias, nz;
-fma.rn.bf16x2 $2, t, $5, nz;
-shr.b32 t, $4, 6;
-and.b32 t, t, 0x01C001C0;
-and.b32 u, $4, 0x80008000;
-or.b32 t, t, u;
-fma.rn.bf16x2 t, t, bias, nz;
-fma.rn.bf16x2 $3, t, $5, nz;
-}
-""")
-# Why this decodes: $4 holds two 16-bit elements, one per bf16 lane (bits 0-15, 16-31); output j takes nibble j of
-# each (bits 4j..4j+3 of its lane) with one shift and mask for both lanes. A nibble s e1 e0 m placed as bf16 bits s
-# at 15 and e1 e0 m at 8..6 is the bf16 whose exponent field is e: for e > 0 2**(e - 127) * (1 + m / 2), for e = 0
-# the subnormal m * 2**-127, each exactly 2**-126 times the e2m1 value. Times 2**126 (0x7E80, exact, subnormals
-# kept) and then the element's block scale $5 (a power of two, per lane) it is exact in bf16. The products are
-# fma with -0 added (exact, the sign of a zero kept): fma.bf16x2 needs sm_80, mul.bf16x2 sm_90.
+def _mx_decode_ptx(narrow: bool) -> str:
+    """Inline PTX for _mx_quarters, built from MX_BITS: $4 holds two 16-bit elements, one per bf16 lane; output j
+    (a bf16x2 register) is code j of each, placed as bf16 bits (sign 15, e1 e0 m 8..6) by shifting the whole
+    register (no lane's bits cross into the other's kept bits) and masking. Those bits read as the bf16 2**-126
+    times the e2m1 value (e > 0: 2**(e - 127) * (1 + m / 2); e = 0: the subnormal m * 2**-127). Narrow multiplies
+    once, by $5 = 2**(s - 1) (each lane's, a normal bf16 for scale bytes s <= 128); else by 2**126, then by $5 = the
+    scale 2**(s - 127). Every product is exact (subnormals kept); fma with -0 added keeps the sign of a zero
+    (fma.bf16x2 needs sm_80, mul.bf16x2 sm_90)."""
+    lines = ["{", ".reg .b32 t, u, f, nz;", "mov.b32 nz, 0x80008000;", "mov.b32 f, 0x7E807E80;"]  # f: 2**126
+
+    def shifted(dst: str, shift: int) -> str:  # dst = $4 moved left by shift (right if negative)
+        if shift == 0:
+            return f"mov.b32 {dst}, $4;"
+        return f"shl.b32 {dst}, $4, {shift};" if shift > 0 else f"shr.b32 {dst}, $4, {-shift};"
+
+    for j, (magnitude, sign) in enumerate(MX_BITS):
+        body, sgn = 6 - magnitude, 15 - sign
+        if body == sgn:
+            lines += [shifted("t", body), "and.b32 t, t, 0x81C081C0;"]
+        else:
+            lines += [shifted("t", body), "and.b32 t, t, 0x01C001C0;", shifted("u", sgn),
+                      "and.b32 u, u, 0x80008000;", "or.b32 t, t, u;"]
+        if narrow:
+            lines.append(f"fma.rn.bf16x2 ${j}, t, $5, nz;")
+        else:
+            lines += ["fma.rn.bf16x2 t, t, f, nz;", f"fma.rn.bf16x2 ${j}, t, $5, nz;"]
+    return "\n".join(lines + ["}"])
+
+
+_MX_PTX_NARROW = tl.constexpr(_mx_decode_ptx(True))
+_MX_PTX_WIDE = tl.constexpr(_mx_decode_ptx(False))
+_MX_MAG0, _MX_SIGN0 = tl.constexpr(MX_BITS[0][0]), tl.constexpr(MX_BITS[0][1])
+_MX_MAG1, _MX_SIGN1 = tl.constexpr(MX_BITS[1][0]), tl.constexpr(MX_BITS[1][1])
+_MX_MAG2, _MX_SIGN2 = tl.constexpr(MX_BITS[2][0]), tl.constexpr(MX_BITS[2][1])
+_MX_MAG3, _MX_SIGN3 = tl.constexpr(MX_BITS[3][0]), tl.constexpr(MX_BITS[3][1])
 
 
 @triton.jit
@@ -313,26 +347,55 @@ def _mx_scale_bf16(s):
 
 
 @triton.jit
-def _mx_quarters(q, m, ASM: tl.constexpr, DTYPE: tl.constexpr):
-    """16-bit elements q (four e2m1 nibbles each) and their block scales m (one per element: bf16 for the PTX, fp32
-    else), any shape and layout -> the four nibbles' values times the scale, exact in bf16 (DTYPE: bf16, or fp32
-    for the interpreter's dot)."""
+def _mx_scale_operand(s, ASM: tl.constexpr, NARROW: tl.constexpr):
+    """UE8M0 bytes -> the scale operand _mx_quarters takes: bf16 2**(s - 1) (narrow PTX: s <= 128, its exponent
+    field s + 126), bf16 2**(s - 127) (wide PTX) or the fp32 2**(s - 127) (plain)."""
+    if ASM:
+        if NARROW:
+            m = ((s.to(tl.int32) + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        else:
+            m = _mx_scale_bf16(s)
+    else:
+        m = _ue8m0(s.to(tl.int32))
+    return m
+
+
+@triton.jit
+def _mx_code(b, MAG: tl.constexpr, SIGN: tl.constexpr):
+    """The e2m1 code (sign at bit 3) stored at magnitude bits MAG .. MAG + 2 and sign bit SIGN of elements b."""
+    return ((b >> MAG) & 7) | (((b >> SIGN) & 1) << 3)
+
+
+@triton.jit
+def _mx_quarters(q, m, ASM: tl.constexpr, NARROW: tl.constexpr, DTYPE: tl.constexpr):
+    """16-bit elements q (four e2m1 codes each, MX_BITS order) and their scale operands m (_mx_scale_operand), any
+    shape and layout -> the four codes' values times the scale, exact in bf16 (DTYPE: bf16, or fp32 for the
+    interpreter's dot)."""
     if ASM:
         v0, v1, v2, v3 = tl.inline_asm_elementwise(
-            _MX_QUARTERS_ASM, "=r,=r,=r,=r,r,r", [q, m], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
-            is_pure=True, pack=2)
+            _MX_PTX_NARROW if NARROW else _MX_PTX_WIDE, "=r,=r,=r,=r,r,r", [q, m],
+            dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
     else:  # the same values in plain Triton (the interpreter, ROCm)
         b = q.to(tl.int32) & 0xFFFF
-        v0 = (_e2m1(b & 15) * m).to(DTYPE)
-        v1 = (_e2m1((b >> 4) & 15) * m).to(DTYPE)
-        v2 = (_e2m1((b >> 8) & 15) * m).to(DTYPE)
-        v3 = (_e2m1(b >> 12) * m).to(DTYPE)
+        v0 = (_e2m1(_mx_code(b, _MX_MAG0, _MX_SIGN0)) * m).to(DTYPE)
+        v1 = (_e2m1(_mx_code(b, _MX_MAG1, _MX_SIGN1)) * m).to(DTYPE)
+        v2 = (_e2m1(_mx_code(b, _MX_MAG2, _MX_SIGN2)) * m).to(DTYPE)
+        v3 = (_e2m1(_mx_code(b, _MX_MAG3, _MX_SIGN3)) * m).to(DTYPE)
     return v0, v1, v2, v3
 
 
 @triton.jit
+def _mx_col_tiles(w_base, s_base, n, e, mask, stride_wn, stride_sn, ASM: tl.constexpr, NARROW: tl.constexpr,
+                  DTYPE: tl.constexpr):
+    """Row kernels: weight rows n, 16-bit elements e (8 to a 32-group) -> the four operands [BKE, BN], k = 4e + j."""
+    q = tl.load(w_base + n[None, :] * stride_wn + e[:, None], mask=mask, other=0)
+    s = tl.load(s_base + n[None, :] * stride_sn + e[:, None] // 8, mask=mask, other=127)
+    return _mx_quarters(q, _mx_scale_operand(s, ASM, NARROW), ASM, NARROW, DTYPE)
+
+
+@triton.jit
 def _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE: tl.constexpr, EVEN: tl.constexpr,
-                 ASM: tl.constexpr, DTYPE: tl.constexpr):
+                 ASM: tl.constexpr, NARROW: tl.constexpr, DTYPE: tl.constexpr):
     """Weight rows n, 16-bit elements e0 .. e0 + BKE (8 to a 32-group) -> the four operands [BN, BKE]."""
     BN: tl.constexpr = n.shape[0]
     e = e0 + tl.arange(0, BKE)
@@ -343,12 +406,9 @@ def _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE: tl.con
     else:
         q = tl.load(w_base + n[:, None] * stride_wn + e[None, :], mask=nmask[:, None], other=0)
         s = tl.load(s_base + n[:, None] * stride_sn + g[None, :], mask=nmask[:, None], other=127)
-    if ASM:  # the scales once a group, as the PTX multiplies them: bf16
-        m = _mx_scale_bf16(s)
-    else:
-        m = _ue8m0(s.to(tl.int32))
+    m = _mx_scale_operand(s, ASM, NARROW)  # once a group, then broadcast to its 8 elements
     m = tl.reshape(tl.broadcast_to(m[:, :, None], [BN, BKE // 8, 8]), [BN, BKE])
-    return _mx_quarters(q, m, ASM, DTYPE)
+    return _mx_quarters(q, m, ASM, NARROW, DTYPE)
 
 
 @triton.jit
@@ -364,17 +424,43 @@ def _mx_act_quarters(base, e0, quarter, BKE: tl.constexpr, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _mx_act_rows(base, e0, BKE: tl.constexpr, DTYPE: tl.constexpr):
+    """The same four tiles as _mx_act_quarters from unsplit rows (base: [1, BM] row pointers of [rows, K]): one load
+    of k = 4 * e0 .. 4 * (e0 + BKE), four values a token contiguous, split by k mod 4 in registers."""
+    i = (e0 + tl.arange(0, BKE))[:, None, None]
+    j = tl.arange(0, 4)[None, None, :]
+    a = tl.load(base[:, :, None] + 4 * i + j).to(DTYPE)  # [BKE, BM, 4]
+    a = tl.reshape(a, [BKE, base.shape[1], 2, 2])
+    even, odd = tl.split(a)  # k mod 4 in (0, 2) and (1, 3)
+    a0, a2 = tl.split(even)
+    a1, a3 = tl.split(odd)
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _zero_share(y_ptr, y_numel, ZB: tl.constexpr):
+    """This program's share of zeroing y (fp32, y_numel values) in blocks of ZB, grid-strided over all programs."""
+    num = tl.num_programs(0) * tl.num_programs(1)
+    pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    for off in range(pid * ZB, y_numel, num * ZB):
+        z = off + tl.arange(0, ZB)
+        tl.store(y_ptr + z, tl.zeros([ZB], dtype=tl.float32), mask=z < y_numel)
+
+
+@triton.jit
 def _mx_gate_up_swapped(
-    xs_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr,
-    num_pairs, top_k, H, I, stride_we, stride_wn, stride_se, stride_sn,
+    x_ptr, w_ptr, s_ptr, h_ptr, y_ptr, sorted_ptr, block_expert_ptr,
+    num_pairs, top_k, H, I, y_numel, stride_we, stride_wn, stride_se, stride_sn,
     limit, CLAMP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    NARROW: tl.constexpr, X_SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block; xs: x split [T, 4, H / 4];
-    h is stored split too, [rows, 4, I / 4]. BLOCK_K (k values a step) divides H."""
+    """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block; x [T, H], or split
+    [T, 4, H / 4] (X_SPLIT); h is stored split, [rows, 4, I / 4]. BLOCK_K (k values a step) divides H. Every program
+    first zeroes its share of y [T, H] fp32, which the down kernel accumulates into (one launch fewer)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    _zero_share(y_ptr, y_numel, 1024)
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
         return
@@ -386,20 +472,24 @@ def _mx_gate_up_swapped(
     nmask = n < I
     w_base = w_ptr + e.to(tl.int64) * stride_we
     s_base = s_ptr + e.to(tl.int64) * stride_se
-    x_base = xs_ptr + tok[None, :] * H
+    x_base = x_ptr + tok[None, :] * H
     BKE: tl.constexpr = BLOCK_K // 4
     DTYPE: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
     acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for e0 in range(0, H // 4, BKE):
-        x0, x1, x2, x3 = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
-        g0, g1, g2, g3 = _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM, DTYPE)
+        if X_SPLIT:
+            x0, x1, x2, x3 = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
+        else:
+            x0, x1, x2, x3 = _mx_act_rows(x_base, e0, BKE, DTYPE)
+        g0, g1, g2, g3 = _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM, NARROW,
+                                      DTYPE)
         acc_g = tl.dot(g0, x0, acc_g)
         acc_g = tl.dot(g1, x1, acc_g)
         acc_g = tl.dot(g2, x2, acc_g)
         acc_g = tl.dot(g3, x3, acc_g)
         u0, u1, u2, u3 = _mx_row_tile(w_base, s_base, n + I, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM,
-                                      DTYPE)
+                                      NARROW, DTYPE)
         acc_u = tl.dot(u0, x0, acc_u)
         acc_u = tl.dot(u1, x1, acc_u)
         acc_u = tl.dot(u2, x2, acc_u)
@@ -414,7 +504,7 @@ def _mx_down_swapped(
     h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_ptr,
     num_pairs, top_k, H, I, stride_we, stride_wn, stride_se, stride_sn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    NARROW: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """y^T tile [BLOCK_N, BLOCK_M] += route weight * W2 h^T for one expert block (fp32 atomics into y [T, H]); h
     split [rows, 4, I / 4]. BLOCK_K divides I."""
@@ -438,7 +528,8 @@ def _mx_down_swapped(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for e0 in range(0, I // 4, BKE):
         h0, h1, h2, h3 = _mx_act_quarters(h_base, e0, I // 4, BKE, DTYPE)
-        w0, w1, w2, w3 = _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM, DTYPE)
+        w0, w1, w2, w3 = _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM, NARROW,
+                                      DTYPE)
         acc = tl.dot(w0, h0, acc)
         acc = tl.dot(w1, h1, acc)
         acc = tl.dot(w2, h2, acc)
@@ -463,9 +554,9 @@ def _config(fmt: str, num_tokens: int, config: dict | None) -> dict:
         if bk & (bk - 1) or not SWAP_MIN_BLOCK_K <= bk <= SWAP_MAX_BLOCK_K:
             raise ValueError(f"block_k of the swapped MXFP4 kernels must be a power of two in [{SWAP_MIN_BLOCK_K}, "
                              f"{SWAP_MAX_BLOCK_K}] (four dots of K >= 16 a step); got {bk}")
-    elif bk & (bk - 1) or not 32 <= bk <= FP8_BLOCK:
-        raise ValueError(f"block_k must be a power of two in [32, {FP8_BLOCK}] (it divides the 128 FP8 block and "
-                         f"holds whole MXFP4 32-groups); got {bk}")
+    elif bk & (bk - 1) or not (64 if fmt == "mxfp4" else 32) <= bk <= FP8_BLOCK:
+        raise ValueError(f"block_k must be a power of two in [32, {FP8_BLOCK}] (it divides the 128 FP8 block), for "
+                         f"MXFP4 in [64, {FP8_BLOCK}] (four dots of K >= 16 a step); got {bk}")
     min_m = 8 if fmt == "mxfp4" and cfg.get("swap") else 16  # the swapped kernels' tokens are the dot's N
     if bn & (bn - 1) or bn < 16 or bm & (bm - 1) or bm < min_m:
         raise ValueError(f"block_m and block_n must be powers of two >= {min_m} and 16; got {bm}, {bn}")
@@ -479,11 +570,12 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     k = topk_ids.shape[1]
     e, inter = weights.num_experts, weights.intermediate
     dev = x.device
-    y = torch.zeros(t, hid, dtype=torch.float32, device=dev)
     p = t * k
     cfg = _config(weights.format, t, config)
     mx = weights.format == "mxfp4"
     swapped = mx and bool(cfg.get("swap")) and hid % SWAP_MIN_BLOCK_K == 0 and inter % SWAP_MIN_BLOCK_K == 0
+    # the swapped gate-up kernel zeroes y itself
+    y = (torch.empty if swapped and p else torch.zeros)(t, hid, dtype=torch.float32, device=dev)
     if mx and cfg.get("swap") and not swapped:  # shapes the swapped kernels do not take: the row kernels and tiles
         cfg = {**cfg, **ROW_DECODE_TILES}
     bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
@@ -497,23 +589,28 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     h = torch.empty(nb * bm, inter, dtype=torch.bfloat16, device=dev)
     limit, clamp = swiglu_limit_args(swiglu_limit)
     w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
+    # "x_split" (swapped kernels): x split by k mod 4 in a copy first (else in the kernel's registers)
+    x_split = not swapped or cfg.get("x_split", False)
+    if mx:  # 16-bit elements of four codes each; the activations split by k mod 4: [T, 4, H / 4]
+        w13, w2 = w13.view(torch.int16), w2.view(torch.int16)
+        if x_split:
+            x = x.view(t, hid // 4, 4).transpose(1, 2).contiguous()
+    # "ptx": False runs the plain Triton decode on an NVIDIA GPU too (to measure what ROCm runs)
+    asm = dict(ASM=mx and _MX_ASM and cfg.get("ptx", True), NARROW=weights.narrow_scales)
     if swapped:
-        # "ptx": False runs the plain Triton decode on an NVIDIA GPU too (to measure what ROCm runs)
         bk = min(bk, _pow2_divisor(math.gcd(hid, inter)))  # K tiles never straddle the end
-        tiles = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, ASM=_MX_ASM and cfg.get("ptx", True), DOT_F32=_DOT_F32,
-                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-        xs = x.view(t, hid // 4, 4).transpose(1, 2).contiguous()  # split by k mod 4: [T, 4, H / 4]
-        w13e, w2e = w13.view(torch.int16), w2.view(torch.int16)  # 16-bit elements: four nibbles each
+        tiles = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_F32=_DOT_F32, num_warps=cfg["num_warps"],
+                     num_stages=cfg["num_stages"], **asm)
         _mx_gate_up_swapped[(nb, triton.cdiv(inter, bn))](
-            xs, w13e, s13, h, sorted_pairs, block_expert, p, k, hid, inter,
-            w13e.stride(0), w13e.stride(1), s13.stride(0), s13.stride(1), limit, CLAMP=clamp,
-            EVEN_N=inter % bn == 0, **tiles)
+            x, w13, s13, h, y, sorted_pairs, block_expert, p, k, hid, inter, y.numel(),
+            w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), limit, CLAMP=clamp,
+            EVEN_N=inter % bn == 0, X_SPLIT=x_split, **tiles)
         _mx_down_swapped[(nb, triton.cdiv(hid, bn))](
-            h, w2e, s2, y, tw, sorted_pairs, block_expert, p, k, hid, inter,
-            w2e.stride(0), w2e.stride(1), s2.stride(0), s2.stride(1), EVEN_N=hid % bn == 0, **tiles)
+            h, w2, s2, y, tw, sorted_pairs, block_expert, p, k, hid, inter,
+            w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), EVEN_N=hid % bn == 0, **tiles)
         return y.to(torch.bfloat16)
     launch = dict(MXFP4=mx, FNUZ=weights.fnuz, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_F32=_DOT_F32,
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **asm)
     sk13 = 0 if mx else s13.stride(2)
     sk2 = 0 if mx else s2.stride(2)
     _gate_up_kernel[(nb, triton.cdiv(inter, bn))](

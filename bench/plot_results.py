@@ -13,7 +13,11 @@ libraries.
     python3 bench/plot_results.py apply bench/results/h200/sweep-mhc-apply-apart.json \
         bench/results/h200/sweep-mhc-apply-apart.png
     python3 bench/plot_results.py mxmoe bench/results/h200/sweep-mx-moe-decode-m8.json \
-        bench/results/h200/sweep-mx-moe-decode-m8.png"""
+        bench/results/h200/sweep-mx-moe-decode-m8.png
+    python3 bench/plot_results.py mxmoe bench/results/h200/sweep-mx-moe-decode-v2.json \
+        bench/results/h200/sweep-mx-moe-decode-v2.png
+    python3 bench/plot_results.py mxmoe bench/results/h200/sweep-mx-moe-decode-v2b.json \
+        bench/results/h200/sweep-mx-moe-decode-v2b.png"""
 
 from __future__ import annotations
 

@@ -8,11 +8,13 @@
 #   R=$OUT bash bench/run_h200_session15.sh demo    # (triton_fused_moe now selected for <= 64 tokens) decode tests
 #                                                   # with the row kernels, conformance; the yardstick demo as
 #                                                   # selected, then with moe_experts forced to triton_kernels (the
-#                                                   # former choice); dsv4hal bench moe --quick
-#   R=$OUT bash bench/run_h200_session15.sh launch  # y zeroed in the gate-up kernel, x split in its registers:
-#                                                   # decode tests, the default beside x split by a copy and
-#                                                   # neighbours, conformance, bench moe --quick (the row kernels
-#                                                   # read split activations), the yardstick demo
+#                                                   # former choice); dsv4hal bench moe --quick; the decode call
+#                                                   # kernel by kernel (profile_mx_moe_decode.py, into the log)
+#   R=$OUT bash bench/run_h200_session15.sh launch  # (ran at e90747d) y zeroed in the gate-up kernel, x split in
+#                                                   # its registers: decode tests, the default beside x split by a
+#                                                   # copy and neighbours (grid v2b, since removed), conformance,
+#                                                   # bench moe --quick (the row kernels read split activations),
+#                                                   # the yardstick demo
 set -uo pipefail
 part=${1:?decode, demo or launch}
 source bench/h200_env.sh

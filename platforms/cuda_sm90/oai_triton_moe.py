@@ -21,7 +21,8 @@ so that the conversion's temporaries stay small. The kernel then needs bf16 acti
 128 (block_k 128; block_n 256 with 8 warps).
 
 On the H200 (2026-12-01; conformance 32 pass): 1.09-1.96x Marlin from T = 16 up, 1.4-3x slower at T <= 8; ranked
-above Marlin for weights prepared for more than 8 tokens a call (`prepare_weights(tokens > 8)`), below it for fewer.
+first for weights prepared for more than 64 tokens a call (`prepare_weights(tokens > 64)`), below Marlin and the
+portable triton_fused_moe for fewer (cuda_sm90's kernels.py says why).
 This module imports torch and triton_kernels only inside functions: registering the plugin stays free."""
 
 from __future__ import annotations

@@ -424,20 +424,6 @@ def _mx_act_quarters(base, e0, quarter, BKE: tl.constexpr, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _mx_act_rows(base, e0, BKE: tl.constexpr, DTYPE: tl.constexpr):
-    """The same four tiles as _mx_act_quarters from unsplit rows (base: [1, BM] row pointers of [rows, K]): one load
-    of k = 4 * e0 .. 4 * (e0 + BKE), four values a token contiguous, split by k mod 4 in registers."""
-    i = (e0 + tl.arange(0, BKE))[:, None, None]
-    j = tl.arange(0, 4)[None, None, :]
-    a = tl.load(base[:, :, None] + 4 * i + j).to(DTYPE)  # [BKE, BM, 4]
-    a = tl.reshape(a, [BKE, base.shape[1], 2, 2])
-    even, odd = tl.split(a)  # k mod 4 in (0, 2) and (1, 3)
-    a0, a2 = tl.split(even)
-    a1, a3 = tl.split(odd)
-    return a0, a1, a2, a3
-
-
-@triton.jit
 def _zero_share(y_ptr, y_numel, ZB: tl.constexpr):
     """This program's share of zeroing y (fp32, y_numel values) in blocks of ZB, grid-strided over all programs."""
     num = tl.num_programs(0) * tl.num_programs(1)
@@ -453,11 +439,12 @@ def _mx_gate_up_swapped(
     num_pairs, top_k, H, I, y_numel, stride_we, stride_wn, stride_se, stride_sn,
     limit, CLAMP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
-    NARROW: tl.constexpr, X_SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
+    NARROW: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block; x [T, H], or split
-    [T, 4, H / 4] (X_SPLIT); h is stored split, [rows, 4, I / 4]. BLOCK_K (k values a step) divides H. Every program
-    first zeroes its share of y [T, H] fp32, which the down kernel accumulates into (one launch fewer)."""
+    """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block; x split [T, 4, H / 4] (a
+    split in registers instead measured 1.07-1.19x slower on the H200); h is stored split too, [rows, 4, I / 4].
+    BLOCK_K (k values a step) divides H. Every program first zeroes its share of y [T, H] fp32, which the down kernel
+    accumulates into (one launch fewer)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     _zero_share(y_ptr, y_numel, 1024)
@@ -478,10 +465,7 @@ def _mx_gate_up_swapped(
     acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for e0 in range(0, H // 4, BKE):
-        if X_SPLIT:
-            x0, x1, x2, x3 = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
-        else:
-            x0, x1, x2, x3 = _mx_act_rows(x_base, e0, BKE, DTYPE)
+        x0, x1, x2, x3 = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
         g0, g1, g2, g3 = _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM, NARROW,
                                       DTYPE)
         acc_g = tl.dot(g0, x0, acc_g)
@@ -589,12 +573,9 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     h = torch.empty(nb * bm, inter, dtype=torch.bfloat16, device=dev)
     limit, clamp = swiglu_limit_args(swiglu_limit)
     w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
-    # "x_split" (swapped kernels): x split by k mod 4 in a copy first (else in the kernel's registers)
-    x_split = not swapped or cfg.get("x_split", False)
     if mx:  # 16-bit elements of four codes each; the activations split by k mod 4: [T, 4, H / 4]
         w13, w2 = w13.view(torch.int16), w2.view(torch.int16)
-        if x_split:
-            x = x.view(t, hid // 4, 4).transpose(1, 2).contiguous()
+        x = x.view(t, hid // 4, 4).transpose(1, 2).contiguous()
     # "ptx": False runs the plain Triton decode on an NVIDIA GPU too (to measure what ROCm runs)
     asm = dict(ASM=mx and _MX_ASM and cfg.get("ptx", True), NARROW=weights.narrow_scales)
     if swapped:
@@ -604,7 +585,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
         _mx_gate_up_swapped[(nb, triton.cdiv(inter, bn))](
             x, w13, s13, h, y, sorted_pairs, block_expert, p, k, hid, inter, y.numel(),
             w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), limit, CLAMP=clamp,
-            EVEN_N=inter % bn == 0, X_SPLIT=x_split, **tiles)
+            EVEN_N=inter % bn == 0, **tiles)
         _mx_down_swapped[(nb, triton.cdiv(hid, bn))](
             h, w2, s2, y, tw, sorted_pairs, block_expert, p, k, hid, inter,
             w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), EVEN_N=hid % bn == 0, **tiles)

@@ -10,13 +10,17 @@
 #                                                   # selected, then with moe_experts forced to triton_kernels (the
 #                                                   # former choice); dsv4hal bench moe --quick; the decode call
 #                                                   # kernel by kernel (profile_mx_moe_decode.py, into the log)
+#   R=$OUT bash bench/run_h200_session15.sh profile # the MXFP4 decode call kernel by kernel at T = 1, 8, 64
+#   R=$OUT bash bench/run_h200_session15.sh align   # the route alignment: one program or two launches, 6-512 routes
+#   R=$OUT bash bench/run_h200_session15.sh final   # (one program aligns up to 128 routes) the alignment's tests, the
+#                                                   # demo as selected and with triton_kernels forced, the profile
 #   R=$OUT bash bench/run_h200_session15.sh launch  # (ran at e90747d) y zeroed in the gate-up kernel, x split in
 #                                                   # its registers: decode tests, the default beside x split by a
 #                                                   # copy and neighbours (grid v2b, since removed), conformance,
 #                                                   # bench moe --quick (the row kernels read split activations),
 #                                                   # the yardstick demo
 set -uo pipefail
-part=${1:?decode, demo or launch}
+part=${1:?decode, demo, launch, profile, align or final}
 source bench/h200_env.sh
 if [[ $part == decode ]]; then
   { decode_tests 150 decode "decode or swapped or shapes_off or above_128"
@@ -40,4 +44,30 @@ if [[ $part == launch ]]; then
     bench_moe_quick 200
     stamp "demo (as selected)"; demo_flash 150 demo-flash
   } 2>&1 | tee "$R/log-launch15.txt"
+fi
+if [[ $part == profile ]]; then
+  { stamp "the MXFP4 decode call kernel by kernel"
+    timeout 120 python3 bench/profile_mx_moe_decode.py --tokens 1,8,64 --json "$R/profile-mx-moe-decode.json" \
+      > /tmp/prof.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/prof.log | tail -6 | cut -c1-1500
+  } 2>&1 | tee "$R/log-profile15.txt"
+fi
+if [[ $part == align ]]; then
+  { stamp "the route alignment: one program or two launches"
+    timeout 120 python3 bench/sweep_moe_align.py --json "$R/sweep-moe-align.json" > /tmp/align.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/align.log | tail -8 | cut -c1-600
+    gpu_tests 60 align tests/test_triton_moe_align.py
+  } 2>&1 | tee "$R/log-align15.txt"
+fi
+if [[ $part == final ]]; then
+  { gpu_tests 60 align tests/test_triton_moe_align.py
+    decode_tests 100 final "decode or swapped or shapes_off or above_128"
+    stamp "demo (as selected)"; demo_flash 150 demo-flash
+    stamp "demo, moe_experts forced to triton_kernels (the former choice)"
+    DSV4HAL_KERNELS=moe_experts=triton_kernels_mxfp4_sm90 demo_flash 150 demo-flash-oai-moe
+    stamp "the MXFP4 decode call kernel by kernel"
+    timeout 120 python3 bench/profile_mx_moe_decode.py --tokens 1,8,64 --json "$R/profile-mx-moe-decode.json" \
+      > /tmp/prof.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/prof.log | tail -6 | cut -c1-1500
+  } 2>&1 | tee "$R/log-final15.txt"
 fi

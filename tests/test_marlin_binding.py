@@ -204,10 +204,13 @@ def _candidate(decision, name: str):  # noqa: ANN001, ANN202
     return next(c for c in decision.candidates if c.name == name)
 
 
-def test_selection_picks_marlin_for_mxfp4(reg, fake_moe_c: Recorder) -> None:  # noqa: ANN001
+def test_selection_ranks_marlin_after_the_fused_moe_and_picks_it_without_triton(reg, fake_moe_c: Recorder) -> None:  # noqa: ANN001
     info = simulated_info("sm90", **SIM_LIBS)
     auto = dsv4hal.select_platform(info=info, registry=reg)
-    assert _candidate(auto.explain("moe_experts"), marlin_moe.NAME).status == "chosen"  # auto, MXFP4 case
+    d = auto.explain("moe_experts")  # the catalog's MXFP4 case, class decode: the portable fused MoE, then Marlin
+    assert d.chosen.name == "triton_fused_moe" and _candidate(d, marlin_moe.NAME).status == "eligible"
+    no_triton = simulated_info("sm90", vllm_moe="0.24")  # without Triton, Marlin is the choice
+    assert dsv4hal.select_platform(info=no_triton, registry=reg).explain("moe_experts").chosen.name == marlin_moe.NAME
     with ov.overrides(kernels={"moe_experts": marlin_moe.NAME}):
         p = dsv4hal.select_platform(info=info, registry=reg)
     assert p.name == "cuda_sm90"

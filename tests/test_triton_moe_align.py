@@ -107,11 +107,11 @@ class _CountLaunches:
         return self.kernel[grid]
 
 
-@pytest.mark.parametrize(("t", "launches"), [(1, 1), (64, 1), (86, 2)])
+@pytest.mark.parametrize(("t", "launches"), [(1, 1), (21, 1), (22, 2), (64, 2)])
 def test_launch_count(monkeypatch: pytest.MonkeyPatch, t: int, launches: int) -> None:
     counter = _CountLaunches(tma._align_kernel)
     monkeypatch.setattr(tma, "_align_kernel", counter)
-    _check(_ids(t, 6, 0, 256, t), 256, 16)  # 64 * 6 = 384 routes fit one program; 86 * 6 = 516 do not
+    _check(_ids(t, 6, 0, 256, t), 256, 16)  # 21 * 6 = 126 routes fit one program (FUSED_MAX_ROUTES); 22 * 6 do not
     assert counter.calls == launches
 
 

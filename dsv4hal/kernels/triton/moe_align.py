@@ -23,7 +23,10 @@ import triton.language as tl
 from dsv4hal.kernels.moe_align import AlignedRoutes, route_blocks
 
 C = 64  # routes per sub-chunk: the [C, C] rank tile stays spill-free (ptxas sm_90: 128 registers at 2 warps)
-FUSED_MAX_ROUTES = 8 * C  # up to this many routes one program does everything in one launch (decode)
+# Up to this many routes one program does everything in one launch. Its sub-chunks run one after another: on the
+# H200 (E 256, blocks of 8; bench/results/h200/sweep-moe-align.json) one program took 6.8 / 8.6 / 13.9 / 17.5 us at
+# 96 / 192 / 384 / 512 routes, two launches over several programs 6.6-6.8 us at every count from 96
+FUSED_MAX_ROUTES = 2 * C
 MAX_PROGRAMS = 128  # each PLACE program reads all NC histogram rows, so NC stays modest
 FILL = 1024
 

@@ -93,6 +93,37 @@ def test_ptx_decode_every_byte_and_scale(narrow: bool) -> None:
     _check(*_run(True, "cuda", narrow=narrow))
 
 
+def _integer_ops(bits: tuple[tuple[int, int], ...]) -> int:
+    """Integer instructions to place every code of an element order as bf16 bits (magnitude at 6..8, sign at 15), as
+    sm_90a runs them: a shift per distinct nonzero offset, a mask per code and one more where its two offsets
+    differ (a LOP3 masks one part and ors the other in)."""
+    shifts = {6 - m for m, _ in bits} | {15 - s for _, s in bits}
+    return len(shifts - {0}) + sum(1 if 6 - m == 15 - s else 2 for m, s in bits)
+
+
+def test_element_order_takes_the_fewest_integer_instructions() -> None:
+    """MX_BITS is an order of the fewest integer instructions among all orders (each code's magnitude bits
+    contiguous), the PTX built from it has that many plus an `or` for each code with two offsets (which ptxas
+    fuses into a LOP3; the SASS count, 6 LOP3 and 5 shifts a register, is in bench/results/h200/README.md), one
+    multiply a code when the scales are narrow and two else, and the nibble order takes more."""
+    import itertools
+
+    from dsv4hal.kernels.triton.fused_moe import _mx_decode_ptx
+
+    best = min(_integer_ops(tuple(zip(starts, signs, strict=True)))
+               for starts in itertools.combinations(range(14), 4)
+               if len({b for p in starts for b in (p, p + 1, p + 2)}) == 12
+               for signs in itertools.permutations(
+                   [b for b in range(16) if b not in {q for p in starts for q in (p, p + 1, p + 2)}]))
+    assert _integer_ops(MX_BITS) == best == 11
+    assert _integer_ops(((0, 3), (4, 7), (8, 11), (12, 15))) == 15  # the packed bytes' nibble order
+    for narrow, multiplies in ((True, 4), (False, 8)):
+        ops = [ln.split()[0] for ln in _mx_decode_ptx(narrow).splitlines()]
+        two_offsets = sum(6 - m != 15 - s for m, s in MX_BITS)
+        assert sum(op.split(".")[0] in ("shl", "shr", "and", "or") for op in ops) == best + two_offsets
+        assert sum(op.startswith("fma") for op in ops) == multiplies
+
+
 def test_reorder_places_each_code_at_its_bits() -> None:
     """Code c at k = 4e + j reads back from MX_BITS[j] (magnitude bits, sign bit) of element e, for every c and j;
     the other bits stay 0."""

@@ -14,13 +14,15 @@
 #   R=$OUT bash bench/run_h200_session15.sh align   # the route alignment: one program or two launches, 6-512 routes
 #   R=$OUT bash bench/run_h200_session15.sh final   # (one program aligns up to 128 routes) the alignment's tests, the
 #                                                   # demo as selected and with triton_kernels forced, the profile
+#   R=$OUT bash bench/run_h200_session15.sh split   # gate and up rows paired, the down kernel's K split: decode
+#                                                   # tests, the settings beside the libraries at T = 1 .. 64
 #   R=$OUT bash bench/run_h200_session15.sh launch  # (ran at e90747d) y zeroed in the gate-up kernel, x split in
 #                                                   # its registers: decode tests, the default beside x split by a
 #                                                   # copy and neighbours (grid v2b, since removed), conformance,
 #                                                   # bench moe --quick (the row kernels read split activations),
 #                                                   # the yardstick demo
 set -uo pipefail
-part=${1:?decode, demo, launch, profile, align or final}
+part=${1:?decode, demo, launch, profile, align, final or split}
 source bench/h200_env.sh
 if [[ $part == decode ]]; then
   { decode_tests 150 decode "decode or swapped or shapes_off or above_128"
@@ -70,4 +72,9 @@ if [[ $part == final ]]; then
       > /tmp/prof.log 2>&1
     echo "rc=$?"; grep -v Warn /tmp/prof.log | tail -6 | cut -c1-1500
   } 2>&1 | tee "$R/log-final15.txt"
+fi
+if [[ $part == split ]]; then
+  { decode_tests 100 split "decode or swapped or shapes_off or above_128 or paired"
+    mx_sweep 200 sweep-mx-moe-decode-v3 14 --grid v3 --tokens 1,2,4,8,16,64
+  } 2>&1 | tee "$R/log-split15.txt"
 fi

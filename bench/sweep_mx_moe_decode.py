@@ -5,7 +5,7 @@ checked against the float64 oracle first (relative L2); the time is a CUDA graph
 call (route alignment, both GEMMs, the combine), quoted as the share of copy bandwidth the distinct routed
 experts' bytes would take (issue 16's decode goals: >= 0.50 at T = 1, 0.75 at 8 and 64).
 
-    python3 bench/sweep_mx_moe_decode.py --json out/sweep-mx-moe-decode.json [--grid narrow|final|default|m8|v2]
+    python3 bench/sweep_mx_moe_decode.py --json out/sweep-mx-moe-decode.json [--grid narrow|final|default|m8|v2|v3]
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from dsv4hal.ops.moe import case_expert_weights
 from dsv4hal.reference.moe import expert_nbytes
 
 TOKENS = (1, 8, 16, 32, 64)
-GRIDS = {  # (block_n, block_k, warps, stages[, PTX decode[, block_m]]): "final" is the default and its neighbours
+GRIDS = {  # (block_n, block_k, warps, stages[, PTX decode[, block_m[, more config]]]): "final" is the default and its
+    # neighbours
     "final": [(64, 256, 4, 3), (64, 256, 4, 3, False), (64, 256, 4, 3, True, 8), (64, 128, 4, 3, True, 8),
               (64, 512, 4, 3), (64, 128, 4, 3), (128, 256, 4, 3)],
     "default": [(64, 256, 4, 3, True, 8)],
@@ -36,6 +37,9 @@ GRIDS = {  # (block_n, block_k, warps, stages[, PTX decode[, block_m]]): "final"
 }
 # the layout triton-moe-v2 (reordered element bits, one multiply): m8's settings and the plain decode
 GRIDS["v2"] = GRIDS["m8"] + [(64, 256, 4, 3, False, 8)]
+# gate and up rows paired in one tile (twice the gate-up programs), the down kernel's K split in parts
+GRIDS["v3"] = [(64, 256, 4, 3, True, 8, more) for more in ({}, {"pair": True}, {"split_k": 2}, {"split_k": 4},
+                                                            {"pair": True, "split_k": 2}, {"pair": True, "split_k": 4})]
 # (sweep-mx-moe-decode-v2b.json ran at commit e90747d with a grid "v2b" that also tried x split in the kernel's
 # registers, since removed: 1.07-1.19x slower than the split copy)
 
@@ -66,8 +70,11 @@ def main() -> None:
     for bn, bk, nw, ns, *rest in GRIDS[args.grid]:
         ptx = rest[0] if rest else True
         bm = rest[1] if len(rest) > 1 else 16
-        name = f"swap-n{bn}-k{bk}-w{nw}-s{ns}{'' if ptx else '-plain'}{'' if bm == 16 else f'-m{bm}'}"
-        settings[name] = dict(swap=True, block_m=bm, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, ptx=ptx)
+        more = rest[2] if len(rest) > 2 else {}
+        name = (f"swap-n{bn}-k{bk}-w{nw}-s{ns}{'' if ptx else '-plain'}{'' if bm == 16 else f'-m{bm}'}"
+                + "".join(f"-{key}{'' if val is True else val}" for key, val in more.items()))
+        settings[name] = dict(swap=True, block_m=bm, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, ptx=ptx,
+                              **more)
     out: dict = {"command": f"python3 bench/sweep_mx_moe_decode.py --grid {args.grid} --json ...",
                  "device": torch.cuda.get_device_name(), "copy_bytes_per_s": copy, "rows": []}
     for t in map(int, args.tokens.split(",")):

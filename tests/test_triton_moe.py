@@ -177,6 +177,26 @@ def test_swapped_mxfp4_kernels(cfg: dict) -> None:
     assert torch.equal(again, got)
 
 
+@pytest.mark.parametrize("cfg", [{"pair": True}, {"split_k": 4}, {"pair": True, "split_k": 2, "block_k": 128}],
+                         ids=["pair", "split4", "pair-split2"])
+def test_swapped_kernels_gate_up_rows_paired_and_down_split_over_k(cfg: dict) -> None:
+    """Gate and up rows of the same outputs in one tile (twice the gate-up programs), and the down kernel's K split
+    in parts whose partial sums meet in y's atomics: the same outputs as the reference, on masked and repeated
+    routes with the clamp active; two calls in a row agree (y zeroed by the gate-up kernel each time)."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+
+    x, ids, tw, w = _case("mxfp4", e=4, h=256, i=256, t=5, k=3, gain=20.0, masked=0.2, seed=11)
+    ids[1] = torch.tensor([2, 2, 0], dtype=torch.int32)
+    dev = torch.device("cuda" if _GPU else "cpu")
+    wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+    args = (x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
+    got = tmoe.fused_moe(*args, config={"block_k": 64, **cfg})
+    _check(got.cpu(), moe_experts(x, ids, tw, w))
+    assert torch.equal(tmoe.fused_moe(*args, config={"block_k": 64, **cfg}), got)
+    with pytest.raises(ValueError, match="split_k"):
+        tmoe.fused_moe(*args, config={"split_k": 3})
+
+
 def test_shapes_off_64_run_the_row_kernels_with_their_tiles() -> None:
     """The MXFP4 decode default (swapped kernels, blocks of 8) on H = 160, I = 96: the row kernels run, with their
     own tiles (a block of 8 routes would not compile there on a GPU: their dot needs 16 rows)."""

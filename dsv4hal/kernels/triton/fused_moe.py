@@ -440,12 +440,13 @@ def _mx_gate_up_swapped(
     num_pairs, top_k, H, I, y_numel, stride_we, stride_wn, stride_se, stride_sn,
     limit, CLAMP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
-    NARROW: tl.constexpr, DOT_F32: tl.constexpr,
+    NARROW: tl.constexpr, PAIR: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block; x split [T, 4, H / 4] (a
     split in registers instead measured 1.07-1.19x slower on the H200); h is stored split too, [rows, 4, I / 4].
-    BLOCK_K (k values a step) divides H. Every program first zeroes its share of y [T, H] fp32, which the down kernel
-    accumulates into (one launch fewer)."""
+    BLOCK_K (k values a step) divides H. PAIR: a program takes BLOCK_N / 2 outputs, their gate and up rows in one
+    tile of BLOCK_N rows (twice the programs, for few tokens); else BLOCK_N outputs, a gate and an up tile. Every
+    program first zeroes its share of y [T, H] fp32, which the down kernel accumulates into (one launch fewer)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     _zero_share(y_ptr, y_numel, 1024)
@@ -456,29 +457,46 @@ def _mx_gate_up_swapped(
     pair = tl.load(sorted_ptr + rows)
     valid = pair < num_pairs
     tok = tl.where(valid, pair // top_k, 0).to(tl.int64)  # a padding column reads token 0 and is never stored
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < I
     w_base = w_ptr + e.to(tl.int64) * stride_we
     s_base = s_ptr + e.to(tl.int64) * stride_se
     x_base = x_ptr + tok[None, :] * H
     BKE: tl.constexpr = BLOCK_K // 4
     DTYPE: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
-    acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for e0 in range(0, H // 4, BKE):
-        x0, x1, x2, x3 = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
-        g0, g1, g2, g3 = _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM, NARROW,
-                                      DTYPE)
-        acc_g = tl.dot(g0, x0, acc_g)
-        acc_g = tl.dot(g1, x1, acc_g)
-        acc_g = tl.dot(g2, x2, acc_g)
-        acc_g = tl.dot(g3, x3, acc_g)
-        u0, u1, u2, u3 = _mx_row_tile(w_base, s_base, n + I, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM,
-                                      NARROW, DTYPE)
-        acc_u = tl.dot(u0, x0, acc_u)
-        acc_u = tl.dot(u1, x1, acc_u)
-        acc_u = tl.dot(u2, x2, acc_u)
-        acc_u = tl.dot(u3, x3, acc_u)
+    if PAIR:
+        HALF: tl.constexpr = BLOCK_N // 2
+        j = tl.arange(0, BLOCK_N)
+        nj = pid_n * HALF + j % HALF
+        wrow = nj + (j >= HALF).to(tl.int32) * I  # gate rows, then the same outputs' up rows
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for e0 in range(0, H // 4, BKE):
+            x0, x1, x2, x3 = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
+            w0, w1, w2, w3 = _mx_row_tile(w_base, s_base, wrow, e0, nj < I, stride_wn, stride_sn, BKE, EVEN_N, ASM,
+                                          NARROW, DTYPE)
+            acc = tl.dot(w0, x0, acc)
+            acc = tl.dot(w1, x1, acc)
+            acc = tl.dot(w2, x2, acc)
+            acc = tl.dot(w3, x3, acc)
+        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, [2, HALF, BLOCK_M]), (1, 2, 0)))
+        n = pid_n * HALF + tl.arange(0, HALF)
+    else:
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for e0 in range(0, H // 4, BKE):
+            x0, x1, x2, x3 = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
+            g0, g1, g2, g3 = _mx_row_tile(w_base, s_base, n, e0, n < I, stride_wn, stride_sn, BKE, EVEN_N, ASM,
+                                          NARROW, DTYPE)
+            acc_g = tl.dot(g0, x0, acc_g)
+            acc_g = tl.dot(g1, x1, acc_g)
+            acc_g = tl.dot(g2, x2, acc_g)
+            acc_g = tl.dot(g3, x3, acc_g)
+            u0, u1, u2, u3 = _mx_row_tile(w_base, s_base, n + I, e0, n < I, stride_wn, stride_sn, BKE, EVEN_N, ASM,
+                                          NARROW, DTYPE)
+            acc_u = tl.dot(u0, x0, acc_u)
+            acc_u = tl.dot(u1, x1, acc_u)
+            acc_u = tl.dot(u2, x2, acc_u)
+            acc_u = tl.dot(u3, x3, acc_u)
+    nmask = n < I
     h = _swiglu_f32(acc_g, acc_u, limit, CLAMP)
     col = (n % 4) * (I // 4) + n // 4  # the split layout of h
     tl.store(h_ptr + rows.to(tl.int64)[None, :] * I + col[:, None], _to_bf16(h), mask=valid[None, :] & nmask[:, None])
@@ -492,7 +510,8 @@ def _mx_down_swapped(
     NARROW: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """y^T tile [BLOCK_N, BLOCK_M] += route weight * W2 h^T for one expert block (fp32 atomics into y [T, H]); h
-    split [rows, 4, I / 4]. BLOCK_K divides I."""
+    split [rows, 4, I / 4]. Grid axis 2 splits K (I) in equal parts, each a multiple of BLOCK_K: more programs for
+    few tokens, their partial sums added by the same atomics."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -511,10 +530,14 @@ def _mx_down_swapped(
     BKE: tl.constexpr = BLOCK_K // 4
     DTYPE: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for e0 in range(0, I // 4, BKE):
-        h0, h1, h2, h3 = _mx_act_quarters(h_base, e0, I // 4, BKE, DTYPE)
-        w0, w1, w2, w3 = _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM, NARROW,
-                                      DTYPE)
+    # each K part: `tiles` K tiles from `first` (written as multiples of BKE, so that the loads stay provably aligned
+    # and contiguous: the compiler pipelines them with cp.async)
+    tiles = (I // 4) // (BKE * tl.num_programs(2))
+    first = tl.program_id(2) * tiles * BKE
+    for e0 in range(0, tiles * BKE, BKE):
+        h0, h1, h2, h3 = _mx_act_quarters(h_base, first + e0, I // 4, BKE, DTYPE)
+        w0, w1, w2, w3 = _mx_row_tile(w_base, s_base, n, first + e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM,
+                                      NARROW, DTYPE)
         acc = tl.dot(w0, h0, acc)
         acc = tl.dot(w1, h1, acc)
         acc = tl.dot(w2, h2, acc)
@@ -543,6 +566,9 @@ def _config(fmt: str, num_tokens: int, config: dict | None) -> dict:
         raise ValueError(f"block_k must be a power of two in [32, {FP8_BLOCK}] (it divides the 128 FP8 block), for "
                          f"MXFP4 in [64, {FP8_BLOCK}] (four dots of K >= 16 a step); got {bk}")
     min_m = 8 if fmt == "mxfp4" and cfg.get("swap") else 16  # the swapped kernels' tokens are the dot's N
+    split = cfg.get("split_k", 1)
+    if not isinstance(split, int) or split < 1 or split & (split - 1):
+        raise ValueError(f"split_k (the swapped down kernel's K parts) must be a power of two >= 1; got {split!r}")
     if bn & (bn - 1) or bn < 16 or bm & (bm - 1) or bm < min_m:
         raise ValueError(f"block_m and block_n must be powers of two >= {min_m} and 16; got {bm}, {bn}")
     return cfg
@@ -583,11 +609,16 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
         bk = min(bk, _pow2_divisor(math.gcd(hid, inter)))  # K tiles never straddle the end
         tiles = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_F32=_DOT_F32, num_warps=cfg["num_warps"],
                      num_stages=cfg["num_stages"], **asm)
-        _mx_gate_up_swapped[(nb, triton.cdiv(inter, bn))](
+        pair = bool(cfg.get("pair", False))
+        outs = bn // 2 if pair else bn  # outputs of h a gate-up program
+        split = cfg.get("split_k", 1)
+        while split > 1 and (inter // 4) % (split * (bk // 4)):  # each part a whole number of K tiles
+            split //= 2
+        _mx_gate_up_swapped[(nb, triton.cdiv(inter, outs))](
             x, w13, s13, h, y, sorted_pairs, block_expert, p, k, hid, inter, y.numel(),
             w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), limit, CLAMP=clamp,
-            EVEN_N=inter % bn == 0, **tiles)
-        _mx_down_swapped[(nb, triton.cdiv(hid, bn))](
+            EVEN_N=inter % outs == 0, PAIR=pair, **tiles)
+        _mx_down_swapped[(nb, triton.cdiv(hid, bn), split)](
             h, w2, s2, y, tw, sorted_pairs, block_expert, p, k, hid, inter,
             w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), EVEN_N=hid % bn == 0, **tiles)
         return y.to(torch.bfloat16)

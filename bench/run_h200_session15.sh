@@ -14,8 +14,9 @@
 #   R=$OUT bash bench/run_h200_session15.sh align   # the route alignment: one program or two launches, 6-512 routes
 #   R=$OUT bash bench/run_h200_session15.sh final   # (one program aligns up to 128 routes) the alignment's tests, the
 #                                                   # demo as selected and with triton_kernels forced, the profile
-#   R=$OUT bash bench/run_h200_session15.sh split   # gate and up rows paired, the down kernel's K split: decode
-#                                                   # tests, the settings beside the libraries at T = 1 .. 64
+#   R=$OUT bash bench/run_h200_session15.sh split   # (ran at ca224bf) gate and up rows paired, the down kernel's K
+#                                                   # split (since removed): decode tests, the settings beside the
+#                                                   # libraries at T = 1 .. 64
 #   R=$OUT bash bench/run_h200_session15.sh launch  # (ran at e90747d) y zeroed in the gate-up kernel, x split in
 #                                                   # its registers: decode tests, the default beside x split by a
 #                                                   # copy and neighbours (grid v2b, since removed), conformance,

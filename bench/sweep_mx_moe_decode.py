@@ -37,9 +37,9 @@ GRIDS = {  # (block_n, block_k, warps, stages[, PTX decode[, block_m[, more conf
 }
 # the layout triton-moe-v2 (reordered element bits, one multiply): m8's settings and the plain decode
 GRIDS["v2"] = GRIDS["m8"] + [(64, 256, 4, 3, False, 8)]
-# gate and up rows paired in one tile (twice the gate-up programs), the down kernel's K split in parts
-GRIDS["v3"] = [(64, 256, 4, 3, True, 8, more) for more in ({}, {"pair": True}, {"split_k": 2}, {"split_k": 4},
-                                                            {"pair": True, "split_k": 2}, {"pair": True, "split_k": 4})]
+# gate and up rows paired in one tile (twice the gate-up programs) or apart (sweep-mx-moe-decode-v3.json ran at commit
+# ca224bf with a down kernel whose K could be split too, since removed: slower at every T)
+GRIDS["v3"] = [(64, 256, 4, 3, True, 8, {"pair": pair}) for pair in (False, True)]
 # (sweep-mx-moe-decode-v2b.json ran at commit e90747d with a grid "v2b" that also tried x split in the kernel's
 # registers, since removed: 1.07-1.19x slower than the split copy)
 

@@ -177,12 +177,11 @@ def test_swapped_mxfp4_kernels(cfg: dict) -> None:
     assert torch.equal(again, got)
 
 
-@pytest.mark.parametrize("cfg", [{"pair": True}, {"split_k": 4}, {"pair": True, "split_k": 2, "block_k": 128}],
-                         ids=["pair", "split4", "pair-split2"])
-def test_swapped_kernels_gate_up_rows_paired_and_down_split_over_k(cfg: dict) -> None:
-    """Gate and up rows of the same outputs in one tile (twice the gate-up programs), and the down kernel's K split
-    in parts whose partial sums meet in y's atomics: the same outputs as the reference, on masked and repeated
-    routes with the clamp active; two calls in a row agree (y zeroed by the gate-up kernel each time)."""
+@pytest.mark.parametrize("pair", [True, False])
+def test_swapped_gate_up_rows_paired_or_apart(pair: bool) -> None:
+    """Gate and up rows of the same outputs in one tile (twice the gate-up programs) or in two tiles: the same
+    outputs as the reference, on masked and repeated routes with the clamp active; two calls in a row agree (y
+    zeroed by the gate-up kernel each time); a pair that is not a bool or None is refused."""
     from dsv4hal.kernels.triton import fused_moe as tmoe
 
     x, ids, tw, w = _case("mxfp4", e=4, h=256, i=256, t=5, k=3, gain=20.0, masked=0.2, seed=11)
@@ -190,11 +189,30 @@ def test_swapped_kernels_gate_up_rows_paired_and_down_split_over_k(cfg: dict) ->
     dev = torch.device("cuda" if _GPU else "cpu")
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     args = (x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
-    got = tmoe.fused_moe(*args, config={"block_k": 64, **cfg})
+    got = tmoe.fused_moe(*args, config={"block_k": 64, "pair": pair})
     _check(got.cpu(), moe_experts(x, ids, tw, w))
-    assert torch.equal(tmoe.fused_moe(*args, config={"block_k": 64, **cfg}), got)
-    with pytest.raises(ValueError, match="split_k"):
-        tmoe.fused_moe(*args, config={"split_k": 3})
+    assert torch.equal(tmoe.fused_moe(*args, config={"block_k": 64, "pair": pair}), got)
+    with pytest.raises(ValueError, match="pair"):
+        tmoe.fused_moe(*args, config={"pair": 2})
+
+
+def test_pairing_by_default_when_the_grid_is_under_two_programs_an_sm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pair None (the default) pairs exactly when blocks x output tiles < 2 x SMs: T = 1, k = 3 gives 3 blocks of 8
+    routes x 4 tiles of 64 (I = 256) = 12 programs."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+
+    x, ids, tw, w = _case("mxfp4", e=4, h=256, i=256, t=1, k=3, seed=12)
+    dev = torch.device("cuda" if _GPU else "cpu")
+    wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+    prepared = tmoe.prepare_weights(wd)
+    for sms, paired in ((6, False), (7, True)):
+        monkeypatch.setattr(tmoe, "_num_sms", lambda _dev, n=sms: n)
+        calls: list = []
+        real = tmoe._mx_gate_up_swapped
+        monkeypatch.setattr(tmoe, "_mx_gate_up_swapped", _Recorder(real, calls))
+        tmoe.fused_moe(x.to(dev), ids.to(dev), tw.to(dev), prepared)
+        monkeypatch.setattr(tmoe, "_mx_gate_up_swapped", real)
+        assert calls[0] == (3, 8 if paired else 4), (sms, calls)
 
 
 def test_shapes_off_64_run_the_row_kernels_with_their_tiles() -> None:

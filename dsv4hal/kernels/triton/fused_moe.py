@@ -32,6 +32,7 @@ column after the dot, as DeepGEMM does. Activations stay bf16 (W4A16 / W8A16); a
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -58,7 +59,9 @@ _MX_ASM = not _DOT_F32 and torch.version.hip is None
 # rows of one expert block: 16 for decode (a few pairs per expert), 64-128 for prefill. MXFP4 decode runs the
 # swapped kernels (below) with blocks of 8 routes, the fastest of 43 settings at T = 1 .. 64 on the H200 and
 # 4.7-5.5x the row kernels (bench/results/h200/sweep-mx-moe-decode*.json); "swap" (MXFP4 only): False selects the
-# row kernels.
+# row kernels. "pair" (swapped kernels): gate and up rows of the same outputs in one tile, twice the gate-up programs;
+# None (the default) pairs when the unpaired grid would give each SM fewer than two programs: on the H200 V4-Flash
+# at T = 1 (192 programs for 132 SMs) 47.1 -> 42.8 us, and slower from T = 2 (sweep-mx-moe-decode-v3.json).
 CONFIGS = {
     ("mxfp4", "decode"): {"block_m": 8, "block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3,
                           "swap": True},
@@ -510,8 +513,8 @@ def _mx_down_swapped(
     NARROW: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """y^T tile [BLOCK_N, BLOCK_M] += route weight * W2 h^T for one expert block (fp32 atomics into y [T, H]); h
-    split [rows, 4, I / 4]. Grid axis 2 splits K (I) in equal parts, each a multiple of BLOCK_K: more programs for
-    few tokens, their partial sums added by the same atomics."""
+    split [rows, 4, I / 4]. BLOCK_K divides I. (Splitting K over more programs for few tokens measured slower on the
+    H200 at every T, sweep-mx-moe-decode-v3.json.)"""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -530,14 +533,10 @@ def _mx_down_swapped(
     BKE: tl.constexpr = BLOCK_K // 4
     DTYPE: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    # each K part: `tiles` K tiles from `first` (written as multiples of BKE, so that the loads stay provably aligned
-    # and contiguous: the compiler pipelines them with cp.async)
-    tiles = (I // 4) // (BKE * tl.num_programs(2))
-    first = tl.program_id(2) * tiles * BKE
-    for e0 in range(0, tiles * BKE, BKE):
-        h0, h1, h2, h3 = _mx_act_quarters(h_base, first + e0, I // 4, BKE, DTYPE)
-        w0, w1, w2, w3 = _mx_row_tile(w_base, s_base, n, first + e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM,
-                                      NARROW, DTYPE)
+    for e0 in range(0, I // 4, BKE):
+        h0, h1, h2, h3 = _mx_act_quarters(h_base, e0, I // 4, BKE, DTYPE)
+        w0, w1, w2, w3 = _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM, NARROW,
+                                      DTYPE)
         acc = tl.dot(w0, h0, acc)
         acc = tl.dot(w1, h1, acc)
         acc = tl.dot(w2, h2, acc)
@@ -548,6 +547,19 @@ def _mx_down_swapped(
 
 
 # ----------------------------------------------------------------------------- host side
+
+@functools.cache
+def _sm_count(device_type: str, index: int | None) -> int:
+    """Streaming multiprocessors (compute units) of a GPU, 0 elsewhere (a host query, once per device)."""
+    if device_type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
+                                            ).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int:
+    return _sm_count(device.type, device.index)
+
 
 def _pow2_divisor(n: int) -> int:
     """The largest power of two dividing n > 0."""
@@ -566,9 +578,9 @@ def _config(fmt: str, num_tokens: int, config: dict | None) -> dict:
         raise ValueError(f"block_k must be a power of two in [32, {FP8_BLOCK}] (it divides the 128 FP8 block), for "
                          f"MXFP4 in [64, {FP8_BLOCK}] (four dots of K >= 16 a step); got {bk}")
     min_m = 8 if fmt == "mxfp4" and cfg.get("swap") else 16  # the swapped kernels' tokens are the dot's N
-    split = cfg.get("split_k", 1)
-    if not isinstance(split, int) or split < 1 or split & (split - 1):
-        raise ValueError(f"split_k (the swapped down kernel's K parts) must be a power of two >= 1; got {split!r}")
+    if cfg.get("pair") not in (None, True, False):
+        raise ValueError(f"pair (the swapped gate-up kernel's gate and up rows in one tile) must be True, False or "
+                         f"None (auto); got {cfg['pair']!r}")
     if bn & (bn - 1) or bn < 16 or bm & (bm - 1) or bm < min_m:
         raise ValueError(f"block_m and block_n must be powers of two >= {min_m} and 16; got {bm}, {bn}")
     return cfg
@@ -609,16 +621,15 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
         bk = min(bk, _pow2_divisor(math.gcd(hid, inter)))  # K tiles never straddle the end
         tiles = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_F32=_DOT_F32, num_warps=cfg["num_warps"],
                      num_stages=cfg["num_stages"], **asm)
-        pair = bool(cfg.get("pair", False))
+        pair = cfg.get("pair")
+        if pair is None:  # "auto": pair when the gate-up grid would give each SM fewer than two programs
+            pair = nb * triton.cdiv(inter, bn) < 2 * _num_sms(dev)
         outs = bn // 2 if pair else bn  # outputs of h a gate-up program
-        split = cfg.get("split_k", 1)
-        while split > 1 and (inter // 4) % (split * (bk // 4)):  # each part a whole number of K tiles
-            split //= 2
         _mx_gate_up_swapped[(nb, triton.cdiv(inter, outs))](
             x, w13, s13, h, y, sorted_pairs, block_expert, p, k, hid, inter, y.numel(),
             w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), limit, CLAMP=clamp,
             EVEN_N=inter % outs == 0, PAIR=pair, **tiles)
-        _mx_down_swapped[(nb, triton.cdiv(hid, bn), split)](
+        _mx_down_swapped[(nb, triton.cdiv(hid, bn))](
             h, w2, s2, y, tw, sorted_pairs, block_expert, p, k, hid, inter,
             w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), EVEN_N=hid % bn == 0, **tiles)
         return y.to(torch.bfloat16)

@@ -102,7 +102,8 @@ def reorder_mxfp4(packed: torch.Tensor) -> torch.Tensor:
     """Packed e2m1 bytes [..., K/2] (two codes a byte, low nibble first) -> the same shape with each 16-bit element's
     bits in the MX_BITS order, a new tensor. One expert at a time, so the int32 scratch stays small."""
     out = torch.empty_like(packed)
-    src = packed.view(torch.int16).reshape(-1, *packed.shape[-2:-1], packed.shape[-1] // 2)
+    src = packed.view(torch.int16)
+    src = src.reshape(-1, *src.shape[-2:])  # [experts, rows, elements]
     dst = out.view(torch.int16).reshape(src.shape)
     for i in range(src.shape[0]):
         u = src[i].to(torch.int32) & 0xFFFF

@@ -158,6 +158,15 @@ def _ue8m0(s):
 
 
 @triton.jit
+def _dot_quarters(acc, a, b):
+    """acc + the sum over j of a[j] @ b[j]: the four operands of k mod 4 (tuples of four tiles)."""
+    acc = tl.dot(a[0], b[0], acc)
+    acc = tl.dot(a[1], b[1], acc)
+    acc = tl.dot(a[2], b[2], acc)
+    return tl.dot(a[3], b[3], acc)
+
+
+@triton.jit
 def _mx_x_quarters(rows, e, mask, quarter, DTYPE: tl.constexpr):
     """Row kernels: rows [BM, 1] (pointers) of activations split by k mod 4 ([rows, 4, K / 4], quarter: K / 4), at
     k = 4e + j -> the four tiles [BM, BKE], j = 0..3 (contiguous runs, as the swapped kernels load them)."""
@@ -215,18 +224,12 @@ def _gate_up_kernel(
         for e0 in range(0, H // 4, BKE):
             ke = e0 + tl.arange(0, BKE)  # (e is the expert)
             emask = ke < H // 4
-            x0, x1, x2, x3 = _mx_x_quarters(x_rows, ke, valid[:, None] & emask[None, :], H // 4, DTYPE)
+            xq = _mx_x_quarters(x_rows, ke, valid[:, None] & emask[None, :], H // 4, DTYPE)
             wm = emask[:, None] & nmask[None, :]
-            g0, g1, g2, g3 = _mx_col_tiles(w_base, s_base, n, ke, wm, stride_wn, stride_sn, ASM, NARROW, DTYPE)
-            acc_g = tl.dot(x0, g0, acc_g)
-            acc_g = tl.dot(x1, g1, acc_g)
-            acc_g = tl.dot(x2, g2, acc_g)
-            acc_g = tl.dot(x3, g3, acc_g)
-            u0, u1, u2, u3 = _mx_col_tiles(w_base, s_base, n + I, ke, wm, stride_wn, stride_sn, ASM, NARROW, DTYPE)
-            acc_u = tl.dot(x0, u0, acc_u)
-            acc_u = tl.dot(x1, u1, acc_u)
-            acc_u = tl.dot(x2, u2, acc_u)
-            acc_u = tl.dot(x3, u3, acc_u)
+            acc_g = _dot_quarters(acc_g, xq, _mx_col_tiles(w_base, s_base, n, ke, wm, stride_wn, stride_sn, ASM, NARROW,
+                                                           DTYPE))
+            acc_u = _dot_quarters(acc_u, xq, _mx_col_tiles(w_base, s_base, n + I, ke, wm, stride_wn, stride_sn, ASM,
+                                                           NARROW, DTYPE))
     else:
         for k0 in range(0, H, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
@@ -277,13 +280,10 @@ def _down_kernel(
         for e0 in range(0, I // 4, BKE):
             ke = e0 + tl.arange(0, BKE)  # (e is the expert)
             emask = ke < I // 4
-            h0, h1, h2, h3 = _mx_x_quarters(h_rows, ke, valid[:, None] & emask[None, :], I // 4, DTYPE)
+            hq = _mx_x_quarters(h_rows, ke, valid[:, None] & emask[None, :], I // 4, DTYPE)
             wm = emask[:, None] & nmask[None, :]
-            w0, w1, w2, w3 = _mx_col_tiles(w_base, s_base, n, ke, wm, stride_wn, stride_sn, ASM, NARROW, DTYPE)
-            acc = tl.dot(h0, w0, acc)
-            acc = tl.dot(h1, w1, acc)
-            acc = tl.dot(h2, w2, acc)
-            acc = tl.dot(h3, w3, acc)
+            acc = _dot_quarters(acc, hq, _mx_col_tiles(w_base, s_base, n, ke, wm, stride_wn, stride_sn, ASM, NARROW,
+                                                       DTYPE))
     else:
         for k0 in range(0, I, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
@@ -473,13 +473,9 @@ def _mx_gate_up_swapped(
         wrow = nj + (j >= HALF).to(tl.int32) * I  # gate rows, then the same outputs' up rows
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for e0 in range(0, H // 4, BKE):
-            x0, x1, x2, x3 = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
-            w0, w1, w2, w3 = _mx_row_tile(w_base, s_base, wrow, e0, nj < I, stride_wn, stride_sn, BKE, EVEN_N, ASM,
-                                          NARROW, DTYPE)
-            acc = tl.dot(w0, x0, acc)
-            acc = tl.dot(w1, x1, acc)
-            acc = tl.dot(w2, x2, acc)
-            acc = tl.dot(w3, x3, acc)
+            xq = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
+            acc = _dot_quarters(acc, _mx_row_tile(w_base, s_base, wrow, e0, nj < I, stride_wn, stride_sn, BKE, EVEN_N,
+                                                  ASM, NARROW, DTYPE), xq)
         acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, [2, HALF, BLOCK_M]), (1, 2, 0)))
         n = pid_n * HALF + tl.arange(0, HALF)
     else:
@@ -487,19 +483,11 @@ def _mx_gate_up_swapped(
         acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for e0 in range(0, H // 4, BKE):
-            x0, x1, x2, x3 = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
-            g0, g1, g2, g3 = _mx_row_tile(w_base, s_base, n, e0, n < I, stride_wn, stride_sn, BKE, EVEN_N, ASM,
-                                          NARROW, DTYPE)
-            acc_g = tl.dot(g0, x0, acc_g)
-            acc_g = tl.dot(g1, x1, acc_g)
-            acc_g = tl.dot(g2, x2, acc_g)
-            acc_g = tl.dot(g3, x3, acc_g)
-            u0, u1, u2, u3 = _mx_row_tile(w_base, s_base, n + I, e0, n < I, stride_wn, stride_sn, BKE, EVEN_N, ASM,
-                                          NARROW, DTYPE)
-            acc_u = tl.dot(u0, x0, acc_u)
-            acc_u = tl.dot(u1, x1, acc_u)
-            acc_u = tl.dot(u2, x2, acc_u)
-            acc_u = tl.dot(u3, x3, acc_u)
+            xq = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
+            acc_g = _dot_quarters(acc_g, _mx_row_tile(w_base, s_base, n, e0, n < I, stride_wn, stride_sn, BKE, EVEN_N,
+                                                      ASM, NARROW, DTYPE), xq)
+            acc_u = _dot_quarters(acc_u, _mx_row_tile(w_base, s_base, n + I, e0, n < I, stride_wn, stride_sn, BKE,
+                                                      EVEN_N, ASM, NARROW, DTYPE), xq)
     nmask = n < I
     h = _swiglu_f32(acc_g, acc_u, limit, CLAMP)
     col = (n % 4) * (I // 4) + n // 4  # the split layout of h
@@ -535,13 +523,8 @@ def _mx_down_swapped(
     DTYPE: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for e0 in range(0, I // 4, BKE):
-        h0, h1, h2, h3 = _mx_act_quarters(h_base, e0, I // 4, BKE, DTYPE)
-        w0, w1, w2, w3 = _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM, NARROW,
-                                      DTYPE)
-        acc = tl.dot(w0, h0, acc)
-        acc = tl.dot(w1, h1, acc)
-        acc = tl.dot(w2, h2, acc)
-        acc = tl.dot(w3, h3, acc)
+        acc = _dot_quarters(acc, _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N, ASM,
+                                              NARROW, DTYPE), _mx_act_quarters(h_base, e0, I // 4, BKE, DTYPE))
     wgt = tl.load(tw_ptr + safe_pair, mask=valid, other=0.0)
     acc = acc * wgt[None, :]
     tl.atomic_add(y_ptr + tok[None, :] * H + n[:, None], acc, mask=valid[None, :] & nmask[:, None], sem="relaxed")

@@ -194,6 +194,17 @@ def _fp8_col_scale(s_base, n, nmask, k0, stride_sn, stride_sk):
 # ----------------------------------------------------------------------------- kernels
 
 @triton.jit
+def _block_routes(sorted_ptr, pid_m, num_pairs, top_k, BLOCK_M: tl.constexpr):
+    """Expert block pid_m's rows of the aligned routes -> (rows, valid, route (0 where padding), token (0 where
+    padding: a padding row reads token 0 and is never stored))."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + rows)
+    valid = pair < num_pairs
+    safe_pair = tl.where(valid, pair, 0)
+    return rows, valid, safe_pair, (safe_pair // top_k).to(tl.int64)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr,
     num_pairs, top_k, H, I, stride_xt,
@@ -208,10 +219,7 @@ def _gate_up_kernel(
     if e < 0:
         return
     DTYPE: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + rows)
-    valid = pair < num_pairs
-    tok = tl.where(valid, pair // top_k, 0).to(tl.int64)
+    rows, valid, _, tok = _block_routes(sorted_ptr, pid_m, num_pairs, top_k, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < I
     w_base = w_ptr + e.to(tl.int64) * stride_we
@@ -264,11 +272,7 @@ def _down_kernel(
     if e < 0:
         return
     DTYPE: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + rows)
-    valid = pair < num_pairs
-    safe_pair = tl.where(valid, pair, 0)
-    tok = (safe_pair // top_k).to(tl.int64)
+    rows, valid, safe_pair, tok = _block_routes(sorted_ptr, pid_m, num_pairs, top_k, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < H
     w_base = w_ptr + e.to(tl.int64) * stride_we
@@ -457,10 +461,7 @@ def _mx_gate_up_swapped(
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
         return
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + rows)
-    valid = pair < num_pairs
-    tok = tl.where(valid, pair // top_k, 0).to(tl.int64)  # a padding column reads token 0 and is never stored
+    rows, valid, _, tok = _block_routes(sorted_ptr, pid_m, num_pairs, top_k, BLOCK_M)
     w_base = w_ptr + e.to(tl.int64) * stride_we
     s_base = s_ptr + e.to(tl.int64) * stride_se
     x_base = x_ptr + tok[None, :] * H
@@ -509,11 +510,7 @@ def _mx_down_swapped(
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
         return
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + rows)
-    valid = pair < num_pairs
-    safe_pair = tl.where(valid, pair, 0)
-    tok = (safe_pair // top_k).to(tl.int64)
+    rows, valid, safe_pair, tok = _block_routes(sorted_ptr, pid_m, num_pairs, top_k, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < H
     w_base = w_ptr + e.to(tl.int64) * stride_we

@@ -2,10 +2,10 @@
 decoded by inline PTX, or by plain Triton as a GPU without the PTX runs it) in several tile settings, beside its
 row kernels, Marlin and triton_kernels, on the same V4-Flash experts and routing, in one run. Every output is
 checked against the float64 oracle first (relative L2); the time is a CUDA graph replay of the whole moe_experts
-call (route alignment, both GEMMs, the combine), quoted as the share of copy bandwidth the distinct routed
+call (route alignment where it runs, both GEMMs, the combine), quoted as the share of copy bandwidth the distinct routed
 experts' bytes would take (issue 16's decode goals: >= 0.50 at T = 1, 0.75 at 8 and 64).
 
-    python3 bench/sweep_mx_moe_decode.py --json out/sweep-mx-moe-decode.json [--grid narrow|final|default|m8|v2|v3]
+    python3 bench/sweep_mx_moe_decode.py --json out/sweep-mx-moe-decode.json [--grid NAME (GRIDS)]
 """
 
 from __future__ import annotations
@@ -40,8 +40,21 @@ GRIDS["v2"] = GRIDS["m8"] + [(64, 256, 4, 3, False, 8)]
 # gate and up rows paired in one tile (twice the gate-up programs) or apart (sweep-mx-moe-decode-v3.json ran at commit
 # ca224bf with a down kernel whose K could be split too, since removed: slower at every T)
 GRIDS["v3"] = [(64, 256, 4, 3, True, 8, {"pair": pair}) for pair in (False, True)]
+# layout triton-moe-v3 (no activation split copy): the default beside the alignment at one token ("direct": False) and
+# the cast after the down kernel ("fuse_cast": False)
+GRIDS["v4"] = [(64, 256, 4, 3, True, 8, more) for more in ({}, {"direct": False}, {"fuse_cast": False},
+                                                          {"direct": False, "fuse_cast": False})]
+# the down kernel's own tiles (block_n, block_k, warps, stages), the gate-up kernel's the default
+GRIDS["v5"] = [(64, 256, 4, 3, True, 8, {"down": dict(zip(("block_n", "block_k", "num_warps", "num_stages"), d))})
+               for d in ((64, 256, 4, 3), (32, 256, 4, 3), (32, 512, 4, 3), (64, 512, 4, 3), (128, 256, 4, 3),
+                         (64, 256, 4, 4), (64, 128, 4, 4), (32, 256, 4, 4), (128, 512, 8, 3), (64, 1024, 4, 2))]
 # (sweep-mx-moe-decode-v2b.json ran at commit e90747d with a grid "v2b" that also tried x split in the kernel's
 # registers, since removed: 1.07-1.19x slower than the split copy)
+
+
+def _short(val: object) -> str:
+    """A setting's value in a name: a dict of tiles as its values joined by x (down n32-k256-w4-s3: 32x256x4x3)."""
+    return "x".join(map(str, val.values())) if isinstance(val, dict) else str(val)
 
 
 def main() -> None:
@@ -72,7 +85,7 @@ def main() -> None:
         bm = rest[1] if len(rest) > 1 else 16
         more = rest[2] if len(rest) > 2 else {}
         name = (f"swap-n{bn}-k{bk}-w{nw}-s{ns}{'' if ptx else '-plain'}{'' if bm == 16 else f'-m{bm}'}"
-                + "".join(f"-{key}{'' if val is True else val}" for key, val in more.items()))
+                + "".join(f"-{key}{'' if val is True else _short(val)}" for key, val in more.items()))
         settings[name] = dict(swap=True, block_m=bm, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns, ptx=ptx,
                               **more)
     out: dict = {"command": f"python3 bench/sweep_mx_moe_decode.py --grid {args.grid} --json ...",

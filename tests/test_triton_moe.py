@@ -78,7 +78,7 @@ def test_triton_moe_matches_reference(platform, name: str) -> None:  # noqa: ANN
     x, ids, tw, w = _case(**CASES[name])
     prepared = platform.ops.moe_experts.prepare_weights(w)
     assert prepared.implementation == "triton_fused_moe"
-    assert prepared.layout == "triton-moe-v2"
+    assert prepared.layout == "triton-moe-v3"
     got = platform.ops.moe_experts(x, ids, tw, prepared, swiglu_limit=10.0)
     _check(got, moe_experts(x, ids, tw, w, 10.0))
 
@@ -236,6 +236,100 @@ def test_shapes_off_64_run_the_row_kernels_with_their_tiles() -> None:
     _check(got.cpu(), moe_experts(x, ids, tw, w))
 
 
+def test_one_token_runs_without_alignment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """T = 1 on the swapped kernels: a block a route, no route alignment; a repeated expert, a dropped route (-1)
+    and an id >= E (dropped too) give the reference's output, and the same bits as with the alignment
+    ("direct": False) and with the cast after the down kernel ("fuse_cast": False)."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+
+    x, ids, tw, w = _case("mxfp4", e=6, h=256, i=128, t=1, k=5, gain=20.0, seed=13)
+    ids[0] = torch.tensor([2, 9, 2, -1, 0], dtype=torch.int32)
+    dev = torch.device("cuda" if _GPU else "cpu")
+    wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+    args = (x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
+    aligned = tmoe.fused_moe(*args, config={"direct": False})
+    unfused = tmoe.fused_moe(*args, config={"fuse_cast": False})
+
+    def no_alignment(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("one token needs no route alignment")
+
+    monkeypatch.setattr(tmoe, "align_routes", no_alignment)
+    got = tmoe.fused_moe(*args)
+    _check(got.cpu(), moe_experts(x, ids, tw, w))
+    assert torch.equal(got, aligned) and torch.equal(got, unfused)
+
+
+@pytest.mark.parametrize("t", [1, 6])
+def test_fused_cast_equals_the_cast_after(t: int) -> None:
+    """The down kernel's last program of each column tile writes bf16 out (counters zeroed by the gate-up kernel
+    with y): bit for bit the cast after, over two calls in a row (the counters start from 0 again)."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+
+    x, ids, tw, w = _case("mxfp4", e=4, h=192, i=128, t=t, k=3, gain=20.0, masked=0.2, seed=14)
+    dev = torch.device("cuda" if _GPU else "cpu")
+    wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+    args = (x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
+    want = tmoe.fused_moe(*args, config={"fuse_cast": False, "block_k": 64})
+    for _ in range(2):
+        assert torch.equal(tmoe.fused_moe(*args, config={"block_k": 64, "fuse_cast": True}), want)
+    _check(want.cpu(), moe_experts(x, ids, tw, w))
+
+
+@pytest.mark.parametrize("down", [{"block_n": 32, "block_k": 128}, {"block_n": 128, "num_warps": 8}])
+def test_down_kernel_with_its_own_tiles(down: dict) -> None:
+    """config "down": the swapped down kernel's own block_n / block_k / warps (its column tiles, and so the fused
+    cast's counters, follow its block_n): the reference's output; an unknown key or a bad tile is refused."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+
+    x, ids, tw, w = _case("mxfp4", e=4, h=256, i=128, t=3, k=3, gain=20.0, masked=0.2, seed=16)
+    dev = torch.device("cuda" if _GPU else "cpu")
+    wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+    args = (x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
+    _check(tmoe.fused_moe(*args, config={"block_k": 64, "down": down}).cpu(), moe_experts(x, ids, tw, w))
+    for bad in ({"block_m": 8}, {"block_n": 48}, {"block_k": 32}):
+        with pytest.raises(ValueError, match="down"):
+            tmoe.fused_moe(*args, config={"down": bad})
+
+
+@pytest.mark.skipif(not _GPU, reason="ordering between programs: the GPU runs them concurrently")
+@pytest.mark.parametrize(("t", "k"), [(1, 6), (3, 6), (64, 6), (64, 1)])
+def test_fused_cast_in_graph_replays_with_new_routing(t: int, k: int) -> None:
+    """The last-program cast (an acquire-release counter a column tile) against the cast after, both captured in
+    CUDA graphs and replayed 100 times with new routing and activations. One route a token: y's values are single
+    atomics onto 0, so both are equal bit for bit (a program that read y before every atomic landed would see 0).
+    Six: the atomics' order differs between runs, so y may differ in its last fp32 bits and a value rounds to the
+    next bf16: within rounding, in at most 1% of the values, never a missing route."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+
+    x, ids, tw, w = _case("mxfp4", e=16, h=1024, i=512, t=t, k=k, gain=20.0, masked=0.1, seed=15)
+    wd = dataclasses.replace(w, **{f: getattr(w, f).cuda() for f in ("w13", "w13_scale", "w2", "w2_scale")})
+    prepared = tmoe.prepare_weights(wd)
+    x, ids, tw = x.cuda(), ids.cuda(), tw.cuda()
+    outs, graphs = [], []
+    for cfg in ({"fuse_cast": True}, {"fuse_cast": False}):
+        tmoe.fused_moe(x, ids, tw, prepared, config=cfg)  # compiled before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs.append(tmoe.fused_moe(x, ids, tw, prepared, config=cfg))
+        graphs.append(graph)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for step in range(100):
+        ids.copy_(torch.rand(t, 16, device="cuda", generator=gen).argsort(1)[:, :k].to(torch.int32))
+        x.copy_(torch.randn(x.shape, device="cuda", generator=gen).bfloat16())
+        for graph in graphs:
+            graph.replay()
+        fused, after = outs[0].float(), outs[1].float()
+        if k == 1:
+            assert torch.equal(outs[0], outs[1]), f"replay {step}: {(fused != after).sum().item()} values differ"
+            continue
+        # one bf16 step of the larger value, plus the fp32 sums' own order error (a few fp32 steps of the largest
+        # term) where the routes cancel to near 0; a missing route (~the values' size) is far beyond it
+        tol = torch.maximum(fused.abs(), after.abs()) * 2.0 ** -7 + after.abs().max() * 2.0 ** -12
+        assert bool(((fused - after).abs() <= tol).all()), f"replay {step}: a value differs by more than rounding"
+        assert int((fused != after).sum()) <= fused.numel() // 100, f"replay {step}: too many values differ"
+    assert outs[0].abs().sum() > 0
+
+
 @pytest.mark.parametrize("cfg", [{}, {"swap": False, "block_m": 16, "block_k": 64}], ids=["swapped", "rows"])
 def test_scale_bytes_above_128_take_the_two_multiply_decode(cfg: dict) -> None:
     """Gate/up weights of magnitude ~180 need scale bytes above 128 (2**(s - 1) overflows bf16): prepare_weights
@@ -255,9 +349,18 @@ def test_scale_bytes_above_128_take_the_two_multiply_decode(cfg: dict) -> None:
 
 
 class _Recorder:
-    def __init__(self, kernel, calls: list) -> None:  # noqa: ANN001
-        self.kernel, self.calls = kernel, calls
+    """A kernel's stand-in that records each launch's grid (with kwargs=True: (grid, its keyword arguments))."""
+
+    def __init__(self, kernel, calls: list, *, kwargs: bool = False) -> None:  # noqa: ANN001
+        self.kernel, self.calls, self.kwargs = kernel, calls, kwargs
 
     def __getitem__(self, grid):  # noqa: ANN001, ANN204
-        self.calls.append(grid)
-        return self.kernel[grid]
+        launch = self.kernel[grid]
+        if not self.kwargs:
+            self.calls.append(grid)
+            return launch
+
+        def run(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+            self.calls.append((grid, kw))
+            return launch(*args, **kw)
+        return run

@@ -79,3 +79,16 @@ bench_moe_quick() {  # TIMEOUT: dsv4hal bench moe --quick into $R/bench-moe-quic
     > /tmp/bench-moe.log 2>&1
   echo "rc=$?"; grep -v Warn /tmp/bench-moe.log | tail -12 | cut -c1-400
 }
+ab_decode() {  # TIMEOUT NAME ARGS...: bench/ab_mx_moe_decode.py (--old NAME=PATH ...) into $R/NAME.json, its rows
+  local limit=$1 name=$2
+  shift 2
+  stamp "A/B: this tree against earlier module files and Marlin, in turns ($*)"
+  timeout "$limit" python3 bench/ab_mx_moe_decode.py "$@" --json "$R/$name.json" > "/tmp/$name.log" 2>&1
+  echo "rc=$?"; grep -v Warn "/tmp/$name.log" | tail -8 | cut -c1-1500
+}
+profile_decode() {  # TIMEOUT: the MXFP4 decode call kernel by kernel into $R/profile-mx-moe-decode.json
+  stamp "the MXFP4 decode call kernel by kernel"
+  timeout "$1" python3 bench/profile_mx_moe_decode.py --tokens 1,8,64 --json "$R/profile-mx-moe-decode.json" \
+    > /tmp/prof.log 2>&1
+  echo "rc=$?"; grep -v Warn /tmp/prof.log | tail -4 | cut -c1-1500
+}

@@ -17,7 +17,9 @@ libraries.
     python3 bench/plot_results.py mxmoe bench/results/h200/sweep-mx-moe-decode-v2.json \
         bench/results/h200/sweep-mx-moe-decode-v2.png
     python3 bench/plot_results.py mxmoe bench/results/h200/sweep-mx-moe-decode-v2b.json \
-        bench/results/h200/sweep-mx-moe-decode-v2b.png"""
+        bench/results/h200/sweep-mx-moe-decode-v2b.png
+    python3 bench/plot_results.py mxmoe bench/results/h200/ab-mx-moe-decode.json bench/results/h200/ab-mx-moe-decode.png
+    (the same for sweep-mx-moe-decode-v4/v5 and ab-mx-moe-decode-runs8/-runs16/-fused-all)"""
 
 from __future__ import annotations
 
@@ -129,15 +131,16 @@ def mxmoe(data: dict[str, Any], path: str) -> None:
     fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 5), squeeze=False, sharey=True)
     for ax, r in zip(axes[0], rows, strict=True):
         names = sorted(r["x_copy_bw"], key=r["x_copy_bw"].get, reverse=True)
-        colors = ["C3" if n.startswith(("marlin", "triton_kernels")) else "C7" if n.startswith("rows") else "C0"
-                  for n in names]
+        earlier = set(data.get("old_layouts", ())) | {"old"}  # bench/ab_mx_moe_decode.py: earlier module files
+        colors = ["C3" if n.startswith(("marlin", "triton_kernels")) else "C7" if n.startswith("rows") else
+                  "C2" if n in earlier else "C0" for n in names]
         ax.bar(range(len(names)), [r["x_copy_bw"][n] for n in names], color=colors)
         ax.set_xticks(range(len(names)), [n.replace("_mxfp4_sm90", "") for n in names], rotation=90, fontsize=6)
         ax.axhline(0.5 if r["T"] == 1 else 0.75, color="k", ls="--", lw=0.8)
         ax.set_title(f"T = {r['T']}", fontsize=9)
     axes[0][0].set_ylabel("share of copy bandwidth")
-    fig.suptitle(f"{data.get('command', '')}: red the libraries, grey the row kernels, blue the swapped kernels; "
-                 "dashes: issue 16's goal", fontsize=8)
+    fig.suptitle(f"{data.get('command', '')}\nred the libraries, grey the row kernels, green an earlier module file, "
+                 "blue this tree's swapped kernels; dashes: issue 16's goal", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

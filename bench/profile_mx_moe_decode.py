@@ -1,6 +1,7 @@
 """Kernel by kernel, the portable fused MoE's MXFP4 decode call on the GPU (V4-Flash experts, its default tiles):
 one CUDA graph replay of moe_experts at each T, with each kernel's time (CUPTI), beside the replay's own time. Says
-what the call is made of beyond its two GEMMs (route alignment, the activation split, the final cast).
+what the call is made of beyond its two GEMMs (the activation split; the route alignment and the final cast, both
+from two tokens).
 
     python3 bench/profile_mx_moe_decode.py --json out/profile-mx-moe-decode.json [--tokens 1,8,64]
 """

@@ -40,11 +40,13 @@ GRIDS["v2"] = GRIDS["m8"] + [(64, 256, 4, 3, False, 8)]
 # gate and up rows paired in one tile (twice the gate-up programs) or apart (sweep-mx-moe-decode-v3.json ran at commit
 # ca224bf with a down kernel whose K could be split too, since removed: slower at every T)
 GRIDS["v3"] = [(64, 256, 4, 3, True, 8, {"pair": pair}) for pair in (False, True)]
-# layout triton-moe-v3 (no activation split copy): the default beside the alignment at one token ("direct": False) and
-# the cast after the down kernel ("fuse_cast": False)
+# one token without the route alignment and the down kernel's last program casting, each undone ("direct": False,
+# "fuse_cast": False); sweep-mx-moe-decode-v4.json ran at the tree of commit 0ff4e91 with the elements' codes 8 k
+# apart (layout v3 as first written, replaced: slower from T = 2, see the module), fuse_cast then on by default
 GRIDS["v4"] = [(64, 256, 4, 3, True, 8, more) for more in ({}, {"direct": False}, {"fuse_cast": False},
                                                           {"direct": False, "fuse_cast": False})]
-# the down kernel's own tiles (block_n, block_k, warps, stages), the gate-up kernel's the default
+# the down kernel's own tiles (block_n, block_k, warps, stages), the gate-up kernel's the default (v5 ran at the same
+# tree as v4)
 GRIDS["v5"] = [(64, 256, 4, 3, True, 8, {"down": dict(zip(("block_n", "block_k", "num_warps", "num_stages"), d))})
                for d in ((64, 256, 4, 3), (32, 256, 4, 3), (32, 512, 4, 3), (64, 512, 4, 3), (128, 256, 4, 3),
                          (64, 256, 4, 4), (64, 128, 4, 4), (32, 256, 4, 4), (128, 512, 8, 3), (64, 1024, 4, 2))]

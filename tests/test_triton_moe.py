@@ -78,7 +78,7 @@ def test_triton_moe_matches_reference(platform, name: str) -> None:  # noqa: ANN
     x, ids, tw, w = _case(**CASES[name])
     prepared = platform.ops.moe_experts.prepare_weights(w)
     assert prepared.implementation == "triton_fused_moe"
-    assert prepared.layout == "triton-moe-v3"
+    assert prepared.layout == "triton-moe-v2"
     got = platform.ops.moe_experts(x, ids, tw, prepared, swiglu_limit=10.0)
     _check(got, moe_experts(x, ids, tw, w, 10.0))
 
@@ -289,6 +289,25 @@ def test_down_kernel_with_its_own_tiles(down: dict) -> None:
     for bad in ({"block_m": 8}, {"block_n": 48}, {"block_k": 32}):
         with pytest.raises(ValueError, match="down"):
             tmoe.fused_moe(*args, config={"down": bad})
+
+
+def test_default_down_tiles_and_cast_by_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The swapped down kernel takes 128 output rows a program for 2 .. 16 tokens (DOWN_WIDE), 64 (the gate-up
+    kernel's) for 1 and above 16; the cast is fused into it for one token only."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+
+    dev = torch.device("cuda" if _GPU else "cpu")
+    for t, col_tiles, fused in ((1, 4, True), (2, 2, False), (16, 2, False), (17, 4, False)):
+        x, ids, tw, w = _case("mxfp4", e=4, h=256, i=128, t=t, k=2, seed=17)
+        wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+        calls: list = []
+        real = tmoe._mx_down_swapped
+        monkeypatch.setattr(tmoe, "_mx_down_swapped", _Recorder(real, calls, kwargs=True))
+        got = tmoe.fused_moe(x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd), config={"block_k": 64})
+        monkeypatch.setattr(tmoe, "_mx_down_swapped", real)
+        grid, kwargs = calls[0]
+        assert grid[1] == col_tiles and kwargs["FUSE_CAST"] is fused, (t, grid, kwargs["FUSE_CAST"])
+        _check(got.cpu(), moe_experts(x, ids, tw, w))
 
 
 @pytest.mark.skipif(not _GPU, reason="ordering between programs: the GPU runs them concurrently")

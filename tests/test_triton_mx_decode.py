@@ -18,9 +18,6 @@ from dsv4hal.kernels.triton.fused_moe import (  # noqa: E402
     MX_NARROW_SCALE_MAX,
     _mx_quarters,
     _mx_scale_operand,
-    mx_group_quarters,
-    mx_k,
-    mx_place_bits,
     reorder_mxfp4,
 )
 
@@ -30,17 +27,14 @@ SCALES = [0, 1, 2, 100, 126, 127, 128, 129, 200, 253, 254, 255]
 
 
 @triton.jit
-def _decode_kernel(q_ptr, s01_ptr, s23_ptr, v_ptr, ASM: tl.constexpr, NARROW: tl.constexpr, R: tl.constexpr,
-                   C: tl.constexpr):
-    """q int16 [R, C], s01 / s23 uint8 [R, C] (each element's scales of nibbles 0, 1 and 2, 3) -> v fp32 [R, 4, C]:
-    nibble j of element c at [:, j, c]."""
+def _decode_kernel(q_ptr, s_ptr, v_ptr, ASM: tl.constexpr, NARROW: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
+    """q int16 [R, C], s uint8 [R, C] (each element's scale) -> v fp32 [R, 4, C]: nibble j of element c at [:, j, c]."""
     r = tl.arange(0, R)[:, None]
     c = tl.arange(0, C)[None, :]
     q = tl.load(q_ptr + r * C + c)
-    m01 = _mx_scale_operand(tl.load(s01_ptr + r * C + c), ASM, NARROW)
-    m23 = _mx_scale_operand(tl.load(s23_ptr + r * C + c), ASM, NARROW)
+    s = tl.load(s_ptr + r * C + c)
     DTYPE: tl.constexpr = tl.bfloat16 if ASM else tl.float32
-    v0, v1, v2, v3 = _mx_quarters(q, m01, m23, ASM, NARROW, DTYPE)
+    v0, v1, v2, v3 = _mx_quarters(q, _mx_scale_operand(s, ASM, NARROW), ASM, NARROW, DTYPE)
     out = v_ptr + r * 4 * C + c
     tl.store(out, v0.to(tl.float32))
     tl.store(out + C, v1.to(tl.float32))
@@ -48,18 +42,18 @@ def _decode_kernel(q_ptr, s01_ptr, s23_ptr, v_ptr, ASM: tl.constexpr, NARROW: tl
     tl.store(out + 3 * C, v3.to(tl.float32))
 
 
-def _want(q: torch.Tensor, s01: torch.Tensor, s23: torch.Tensor) -> torch.Tensor:
-    """[R, 4, C] float32: nibble j of each element times its scale (s01 for j = 0, 1, s23 for 2, 3; 255: NaN)."""
+def _want(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """[R, 4, C] float32: nibble j of each element times its scale (scale 255: NaN)."""
     lut = torch.tensor(E2M1, dtype=torch.float64)
     u = q.to(torch.int32) & 0xFFFF
     v = torch.stack([lut[((u >> (4 * j)) & 15).long()] for j in range(4)], 1)
-    scale = [torch.where(s == 255, torch.nan, torch.exp2(s.double() - 127)) for s in (s01, s23)]
-    return (v * torch.stack([scale[0], scale[0], scale[1], scale[1]], 1)).float()
+    scale = torch.where(s == 255, torch.nan, torch.exp2(s.double() - 127))[:, None, :]
+    return (v * scale).float()
 
 
 def _run(asm: bool, dev: str, *, narrow: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every byte value in both bytes of an element, each row under one scale byte of SCALES for nibbles 0 and 1
-    (narrow: those up to MX_NARROW_SCALE_MAX; padded to 16 rows of scale 127) and the next row's for 2 and 3."""
+    """Every byte value in both bytes of an element, each row under one scale byte of SCALES (narrow: those up to
+    MX_NARROW_SCALE_MAX; padded to 16 rows of scale 127)."""
     rows, c = 16, 512
     b = torch.arange(256, dtype=torch.int32)
     pairs = torch.cat([b | (b.roll(1) << 8), b.flip(0) | (b << 8)])  # every byte at both places
@@ -67,11 +61,10 @@ def _run(asm: bool, dev: str, *, narrow: bool = False) -> tuple[torch.Tensor, to
     scales = [x for x in SCALES if x <= MX_NARROW_SCALE_MAX] if narrow else SCALES
     s = torch.full((rows, c), 127, dtype=torch.uint8)
     s[:len(scales)] = torch.tensor(scales, dtype=torch.uint8)[:, None]
-    s23 = s.roll(-1, 0)
-    laid_out = mx_place_bits(q.view(torch.uint8)).view(torch.int16)
+    laid_out = reorder_mxfp4(q.view(torch.uint8)).view(torch.int16)
     v = torch.empty(rows, 4, c, device=dev)
-    _decode_kernel[(1,)](laid_out.to(dev), s.to(dev), s23.to(dev), v, ASM=asm, NARROW=narrow, R=rows, C=c)
-    return v.cpu(), _want(q, s, s23)
+    _decode_kernel[(1,)](laid_out.to(dev), s.to(dev), v, ASM=asm, NARROW=narrow, R=rows, C=c)
+    return v.cpu(), _want(q, s)
 
 
 def _check(got: torch.Tensor, want: torch.Tensor, *, flushed_rows: int = 0) -> None:
@@ -131,38 +124,16 @@ def test_element_order_takes_the_fewest_integer_instructions() -> None:
         assert sum(op.startswith("fma") for op in ops) == multiplies
 
 
-def test_place_bits_puts_each_code_at_its_bits() -> None:
-    """Code c at bits 4j .. 4j + 3 reads back from MX_BITS[j] (magnitude bits, sign bit) of its element, for every c
-    and j; the other bits stay 0."""
+def test_reorder_places_each_code_at_its_bits() -> None:
+    """Code c at k = 4e + j reads back from MX_BITS[j] (magnitude bits, sign bit) of element e, for every c and j;
+    the other bits stay 0."""
     for j, (magnitude, sign) in enumerate(MX_BITS):
         for code in range(16):
             raw = torch.tensor([[code << (4 * j)]], dtype=torch.int32).to(torch.uint16).view(torch.int16)
-            got = int(mx_place_bits(raw.view(torch.uint8)).view(torch.int16)) & 0xFFFF
+            got = int(reorder_mxfp4(raw.view(torch.uint8)).view(torch.int16)) & 0xFFFF
             assert got == ((code & 7) << magnitude) | ((code >> 3) << sign), (j, code, hex(got))
     bits = sorted(b for m, s in MX_BITS for b in (m, m + 1, m + 2, s))
     assert bits == list(range(16))
-
-
-def test_group_quarters_moves_each_code_to_its_element() -> None:
-    """After mx_group_quarters, code j of element e (bits 4j .. 4j + 3) is the code of k = k0 + j * run (mx_k), for
-    rows of whole 64-blocks and of an odd number of 32-groups (a half block last), with a batch dimension; every k
-    once; an element's codes 0, 1 share a scale group and so do 2, 3 (in a half block all four); reorder_mxfp4 is
-    that, then mx_place_bits."""
-    gen = torch.Generator().manual_seed(5)
-    for k in (32, 64, 96, 192, 224):
-        codes = torch.randint(0, 16, (2, 3, k), generator=gen, dtype=torch.uint8)
-        packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
-        grouped = mx_group_quarters(packed)
-        u = grouped.view(torch.int16).to(torch.int32) & 0xFFFF  # [2, 3, K / 4]
-        k0, run = mx_k(torch.arange(k // 4), k)
-        ks = k0[:, None] + run[:, None] * torch.arange(4)  # [K / 4, 4]
-        for j in range(4):
-            assert torch.equal((u >> (4 * j)) & 15, codes[..., ks[:, j]].to(torch.int32)), (k, j)
-        assert sorted(ks.flatten().tolist()) == list(range(k))
-        groups = ks // 32
-        assert torch.equal(groups[:, 0], groups[:, 1]) and torch.equal(groups[:, 2], groups[:, 3])
-        assert set(run.tolist()) == ({16} if k % 64 == 0 else {16, 8} if k > 32 else {8})
-        assert torch.equal(reorder_mxfp4(packed), mx_place_bits(grouped))
 
 
 @pytest.mark.skipif(not _GPU, reason="the plain decode on a GPU: what a GPU without the PTX (ROCm) runs")

@@ -32,7 +32,7 @@ DEEPGEMM_MOE_PSUM_PRIORITY = 291
 OAI_TRITON_MOE_PRIORITY = 250
 OAI_TRITON_MOE_PREFILL_PRIORITY = 310
 # The classes few and decode (<= 64 tokens a call): the portable triton_fused_moe (100; its MXFP4 decode kernels with
-# the weight rows as the dot's M, layout triton-moe-v3) beats both libraries at every measured T on the H200
+# the weight rows as the dot's M, layout triton-moe-v2) beats both libraries at every measured T on the H200
 # (sweep-mx-moe-decode-v2.json, 2026-12-01, fourteenth session): 48.0 / 110.7 / 189.5 / 335.8 / 769.7 us at
 # T = 1 / 4 / 8 / 16 / 64 against Marlin's 54.4 / 141.6 / 251.3 / 445.2 / 1012.7 and triton_kernels' 96.4 / 201.3 /
 # 283.3 / 419.9 / 909.8. So both go below it there, Marlin still above triton_kernels

@@ -1,12 +1,12 @@
 """Portable Triton fused MoE (routed experts) for MXFP4 and FP8 128x128 block-scaled weights.
 
-Layout "triton-moe-v3" (prepare_weights): the logical ExpertWeights tensors in a TritonMoeWeights: w13 [E, 2I,
+Layout "triton-moe-v2" (prepare_weights): the logical ExpertWeights tensors in a TritonMoeWeights: w13 [E, 2I,
 H(/2)] and w2 [E, H, I(/2)] are K-contiguous rows, which is what a weight tile loaded along K wants (each row's K run
 is coalesced). FP8 values are kept as raw uint8 bytes, uncopied (decoded in registers with integer arithmetic, so
 e4m3fn and e4m3fnuz decode identically on NVIDIA, ROCm and the interpreter); FP8 block scales stay fp32
-[E, ceil(N/128), ceil(K/128)]. MXFP4 keeps its UE8M0 bytes; its packed nibbles are copied so that each 16-bit
-element holds four e2m1 codes 8 k apart in one 32-group, their bits in an order the decode takes few instructions
-for (see MX_BITS below).
+[E, ceil(N/128), ceil(K/128)]. MXFP4 keeps its UE8M0 bytes; its packed nibbles are copied with the bits of each
+16-bit element (the four e2m1 codes of k = 4e .. 4e + 3) reordered so that the decode takes few instructions (see
+MX_BITS below).
 
 Algorithm (no host sync, fixed-size buffers: CUDA-graph safe):
   1. align (torch ops on the device): the T*k (token, slot) pairs are sorted by expert (stable), each
@@ -20,15 +20,15 @@ Algorithm (no host sync, fixed-size buffers: CUDA-graph safe):
      pair's routing weight and atomically added (fp32) into y [T, H]; y is cast to bf16 at the end.
 
 MXFP4 decode (T <= 64) runs two other kernels with the same algorithm and buffers: the weight rows are the
-dot's M and the tokens its N (see "MXFP4, weights as the M operand" below); for one token they skip the alignment
-(a block a route), and the down kernel's last program of each column tile writes it as bf16 (no cast launch).
-Shapes whose H or I is not a multiple of 64 run the row kernels.
+dot's M and the tokens its N, the activations and h are split by k mod 4 (see "MXFP4, weights as the M operand"
+below); for one token they skip the alignment (a block a route), and the down kernel's last program of each column
+tile writes it as bf16 (no cast launch). Shapes whose H or I is not a multiple of 64 run the row kernels.
 
-Dequantization: MXFP4 weights are read as 16-bit elements, decoded into four operands (one per code of an element)
-that are dotted against the matching activations, exactly in bf16 (by inline PTX on NVIDIA GPUs, in plain Triton
-elsewhere: _mx_quarters). FP8 codes are exact in bf16; the 128x128 block scale is constant along K inside a tile
-(BLOCK_K divides 128) and is applied per output column after the dot, as DeepGEMM does. Activations stay bf16
-(W4A16 / W8A16); accumulation is fp32.
+Dequantization: MXFP4 weights are read as 16-bit elements, decoded into four operands (one per k mod 4) that are
+dotted against the matching activations, exactly in bf16 (by inline PTX on NVIDIA GPUs, in plain Triton elsewhere:
+_mx_quarters). FP8 codes are exact in bf16;
+the 128x128 block scale is constant along K inside a tile (BLOCK_K divides 128) and is applied per output
+column after the dot, as DeepGEMM does. Activations stay bf16 (W4A16 / W8A16); accumulation is fp32.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_
 from dsv4hal.ops.moe import DECODE_MAX_TOKENS
 from dsv4hal.prepared import ExpertTensors
 
-LAYOUT = "triton-moe-v3"
+LAYOUT = "triton-moe-v2"
 # Triton's interpreter computes tl.dot on bf16 operands wrongly: upcast them to fp32 there.
 _DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
 # The swapped MXFP4 kernels decode with inline PTX on NVIDIA GPUs, in plain Triton elsewhere (same values).
@@ -74,32 +74,28 @@ FP8_BLOCK = 128
 SWAP_MAX_BLOCK_K = 1024  # the swapped MXFP4 kernels' K tile: 512 bytes of a weight row
 SWAP_MIN_BLOCK_K = 64  # each of its four dots needs K >= 16; H and I must be multiples (else: the row kernels)
 DOWN_KEYS = ("block_n", "block_k", "num_warps", "num_stages")  # config "down": the swapped down kernel's own tiles
+# The swapped down kernel's default tiles for 2 .. 16 tokens: 128 output rows a program instead of 64 (half the
+# programs, each streaming twice the rows). On the H200 (V4-Flash, four runs: sweep-mx-moe-decode-v5.json,
+# ab-mx-moe-decode*.json) 1-5% faster at T = 2 .. 16, and slower at T = 1 (by 2-3 us) and T = 64 (by 1-7%).
+DOWN_WIDE = {"block_n": 128}
+DOWN_WIDE_TOKENS = range(2, 17)
 ROW_DECODE_TILES = {"block_m": 16, "block_n": 64, "block_k": 64}  # the row kernels' decode tiles (the former default)
 
 
-# The MXFP4 element layout: a 16-bit element holds four e2m1 codes 16 k apart. Element r of block b (16 elements, 64
-# k, two scale groups) holds k = 64b + r + 16j in code j (j = 0..3), so code j of a tile of elements reads the
-# activations in runs of 16 (32 bytes: whole sectors) at a stride of 64, from rows in their own order (no split
-# copy); codes 0, 1 take scale group 2b, codes 2, 3 group 2b + 1. A row whose K is an odd multiple of 32 ends in a
-# half block of 8 elements, codes 8 k apart in one group (mx_k). (Runs of 8 in one group, measured first, read each
-# activation sector twice: 3-6% slower at T >= 2 on the H200, ab-mx-moe-decode-runs8.json.) Code j's magnitude bits
-# (e1 e0 m) are at MX_BITS[j][0] .. + 2 and its sign at MX_BITS[j][1]. The decode places them at bf16 bits 6..8 and
-# 15 with one shift when the two offsets agree (j = 0: none, j = 1: 3), two shifts else: 11 integer instructions
-# for four bf16x2 registers on sm_90a (5 shifts, 6 LOP3), the fewest of any such order (the byte order, nibble j at
-# bits 4j, needs 15; tests/test_triton_mx_decode.py searches them all).
+# The MXFP4 element layout: a 16-bit element holds the e2m1 codes of k = 4e + j (j = 0..3), code j's magnitude
+# bits (e1 e0 m) at MX_BITS[j][0] .. + 2 and its sign at MX_BITS[j][1]. The decode places them at bf16 bits 6..8 and
+# 15 with one shift when the two offsets agree (j = 0: none, j = 1: 3), two shifts else: 11 integer instructions for
+# four bf16x2 registers on sm_90a (5 shifts, 6 LOP3), the fewest of any such order (the byte order, nibble j at bits
+# 4j, needs 15; tests/test_triton_mx_decode.py searches them all).
 MX_BITS = ((6, 15), (3, 12), (0, 13), (9, 14))
 # Scale bytes up to this value let the PTX multiply once, by 2**(s - 1) (a normal bf16); larger bytes (scales above
 # 2, and NaN) take a second multiply. prepare_weights records which.
 MX_NARROW_SCALE_MAX = 128
-MX_GROUP = 32  # k values a UE8M0 scale covers
-MX_RUN = 16  # the k distance between an element's codes, and the elements of a block
-MX_SPAN = 4 * MX_RUN  # the k of a block: two scale groups
-_MX_GROUP, _MX_RUN, _MX_SPAN = tl.constexpr(MX_GROUP), tl.constexpr(MX_RUN), tl.constexpr(MX_SPAN)
 
 
 @dataclass(frozen=True)
 class TritonMoeWeights(ExpertTensors):
-    """Payload of weights prepared for triton_fused_moe (layout triton-moe-v3, see the module doc): w13 uint8
+    """Payload of weights prepared for triton_fused_moe (layout triton-moe-v2, see the module doc): w13 uint8
     [E, 2I, H/2] (mxfp4, elements reordered: MX_BITS) or [E, 2I, H] FP8 bytes, w13_scale uint8 [E, 2I, H/32] or
     fp32 [E, ceil(2I/128), ceil(H/128)]; w2 uint8 [E, H, I/2] or [E, H, I], w2_scale uint8 [E, H, I/32] or fp32
     [E, ceil(H/128), ceil(I/128)]."""
@@ -109,9 +105,9 @@ class TritonMoeWeights(ExpertTensors):
     narrow_scales: bool = False  # mxfp4 only: every scale byte <= MX_NARROW_SCALE_MAX
 
 
-def mx_place_bits(packed: torch.Tensor) -> torch.Tensor:
-    """16-bit elements of four e2m1 codes ([..., K/2] bytes, code j at bits 4j .. 4j + 3) -> the same shape with
-    code j's bits moved to MX_BITS[j], a new tensor. One expert at a time, so the int32 scratch stays small."""
+def reorder_mxfp4(packed: torch.Tensor) -> torch.Tensor:
+    """Packed e2m1 bytes [..., K/2] (two codes a byte, low nibble first) -> the same shape with each 16-bit element's
+    bits in the MX_BITS order, a new tensor. One expert at a time, so the int32 scratch stays small."""
     out = torch.empty_like(packed)
     src = packed.view(torch.int16)
     src = src.reshape(-1, *src.shape[-2:])  # [experts, rows, elements]
@@ -124,38 +120,6 @@ def mx_place_bits(packed: torch.Tensor) -> torch.Tensor:
             v |= ((code & 7) << magnitude) | (((code >> 3) & 1) << sign)
         dst[i] = (v - ((v & 0x8000) << 1)).to(torch.int16)
     return out
-
-
-def _interleave(codes: torch.Tensor, run: int) -> torch.Tensor:
-    """Codes [..., 4 * run] of one block (k order) -> its packed bytes [..., 2 * run]: element r's code j is k = r +
-    run * j, two codes a byte, low nibble first."""
-    c = codes.reshape(*codes.shape[:-1], 4, run).transpose(-1, -2).reshape(*codes.shape[:-1], 2 * run, 2)
-    return c[..., 0] | (c[..., 1] << 4)
-
-
-def mx_group_quarters(packed: torch.Tensor) -> torch.Tensor:
-    """Packed e2m1 bytes [..., K/2] (two codes a byte, low nibble first; K a multiple of 32) -> the same shape with
-    the codes moved so that element e's code j (bits 4j .. 4j + 3) is the one of k = mx_k(e, K)[0] + j * mx_k(e,
-    K)[1], a new tensor."""
-    codes = torch.stack([packed & 15, packed >> 4], -1).flatten(-2)  # [..., K]
-    full = codes.shape[-1] // MX_SPAN * MX_SPAN
-    parts = [_interleave(codes[..., :full].unflatten(-1, (-1, MX_SPAN)), MX_RUN).flatten(-2)]
-    if full < codes.shape[-1]:  # a half block: one scale group
-        parts.append(_interleave(codes[..., full:], MX_GROUP // 4))
-    return torch.cat(parts, -1)
-
-
-def mx_k(e: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the k of 16-bit elements e's code 0, the k distance between their codes) in rows of k values (layout
-    triton-moe-v3): runs of MX_RUN in whole blocks, of 8 in a row's last half block. _mx_k in the kernels."""
-    run = torch.where(e >= k // MX_SPAN * MX_RUN, MX_GROUP // 4, MX_RUN)
-    return (e // MX_RUN) * MX_SPAN + e % MX_RUN, run
-
-
-def reorder_mxfp4(packed: torch.Tensor) -> torch.Tensor:
-    """Packed e2m1 bytes [..., K/2] (K a multiple of 32) -> layout triton-moe-v3: codes grouped by quarter of their
-    32-group (mx_group_quarters), each element's bits in the MX_BITS order (mx_place_bits)."""
-    return mx_place_bits(mx_group_quarters(packed))
 
 
 def prepare_weights(w: ExpertWeights) -> TritonMoeWeights:
@@ -210,21 +174,14 @@ def _dot_quarters(acc, a, b):
 
 
 @triton.jit
-def _mx_k(e, K):
-    """(the k of code 0, the k distance between codes) of 16-bit elements e in rows of K values, as mx_k."""
-    return (e // _MX_RUN) * _MX_SPAN + e % _MX_RUN, tl.where(e >= (K // _MX_SPAN) * _MX_RUN, _MX_GROUP // 4, _MX_RUN)
-
-
-@triton.jit
-def _mx_x_quarters(rows, e, mask, K, DTYPE: tl.constexpr):
-    """Row kernels: rows [BM, 1] (pointers) of activations [rows, K], 16-bit elements e -> the four tiles [BM, BKE]
-    of codes j = 0..3 (k = k0 + j * run: mx_k)."""
-    k0, run = _mx_k(e, K)
-    k, run = k0[None, :], run[None, :]
+def _mx_x_quarters(rows, e, mask, quarter, DTYPE: tl.constexpr):
+    """Row kernels: rows [BM, 1] (pointers) of activations split by k mod 4 ([rows, 4, K / 4], quarter: K / 4), at
+    k = 4e + j -> the four tiles [BM, BKE], j = 0..3 (contiguous runs, as the swapped kernels load them)."""
+    k = e[None, :]
     x0 = tl.load(rows + k, mask=mask, other=0.0).to(DTYPE)
-    x1 = tl.load(rows + run + k, mask=mask, other=0.0).to(DTYPE)
-    x2 = tl.load(rows + 2 * run + k, mask=mask, other=0.0).to(DTYPE)
-    x3 = tl.load(rows + 3 * run + k, mask=mask, other=0.0).to(DTYPE)
+    x1 = tl.load(rows + quarter + k, mask=mask, other=0.0).to(DTYPE)
+    x2 = tl.load(rows + 2 * quarter + k, mask=mask, other=0.0).to(DTYPE)
+    x3 = tl.load(rows + 3 * quarter + k, mask=mask, other=0.0).to(DTYPE)
     return x0, x1, x2, x3
 
 
@@ -286,11 +243,11 @@ def _gate_up_kernel(
         for e0 in range(0, H // 4, BKE):
             ke = e0 + tl.arange(0, BKE)  # (e is the expert)
             emask = ke < H // 4
-            xq = _mx_x_quarters(x_rows, ke, valid[:, None] & emask[None, :], H, DTYPE)
+            xq = _mx_x_quarters(x_rows, ke, valid[:, None] & emask[None, :], H // 4, DTYPE)
             wm = emask[:, None] & nmask[None, :]
-            acc_g = _dot_quarters(acc_g, xq, _mx_col_tiles(w_base, s_base, n, ke, wm, stride_wn, stride_sn, H, ASM,
-                                                           NARROW, DTYPE))
-            acc_u = _dot_quarters(acc_u, xq, _mx_col_tiles(w_base, s_base, n + I, ke, wm, stride_wn, stride_sn, H, ASM,
+            acc_g = _dot_quarters(acc_g, xq, _mx_col_tiles(w_base, s_base, n, ke, wm, stride_wn, stride_sn, ASM, NARROW,
+                                                           DTYPE))
+            acc_u = _dot_quarters(acc_u, xq, _mx_col_tiles(w_base, s_base, n + I, ke, wm, stride_wn, stride_sn, ASM,
                                                            NARROW, DTYPE))
     else:
         for k0 in range(0, H, BLOCK_K):
@@ -305,7 +262,11 @@ def _gate_up_kernel(
             su = _fp8_col_scale(s_base, n + I, nmask, k0, stride_sn, stride_sk)
             acc_u += tl.dot(xk, qu) * su[None, :]
     h = _swiglu_f32(acc_g, acc_u, limit, CLAMP)
-    tl.store(h_ptr + rows.to(tl.int64)[:, None] * I + n[None, :], _to_bf16(h), mask=valid[:, None] & nmask[None, :])
+    if MXFP4:  # h split by k mod 4, as the down kernel reads it
+        col = (n % 4) * (I // 4) + n // 4
+    else:
+        col = n
+    tl.store(h_ptr + rows.to(tl.int64)[:, None] * I + col[None, :], _to_bf16(h), mask=valid[:, None] & nmask[None, :])
 
 
 @triton.jit
@@ -334,10 +295,10 @@ def _down_kernel(
         for e0 in range(0, I // 4, BKE):
             ke = e0 + tl.arange(0, BKE)  # (e is the expert)
             emask = ke < I // 4
-            hq = _mx_x_quarters(h_rows, ke, valid[:, None] & emask[None, :], I, DTYPE)
+            hq = _mx_x_quarters(h_rows, ke, valid[:, None] & emask[None, :], I // 4, DTYPE)
             wm = emask[:, None] & nmask[None, :]
-            acc = _dot_quarters(acc, hq, _mx_col_tiles(w_base, s_base, n, ke, wm, stride_wn, stride_sn, I, ASM,
-                                                       NARROW, DTYPE))
+            acc = _dot_quarters(acc, hq, _mx_col_tiles(w_base, s_base, n, ke, wm, stride_wn, stride_sn, ASM, NARROW,
+                                                       DTYPE))
     else:
         for k0 in range(0, I, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
@@ -353,21 +314,21 @@ def _down_kernel(
 
 # ----------------------------------------------------------------------------- MXFP4, weights as the M operand
 # Few-token (decode) kernels: the weight rows are the dot's M (64+ rows fill a tensor-core tile however few routes
-# an expert has) and the block's tokens its N. The packed bytes are read as 16-bit elements (four codes 16 k apart,
-# see MX_BITS). An element decodes into four bf16 operands, one per code j, each dotted with the activations at its
-# k: runs of 16 (32 bytes) the loads vectorise, from x and h in their own order. On NVIDIA GPUs inline PTX decodes
-# two elements a register; each output depends on its own element and scales only, so it holds in whatever register
-# layout the compiler chooses.
+# an expert has) and the block's tokens its N. The packed bytes are read as 16-bit elements: element e of a row
+# holds k = 4e .. 4e + 3 (byte 2e: k 4e in its low nibble, 4e + 1 in its high one; byte 2e + 1: 4e + 2, 4e + 3).
+# It decodes into four bf16 operands, one per k mod 4, each dotted with the activations' matching quarter: the
+# activations (and h between the GEMMs) are stored split by k mod 4, [rows, 4, K / 4], so each quarter's tile is
+# a contiguous run the loads can pipeline. On NVIDIA GPUs inline PTX decodes two elements a register; each output
+# depends on its own element and scale only, so it holds in whatever register layout the compiler chooses.
 
 def _mx_decode_ptx(narrow: bool) -> str:
     """Inline PTX for _mx_quarters, built from MX_BITS: $4 holds two 16-bit elements, one per bf16 lane; output j
     (a bf16x2 register) is code j of each, placed as bf16 bits (sign 15, e1 e0 m 8..6) by shifting the whole
     register (no lane's bits cross into the other's kept bits) and masking. Those bits read as the bf16 2**-126
     times the e2m1 value (e > 0: 2**(e - 127) * (1 + m / 2); e = 0: the subnormal m * 2**-127). Narrow multiplies
-    once, by the scale operand m = 2**(s - 1) (each lane's, a normal bf16 for scale bytes s <= 128); else by 2**126,
-    then by m = the scale 2**(s - 127). Codes 0 and 1 take m from $5, codes 2 and 3 from $6 (their scale groups).
-    Every product is exact (subnormals kept); fma with -0 added keeps the sign of a zero (fma.bf16x2 needs sm_80,
-    mul.bf16x2 sm_90)."""
+    once, by $5 = 2**(s - 1) (each lane's, a normal bf16 for scale bytes s <= 128); else by 2**126, then by $5 = the
+    scale 2**(s - 127). Every product is exact (subnormals kept); fma with -0 added keeps the sign of a zero
+    (fma.bf16x2 needs sm_80, mul.bf16x2 sm_90)."""
     lines = ["{", ".reg .b32 t, u, f, nz;", "mov.b32 nz, 0x80008000;", "mov.b32 f, 0x7E807E80;"]  # f: 2**126
 
     def shifted(dst: str, shift: int) -> str:  # dst = $4 moved left by shift (right if negative)
@@ -382,11 +343,10 @@ def _mx_decode_ptx(narrow: bool) -> str:
         else:
             lines += [shifted("t", body), "and.b32 t, t, 0x01C001C0;", shifted("u", sgn),
                       "and.b32 u, u, 0x80008000;", "or.b32 t, t, u;"]
-        m = "$5" if j < 2 else "$6"
         if narrow:
-            lines.append(f"fma.rn.bf16x2 ${j}, t, {m}, nz;")
+            lines.append(f"fma.rn.bf16x2 ${j}, t, $5, nz;")
         else:
-            lines += ["fma.rn.bf16x2 t, t, f, nz;", f"fma.rn.bf16x2 ${j}, t, {m}, nz;"]
+            lines += ["fma.rn.bf16x2 t, t, f, nz;", f"fma.rn.bf16x2 ${j}, t, $5, nz;"]
     return "\n".join(lines + ["}"])
 
 
@@ -427,71 +387,59 @@ def _mx_code(b, MAG: tl.constexpr, SIGN: tl.constexpr):
 
 
 @triton.jit
-def _mx_quarters(q, m01, m23, ASM: tl.constexpr, NARROW: tl.constexpr, DTYPE: tl.constexpr):
-    """16-bit elements q (four e2m1 codes each, MX_BITS order) and the scale operands (_mx_scale_operand) of codes 0
-    and 1 (m01) and of codes 2 and 3 (m23), any shape and layout -> the four codes' values times their scales, exact
-    in bf16 (DTYPE: bf16, or fp32 for the interpreter's dot)."""
+def _mx_quarters(q, m, ASM: tl.constexpr, NARROW: tl.constexpr, DTYPE: tl.constexpr):
+    """16-bit elements q (four e2m1 codes each, MX_BITS order) and their scale operands m (_mx_scale_operand), any
+    shape and layout -> the four codes' values times the scale, exact in bf16 (DTYPE: bf16, or fp32 for the
+    interpreter's dot)."""
     if ASM:
         v0, v1, v2, v3 = tl.inline_asm_elementwise(
-            _MX_PTX_NARROW if NARROW else _MX_PTX_WIDE, "=r,=r,=r,=r,r,r,r", [q, m01, m23],
+            _MX_PTX_NARROW if NARROW else _MX_PTX_WIDE, "=r,=r,=r,=r,r,r", [q, m],
             dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
     else:  # the same values in plain Triton (the interpreter, ROCm)
         b = q.to(tl.int32) & 0xFFFF
-        v0 = (_e2m1(_mx_code(b, _MX_MAG0, _MX_SIGN0)) * m01).to(DTYPE)
-        v1 = (_e2m1(_mx_code(b, _MX_MAG1, _MX_SIGN1)) * m01).to(DTYPE)
-        v2 = (_e2m1(_mx_code(b, _MX_MAG2, _MX_SIGN2)) * m23).to(DTYPE)
-        v3 = (_e2m1(_mx_code(b, _MX_MAG3, _MX_SIGN3)) * m23).to(DTYPE)
+        v0 = (_e2m1(_mx_code(b, _MX_MAG0, _MX_SIGN0)) * m).to(DTYPE)
+        v1 = (_e2m1(_mx_code(b, _MX_MAG1, _MX_SIGN1)) * m).to(DTYPE)
+        v2 = (_e2m1(_mx_code(b, _MX_MAG2, _MX_SIGN2)) * m).to(DTYPE)
+        v3 = (_e2m1(_mx_code(b, _MX_MAG3, _MX_SIGN3)) * m).to(DTYPE)
     return v0, v1, v2, v3
 
 
 @triton.jit
-def _mx_col_tiles(w_base, s_base, n, e, mask, stride_wn, stride_sn, K, ASM: tl.constexpr, NARROW: tl.constexpr,
+def _mx_col_tiles(w_base, s_base, n, e, mask, stride_wn, stride_sn, ASM: tl.constexpr, NARROW: tl.constexpr,
                   DTYPE: tl.constexpr):
-    """Row kernels: weight rows n (of K values), 16-bit elements e -> the four operands [BKE, BN] of codes j."""
+    """Row kernels: weight rows n, 16-bit elements e (8 to a 32-group) -> the four operands [BKE, BN], k = 4e + j."""
     q = tl.load(w_base + n[None, :] * stride_wn + e[:, None], mask=mask, other=0)
-    k0, run = _mx_k(e, K)
-    s = s_base + n[None, :] * stride_sn
-    s01 = tl.load(s + (k0 // _MX_GROUP)[:, None], mask=mask, other=127)
-    s23 = tl.load(s + ((k0 + 2 * run) // _MX_GROUP)[:, None], mask=mask, other=127)
-    return _mx_quarters(q, _mx_scale_operand(s01, ASM, NARROW), _mx_scale_operand(s23, ASM, NARROW), ASM, NARROW,
-                        DTYPE)
+    s = tl.load(s_base + n[None, :] * stride_sn + e[:, None] // 8, mask=mask, other=127)
+    return _mx_quarters(q, _mx_scale_operand(s, ASM, NARROW), ASM, NARROW, DTYPE)
 
 
 @triton.jit
 def _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE: tl.constexpr, EVEN: tl.constexpr,
                  ASM: tl.constexpr, NARROW: tl.constexpr, DTYPE: tl.constexpr):
-    """Weight rows n, 16-bit elements e0 .. e0 + BKE (whole blocks of MX_RUN) -> the four operands [BN, BKE]."""
+    """Weight rows n, 16-bit elements e0 .. e0 + BKE (8 to a 32-group) -> the four operands [BN, BKE]."""
     BN: tl.constexpr = n.shape[0]
-    BLOCKS: tl.constexpr = BKE // _MX_RUN
     e = e0 + tl.arange(0, BKE)
-    g = 2 * (e0 // _MX_RUN) + tl.arange(0, 2 * BLOCKS)  # the blocks' groups: codes 0, 1 take 2b, codes 2, 3 2b + 1
-    w = w_base + n[:, None] * stride_wn + e[None, :]
-    s = s_base + n[:, None] * stride_sn + g[None, :]
+    g = e0 // 8 + tl.arange(0, BKE // 8)
     if EVEN:
-        q = tl.load(w)
-        s = tl.load(s)
+        q = tl.load(w_base + n[:, None] * stride_wn + e[None, :])
+        s = tl.load(s_base + n[:, None] * stride_sn + g[None, :])
     else:
-        q = tl.load(w, mask=nmask[:, None], other=0)
-        s = tl.load(s, mask=nmask[:, None], other=127)
-    s01, s23 = tl.split(tl.reshape(s, [BN, BLOCKS, 2]))
-    # a scale operand once a group, then broadcast to the block's MX_RUN elements
-    m01 = _mx_scale_operand(s01, ASM, NARROW)[:, :, None]
-    m23 = _mx_scale_operand(s23, ASM, NARROW)[:, :, None]
-    m01 = tl.reshape(tl.broadcast_to(m01, [BN, BLOCKS, _MX_RUN]), [BN, BKE])
-    m23 = tl.reshape(tl.broadcast_to(m23, [BN, BLOCKS, _MX_RUN]), [BN, BKE])
-    return _mx_quarters(q, m01, m23, ASM, NARROW, DTYPE)
+        q = tl.load(w_base + n[:, None] * stride_wn + e[None, :], mask=nmask[:, None], other=0)
+        s = tl.load(s_base + n[:, None] * stride_sn + g[None, :], mask=nmask[:, None], other=127)
+    m = _mx_scale_operand(s, ASM, NARROW)  # once a group, then broadcast to its 8 elements
+    m = tl.reshape(tl.broadcast_to(m[:, :, None], [BN, BKE // 8, 8]), [BN, BKE])
+    return _mx_quarters(q, m, ASM, NARROW, DTYPE)
 
 
 @triton.jit
-def _mx_act_quarters(base, e0, BKE: tl.constexpr, DTYPE: tl.constexpr):
-    """Activation tiles [BKE, BM] of codes j = 0..3 of elements e0 .. e0 + BKE (whole blocks: k = 64b + r + 16j);
-    base: [1, BM] row pointers of [rows, K]."""
-    e = e0 + tl.arange(0, BKE)
-    k = ((e // _MX_RUN) * _MX_SPAN + e % _MX_RUN)[:, None]  # whole blocks: runs of MX_RUN
-    a0 = tl.load(base + k).to(DTYPE)
-    a1 = tl.load(base + _MX_RUN + k).to(DTYPE)
-    a2 = tl.load(base + 2 * _MX_RUN + k).to(DTYPE)
-    a3 = tl.load(base + 3 * _MX_RUN + k).to(DTYPE)
+def _mx_act_quarters(base, e0, quarter, BKE: tl.constexpr, DTYPE: tl.constexpr):
+    """Activation tiles [BKE, BM] of the four quarters (k mod 4) at elements e0 .. e0 + BKE; base: [1, BM] row
+    pointers of a split layout [rows, 4, K / 4] (quarter: K / 4)."""
+    e = (e0 + tl.arange(0, BKE))[:, None]
+    a0 = tl.load(base + e).to(DTYPE)
+    a1 = tl.load(base + quarter + e).to(DTYPE)
+    a2 = tl.load(base + 2 * quarter + e).to(DTYPE)
+    a3 = tl.load(base + 3 * quarter + e).to(DTYPE)
     return a0, a1, a2, a3
 
 
@@ -513,12 +461,14 @@ def _mx_gate_up_swapped(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
     NARROW: tl.constexpr, PAIR: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block, x [T, H], h [rows, I].
-    BLOCK_K (k values a step) divides H. PAIR: a program takes BLOCK_N / 2 outputs, their gate and up rows in one
-    tile of BLOCK_N rows (twice the programs, for few tokens); else BLOCK_N outputs, a gate and an up tile. DIRECT:
-    block b is route b (block_expert_ptr: the routes' expert ids, any in [0, E) taken). Every program first zeroes
-    its share of y [T, H] fp32 and the down kernel's counters after it (y_numel values in all), which the down
-    kernel accumulates into (one launch fewer)."""
+    """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block; x split [T, 4, H / 4] (a
+    split in registers instead measured 1.07-1.19x slower on the H200, and layouts that read x unsplit 1.02-1.06x
+    at T >= 2, ab-mx-moe-decode.json); h is stored split too, [rows, 4, I / 4]. BLOCK_K (k values a step) divides
+    H. PAIR: a program takes BLOCK_N / 2 outputs, their gate and up rows in one tile of BLOCK_N rows (twice the
+    programs, for few tokens); else BLOCK_N outputs, a gate and an up tile. DIRECT: block b is route b
+    (block_expert_ptr: the routes' expert ids, any in [0, E) taken). Every program first zeroes its share of y
+    [T, H] fp32 and the down kernel's counters after it (y_numel values in all), which the down kernel accumulates
+    into (one launch fewer)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     _zero_share(y_ptr, y_numel, 1024)
@@ -538,7 +488,7 @@ def _mx_gate_up_swapped(
         wrow = nj + (j >= HALF).to(tl.int32) * I  # gate rows, then the same outputs' up rows
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for e0 in range(0, H // 4, BKE):
-            xq = _mx_act_quarters(x_base, e0, BKE, DTYPE)
+            xq = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
             acc = _dot_quarters(acc, _mx_row_tile(w_base, s_base, wrow, e0, nj < I, stride_wn, stride_sn, BKE, EVEN_N,
                                                   ASM, NARROW, DTYPE), xq)
         acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, [2, HALF, BLOCK_M]), (1, 2, 0)))
@@ -548,14 +498,15 @@ def _mx_gate_up_swapped(
         acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for e0 in range(0, H // 4, BKE):
-            xq = _mx_act_quarters(x_base, e0, BKE, DTYPE)
+            xq = _mx_act_quarters(x_base, e0, H // 4, BKE, DTYPE)
             acc_g = _dot_quarters(acc_g, _mx_row_tile(w_base, s_base, n, e0, n < I, stride_wn, stride_sn, BKE, EVEN_N,
                                                       ASM, NARROW, DTYPE), xq)
             acc_u = _dot_quarters(acc_u, _mx_row_tile(w_base, s_base, n + I, e0, n < I, stride_wn, stride_sn, BKE,
                                                       EVEN_N, ASM, NARROW, DTYPE), xq)
     nmask = n < I
     h = _swiglu_f32(acc_g, acc_u, limit, CLAMP)
-    tl.store(h_ptr + rows.to(tl.int64)[None, :] * I + n[:, None], _to_bf16(h), mask=valid[None, :] & nmask[:, None])
+    col = (n % 4) * (I // 4) + n // 4  # the split layout of h
+    tl.store(h_ptr + rows.to(tl.int64)[None, :] * I + col[:, None], _to_bf16(h), mask=valid[None, :] & nmask[:, None])
 
 
 @triton.jit
@@ -582,10 +533,10 @@ def _mx_down_swapped(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
     NARROW: tl.constexpr, DIRECT: tl.constexpr, FUSE_CAST: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    """y^T tile [BLOCK_N, BLOCK_M] += route weight * W2 h^T for one expert block (fp32 atomics into y [T, H]), h
-    [rows, I]. BLOCK_K divides I. FUSE_CAST: the last program of each column tile writes it to out bf16 [T, H]
-    (_cast_when_last; else the caller casts y). (Splitting K over more programs for few tokens measured slower on
-    the H200 at every T, sweep-mx-moe-decode-v3.json.)"""
+    """y^T tile [BLOCK_N, BLOCK_M] += route weight * W2 h^T for one expert block (fp32 atomics into y [T, H]); h
+    split [rows, 4, I / 4]. BLOCK_K divides I. FUSE_CAST: the last program of each column tile writes it to out bf16
+    [T, H] (_cast_when_last; else the caller casts y). (Splitting K over more programs for few tokens measured slower
+    on the H200 at every T, sweep-mx-moe-decode-v3.json.)"""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -601,7 +552,7 @@ def _mx_down_swapped(
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for e0 in range(0, I // 4, BKE):
             acc = _dot_quarters(acc, _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE, EVEN_N,
-                                                  ASM, NARROW, DTYPE), _mx_act_quarters(h_base, e0, BKE, DTYPE))
+                                                  ASM, NARROW, DTYPE), _mx_act_quarters(h_base, e0, I // 4, BKE, DTYPE))
         wgt = tl.load(tw_ptr + safe_pair, mask=valid, other=0.0)
         acc = acc * wgt[None, :]
         tl.atomic_add(y_ptr + tok[None, :] * H + n[:, None], acc, mask=valid[None, :] & nmask[:, None],
@@ -660,11 +611,16 @@ def _swapped(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Te
              h: torch.Tensor, tw: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: torch.Tensor, t: int, k: int,
              num_experts: int, cfg: dict, tiles: dict, limit: float, clamp: bool) -> torch.Tensor:
     """The swapped MXFP4 kernels' two launches -> bf16 [T, H]. One fp32 workspace: y [T, H], then a counter a
-    column tile of the down kernel (int32 bits); the gate-up kernel zeroes it all. "fuse_cast" (default True): the
-    down kernel's last program of each tile writes it as bf16, else a cast after."""
-    hid, inter = x.shape[1], h.shape[1]
+    column tile of the down kernel (int32 bits); the gate-up kernel zeroes it all. "fuse_cast": the down kernel's
+    last program of each tile writes it as bf16, else a cast after; by default for one token only (on the H200 37.0
+    against 37.8 us at T = 1; from T = 2 no gain beyond the 2% that two equal settings differ by, and each down
+    program's release costs its exit, ab-mx-moe-decode.json). "down": the down kernel's own tiles (default
+    DOWN_WIDE for DOWN_WIDE_TOKENS)."""
+    hid, inter = w2.shape[1], h.shape[1]  # (x is split: [T, 4, H / 4])
     nb, bn, dev = block_expert.numel(), tiles["BLOCK_N"], x.device
-    down = cfg.get("down") or {}
+    down = cfg.get("down")
+    if down is None:
+        down = DOWN_WIDE if t in DOWN_WIDE_TOKENS else {}
     down_tiles = {**tiles, "BLOCK_N": down.get("block_n", bn), "num_warps": down.get("num_warps", tiles["num_warps"]),
                   "num_stages": down.get("num_stages", tiles["num_stages"]),
                   "BLOCK_K": min(down.get("block_k", cfg["block_k"]), _pow2_divisor(math.gcd(hid, inter)))}
@@ -672,7 +628,7 @@ def _swapped(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Te
     col_tiles = triton.cdiv(hid, dbn)
     work = torch.empty(t * hid + col_tiles, dtype=torch.float32, device=dev)
     y, counts = work[:t * hid].view(t, hid), work[t * hid:].view(torch.int32)
-    fuse_cast = cfg.get("fuse_cast", True)
+    fuse_cast = cfg.get("fuse_cast", tiles["DIRECT"])
     out = torch.empty(t, hid, dtype=torch.bfloat16, device=dev) if fuse_cast else y
     pair = cfg.get("pair")
     if pair is None:  # "auto": pair when the gate-up grid would give each SM fewer than two programs
@@ -720,8 +676,9 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     h = torch.empty(nb * bm, inter, dtype=torch.bfloat16, device=dev)
     limit, clamp = swiglu_limit_args(swiglu_limit)
     w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
-    if mx:  # 16-bit elements of four codes each (layout triton-moe-v3)
+    if mx:  # 16-bit elements of four codes each; the activations split by k mod 4: [T, 4, H / 4]
         w13, w2 = w13.view(torch.int16), w2.view(torch.int16)
+        x = x.view(t, hid // 4, 4).transpose(1, 2).contiguous()
     # "ptx": False runs the plain Triton decode on an NVIDIA GPU too (to measure what ROCm runs)
     asm = dict(ASM=mx and _MX_ASM and cfg.get("ptx", True), NARROW=weights.narrow_scales)
     if swapped:

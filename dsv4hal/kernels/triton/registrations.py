@@ -116,7 +116,7 @@ def register(registry: Registry) -> None:
                                    description="one program per token: sqrt-softplus, arg-max top-k or hash row, "
                                                "renormalised", **{**common, "supports": _route_supports}))
     registry.add_kernel(KernelImpl(op="moe_experts", name="triton_fused_moe", target=f"{_MOD}.fused_moe:moe_experts",
-                                   prepare=f"{_MOD}.fused_moe:prepare_weights", layout="triton-moe-v3",
+                                   prepare=f"{_MOD}.fused_moe:prepare_weights", layout="triton-moe-v2",
                                    description="expert-sorted blocks; MXFP4/FP8 dequant in registers (MXFP4 "
                                                "decode: weight rows as the dot's M, PTX nibble decode on NVIDIA), "
                                                "fused clamp+SwiGLU, down proj with routing weight (fp32 atomics)",

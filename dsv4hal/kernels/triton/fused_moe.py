@@ -463,9 +463,9 @@ def _mx_gate_up_swapped(
 ):
     """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block; x split [T, 4, H / 4] (a
     split in registers instead measured 1.07-1.19x slower on the H200, and layouts that read x unsplit 1.02-1.06x
-    at T >= 2, ab-mx-moe-decode.json); h is stored split too, [rows, 4, I / 4]. BLOCK_K (k values a step) divides
-    H. PAIR: a program takes BLOCK_N / 2 outputs, their gate and up rows in one tile of BLOCK_N rows (twice the
-    programs, for few tokens); else BLOCK_N outputs, a gate and an up tile. DIRECT: block b is route b
+    at T >= 2, ab-mx-moe-decode-runs8/-runs16.json); h is stored split too, [rows, 4, I / 4]. BLOCK_K (k values a
+    step) divides H. PAIR: a program takes BLOCK_N / 2 outputs, their gate and up rows in one tile of BLOCK_N rows
+    (twice the programs, for few tokens); else BLOCK_N outputs, a gate and an up tile. DIRECT: block b is route b
     (block_expert_ptr: the routes' expert ids, any in [0, E) taken). Every program first zeroes its share of y
     [T, H] fp32 and the down kernel's counters after it (y_numel values in all), which the down kernel accumulates
     into (one launch fewer)."""

@@ -210,7 +210,7 @@ class BoundOp(Generic[P, R]):
 
         tokens: how many tokens a call is expected to carry (a decode server's batch, a prefill server's chunk).
         Its class joins the case that picks the kernel, and so the layout, which every later call then uses
-        whatever its size (e.g. moe_experts on the H200: the portable fused MoE up to 8 tokens, triton_kernels
+        whatever its size (e.g. moe_experts on the H200: the portable fused MoE up to 64 tokens, triton_kernels
         above).
         None: the op's default class (one token a call)."""
         if self._weights_pos < 0:

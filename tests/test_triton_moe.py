@@ -206,7 +206,7 @@ def test_pairing_by_default_when_the_grid_is_under_two_programs_an_sm(monkeypatc
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     prepared = tmoe.prepare_weights(wd)
     for sms, paired in ((6, False), (7, True)):
-        monkeypatch.setattr(tmoe, "_num_sms", lambda _dev, n=sms: n)
+        monkeypatch.setattr(tmoe, "sm_count", lambda _dev, n=sms: n)
         calls: list = []
         real = tmoe._mx_gate_up_swapped
         monkeypatch.setattr(tmoe, "_mx_gate_up_swapped", _Recorder(real, calls))

@@ -85,7 +85,8 @@ def mhc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.
     """(y bf16 [T, d], post fp32 [T, 4], comb fp32 [T, 4, 4]) (contract: ops.mhc)."""
     import torch
 
-    from dsv4hal.kernels.triton.mhc import HC, mhc_pre_from_partials, sm_count
+    from dsv4hal.kernels.triton.device import sm_count
+    from dsv4hal.kernels.triton.mhc import HC, mhc_pre_from_partials
 
     t, _, d = x.shape
     dev = x.device

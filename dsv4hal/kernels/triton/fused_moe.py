@@ -33,7 +33,6 @@ column after the dot, as DeepGEMM does. Activations stay bf16 (W4A16 / W8A16); a
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ import triton.language as tl
 
 from dsv4hal.formats.experts import ExpertWeights
 from dsv4hal.kernels.moe_align import align_routes
+from dsv4hal.kernels.triton.device import sm_count
 from dsv4hal.kernels.triton.fp8_codec import _decode_fp8
 from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_limit_args
 from dsv4hal.ops.moe import DECODE_MAX_TOKENS
@@ -563,19 +563,6 @@ def _mx_down_swapped(
 
 # ----------------------------------------------------------------------------- host side
 
-@functools.cache
-def _sm_count(device_type: str, index: int | None) -> int:
-    """Streaming multiprocessors (compute units) of a GPU, 0 elsewhere (a host query, once per device)."""
-    if device_type != "cuda":
-        return 0
-    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
-                                            ).multi_processor_count
-
-
-def _num_sms(device: torch.device) -> int:
-    return _sm_count(device.type, device.index)
-
-
 def _pow2_divisor(n: int) -> int:
     """The largest power of two dividing n > 0."""
     return n & -n
@@ -632,7 +619,7 @@ def _swapped(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Te
     out = torch.empty(t, hid, dtype=torch.bfloat16, device=dev) if fuse_cast else y
     pair = cfg.get("pair")
     if pair is None:  # "auto": pair when the gate-up grid would give each SM fewer than two programs
-        pair = nb * triton.cdiv(inter, bn) < 2 * _num_sms(dev)
+        pair = nb * triton.cdiv(inter, bn) < 2 * sm_count(dev)
     outs = bn // 2 if pair else bn  # outputs of h a gate-up program
     p = tw.numel()
     _mx_gate_up_swapped[(nb, triton.cdiv(inter, outs))](

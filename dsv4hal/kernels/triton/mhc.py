@@ -17,25 +17,18 @@ so two TF32 tensor-core dots give the fp32 product to ~2^-21 (plain TF32 would p
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
 
+from dsv4hal.kernels.triton.device import sm_count
+
 HC = 4
 MIX = 24
 # the apply launch's post and Sinkhorn in a program of their own up to this many tokens (apply_config)
 COMB_APART_MAX_T = 64
-
-
-@functools.lru_cache(maxsize=8)
-def sm_count(device: torch.device) -> int:
-    """The device's SM count, asked once per device (kernels size their split-K grids by it)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: a few programs are enough to exercise the split
 
 
 def _interpreting() -> bool:

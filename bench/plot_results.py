@@ -19,7 +19,9 @@ libraries.
     python3 bench/plot_results.py mxmoe bench/results/h200/sweep-mx-moe-decode-v2b.json \
         bench/results/h200/sweep-mx-moe-decode-v2b.png
     python3 bench/plot_results.py mxmoe bench/results/h200/ab-mx-moe-decode.json bench/results/h200/ab-mx-moe-decode.png
-    (the same for sweep-mx-moe-decode-v4/v5 and ab-mx-moe-decode-runs8/-runs16/-fused-all)"""
+    (the same for sweep-mx-moe-decode-v4/v5 and ab-mx-moe-decode-runs8/-runs16/-fused-all)
+    python3 bench/plot_results.py pdl bench/results/h200/ab-pdl.json bench/results/h200/ab-pdl.png
+    python3 bench/plot_results.py parts bench/results/h200/host-parts.json bench/results/h200/host-parts.png"""
 
 from __future__ import annotations
 
@@ -145,7 +147,41 @@ def mxmoe(data: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def pdl(data: dict[str, Any], path: str) -> None:
+    """bench/ab_pdl.py: each call's time under PDL modes 1 and 2 as a ratio to the plain launch, a panel a T."""
+    rows = data["rows"]
+    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 4.8), squeeze=False, sharey=True)
+    for ax, r in zip(axes[0], rows, strict=True):
+        names = list(r["ratio_to_plain"])
+        for i, mode in enumerate(("1", "2")):
+            ax.bar([j + 0.4 * i for j in range(len(names))], [r["ratio_to_plain"][n][mode] for n in names], 0.4,
+                   label=f"mode {mode}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([j + 0.2 for j in range(len(names))], names, rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"T = {r['T']}", fontsize=9)
+    axes[0][0].set_ylabel("time / plain launch (CUDA graphs)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(data.get("command", ""), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def parts(data: dict[str, Any], path: str) -> None:
+    """bench/host_parts.py: the host time of each part of a bound call."""
+    us = data["us"]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.barh(range(len(us)), list(us.values()))
+    ax.set_yticks(range(len(us)), list(us), fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("host us per call")
+    ax.set_title(f"{data['command']}\n{data['platform']} ({data['kernel']} swapped for a no-op), Python "
+                 f"{data['python']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 if __name__ == "__main__":
     kind, src, dst = sys.argv[1:4]
-    {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply, "mxmoe": mxmoe}[kind](
+    {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply, "mxmoe": mxmoe, "pdl": pdl,
+     "parts": parts}[kind](
         json.loads(open(src).read()), dst)

@@ -115,10 +115,30 @@ def test_the_memo_key_tells_apart_what_validation_reads() -> None:
         assert key((unkeyable,), {}) is None and key((), {"x": unkeyable}) is None
     from dsv4hal.ops.memo import _extend
 
-    for value in (t, 1.5, None, swa, torch.nn.Parameter(t)):  # metadata_key inlines _extend's common branches
+    for value in (t, 1.5, None, torch.nn.Parameter(t)):  # metadata_key inlines _extend's common branches
         items: list[object] = []
         _extend(items, value)
         assert key((value,), {}) == tuple(items)
+
+
+def test_a_cache_is_one_token_kept_until_a_field_changes() -> None:
+    """A cache is keyed by a token kept on the object for its metadata: equal caches share it (and so their memo
+    entries), a cache with other metadata gets another, and assigning a field forgets it."""
+    from dsv4hal.formats.indexer_cache import IndexerPagedCache
+    from dsv4hal.ops.memo import metadata_key as key
+
+    swa = dsv4hal.V4PagedCache.empty(2, 256)
+    (tok,) = key((swa,), {})
+    assert key((swa,), {})[0] is tok and swa._memo_token is tok
+    assert key((dsv4hal.V4PagedCache.empty(2, 256),), {})[0] is tok  # equal metadata, another object
+    others = [dsv4hal.V4PagedCache.empty(3, 256), dsv4hal.V4PagedCache.empty(2, 64),
+              dsv4hal.V4PagedCache(swa.data, 256, "e4m3fnuz"), IndexerPagedCache.empty(2)]
+    toks = {key((c,), {})[0] for c in others}
+    assert len(toks) == len(others) and tok not in toks
+    swa.fp8 = "e4m3fnuz"
+    assert swa._memo_token is None and key((swa,), {})[0] is key((others[2],), {})[0]
+    swa.data = torch.zeros(3, swa.data.shape[1], dtype=torch.uint8)
+    assert key((swa,), {})[0] not in (tok, key((others[2],), {})[0])
 
 
 def test_the_memo_sees_metadata_changed_in_place() -> None:

@@ -34,10 +34,12 @@ def host_us_interleaved(fns: Mapping[str, Callable[[], object]], *, calls: int =
     """Host enqueue time per call of each function, measured in turns: each round times `calls` calls of every
     function one after another (synchronising between them, untimed), and each keeps its fastest round. A host
     whose speed drifts (other tenants, clocks) then slows all functions of a round alike, so ratios between them
-    hold where separate measurements seconds apart differed by up to 40% (bench/results/h200, sixth session)."""
+    hold where separate measurements seconds apart differed by up to 40% (bench/results/h200, sixth session). On a
+    machine without CUDA there is nothing to synchronise (host-only parts: bench/host_parts.py)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for fn in fns.values():
         fn()
-    torch.cuda.synchronize()
+    sync()
     best = dict.fromkeys(fns, float("inf"))
     clock = time.perf_counter
     for _ in range(rounds):
@@ -46,7 +48,7 @@ def host_us_interleaved(fns: Mapping[str, Callable[[], object]], *, calls: int =
             for _ in range(calls):
                 fn()
             best[name] = min(best[name], (clock() - t0) * 1e6 / calls)
-            torch.cuda.synchronize()
+            sync()
     return best
 
 

@@ -13,10 +13,11 @@ loc % 64.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from dsv4hal.formats.cache_object import CacheObject
 from dsv4hal.formats.fp8 import (
     FP8_FLAVORS,
     FP8_MAX,
@@ -42,11 +43,12 @@ assert sys.byteorder == "little", "the indexer cache format is little-endian"
 
 
 @dataclass
-class IndexerPagedCache:
+class IndexerPagedCache(CacheObject):
     """uint8 [num_pages, 8448] paged FP8 indexer cache of one layer."""
 
     data: torch.Tensor
     fp8: FP8Flavor = "e4m3fn"
+    _memo_token: object | None = field(default=None, init=False, repr=False, compare=False)  # see CacheObject
 
     @classmethod
     def empty(

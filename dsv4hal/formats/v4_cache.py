@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.formats.cache_object import CacheObject
 from dsv4hal.formats.fp8 import (
     FP8_FLAVORS,
     FP8_MAX,
@@ -52,7 +53,7 @@ def scale_offset(page_size: int) -> int:
 
 
 @dataclass
-class V4PagedCache:
+class V4PagedCache(CacheObject):
     """One layer's V4 K cache: `data` is uint8 [num_pages, page_bytes(page_size)]."""
 
     data: torch.Tensor
@@ -60,6 +61,7 @@ class V4PagedCache:
     fp8: FP8Flavor = "e4m3fn"
     # the FlashMLA view of `data`, built once: views cost microseconds of host time on every call
     _view: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False, compare=False)
+    _memo_token: object | None = field(default=None, init=False, repr=False, compare=False)  # see CacheObject
 
     @classmethod
     def empty(

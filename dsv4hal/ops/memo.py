@@ -8,8 +8,9 @@ kernel. Only calls that passed are remembered: a bad argument is checked, and re
 
 The key is one flat tuple built in one loop, with no Python call per argument for the common kinds (plain tensors,
 plain scalars, the caches): ~0.3 us a tensor, most of it the four metadata reads every key needs, against ~2 us a
-tensor to validate. For sparse_attention_decode (eight tensors in nine arguments) the key and its lookup cost ~4 us on
-a loaded 2-core CPU, where validation and selection cost ~13 us."""
+tensor to validate. A paged cache is one item, a token kept on the cache object for its metadata
+(formats.cache_object), built on its first call. For sparse_attention_decode (six tensors and two caches in nine
+arguments) the key and its lookup cost ~3 us on the 2-core CI machine, where validation and selection cost ~13 us."""
 
 from __future__ import annotations
 
@@ -45,13 +46,40 @@ class _Unkeyable(Exception):
     pass
 
 
+class _Token:
+    """One cache metadata (its type, then its fields' items as _extend appends them): hashed and compared by
+    identity, so a key holding it costs what an int does. Tokens are never reused for other metadata."""
+
+    __slots__ = ()
+
+
+_CACHES = frozenset((V4PagedCache, IndexerPagedCache))
+_tokens: dict[tuple, _Token] = {}  # metadata -> its token, so that equal caches share memo entries
+
+
+def _cache_token(cache: V4PagedCache | IndexerPagedCache) -> _Token:
+    """The token of a cache's metadata, built and kept on the cache on its first call (assigning a field
+    forgets it: formats.cache_object)."""
+    items: list[object] = []
+    _extend(items, cache)
+    described = tuple(items)
+    tok = _tokens.get(described)
+    if tok is None:
+        if len(_tokens) >= MAX_ENTRIES:  # forgetting only costs equal caches their shared entries
+            _tokens.clear()
+        tok = _tokens[described] = _Token()
+    object.__setattr__(cache, "_memo_token", tok)
+    return tok
+
+
 def _extend(key: list[object], v: object) -> None:
     """Append the items that describe `v`: a plain tensor is its dtype, shape, strides and device; a plain scalar its
     type and value (True, 1 and 1.0 validate differently); a tensor subclass its type then as a plain tensor; one of
     the dataclasses its type then each field in turn. Read left to right the items decode one way only (a dtype
     starts a plain tensor, a type says what follows, and every kind has a fixed number of items), so two different
     argument lists never give the same key. metadata_key inlines the common branches of this function: they
-    must append the same items as it does."""
+    must append the same items as it does, but for a cache, which it describes by its token (a _Token item starts
+    and ends a cache)."""
     tv = type(v)
     if tv is _Tensor:
         key += (v.dtype, v.shape, v.stride(), v.device)  # type: ignore[attr-defined]
@@ -80,7 +108,7 @@ def metadata_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple 
 
     One flat tuple: with keyword arguments, the tuple of their names first (no other item is a tuple of strs),
     then the items of each positional argument in order, then those of each keyword value. The common kinds (plain
-    tensors, plain scalars) are described inline here, with no call per argument."""
+    tensors, plain scalars, caches) are described inline here, with no call per argument."""
     key: list[object] = []
     if kwargs:
         key.append(tuple(kwargs))
@@ -92,6 +120,9 @@ def metadata_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple 
                 key += (v.dtype, v.shape, v.stride(), v.device)  # type: ignore[attr-defined]
             elif tv in _SCALARS:
                 key += (tv, v)
+            elif tv in _CACHES:
+                tok = v._memo_token  # type: ignore[attr-defined]
+                key.append(_cache_token(v) if tok is None else tok)  # type: ignore[arg-type]
             else:
                 get = _FIELDS.get(tv)
                 if get is None:  # a tensor subclass, or unkeyable

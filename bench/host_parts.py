@@ -1,0 +1,78 @@
+"""Where a bound call's host time goes, part by part, on this machine: the bound sparse_attention_decode (flash-c4,
+T = 1, the bench's arguments as keywords) with its kernel swapped for a no-op, against the parts it is made of
+(the memo key, the memo lookup, the case, the compile check, one tensor's metadata reads). Each part is timed in
+turns with the others (bench.timing.host_us_interleaved: rounds of 2000 calls, each keeping its fastest round), so
+a drifting host hits all alike.
+
+    python3 bench/host_parts.py --json out/host-parts.json [--device cuda|cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform as host
+import sys
+from pathlib import Path
+
+import torch
+
+import dsv4hal
+from dsv4hal.bench.common import bound_op
+from dsv4hal.bench.timing import host_us_interleaved
+from dsv4hal.ops.memo import metadata_key
+
+
+def _noop(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale, extra_cache=None,  # noqa: ANN001, ANN202
+          extra_indices=None, extra_lengths=None):
+    return None
+
+
+def _args(dev: str) -> dict[str, object]:
+    i32 = dict(dtype=torch.int32, device=dev)
+    return dict(q=torch.zeros(1, 64, 512, dtype=torch.bfloat16, device=dev),
+                swa_cache=dsv4hal.V4PagedCache.empty(4, 256, device=dev), swa_indices=torch.zeros(1, 128, **i32),
+                swa_lengths=torch.full((1,), 128, **i32), sink=torch.zeros(64, device=dev), softmax_scale=512 ** -0.5,
+                extra_cache=dsv4hal.V4PagedCache.empty(4, 64, device=dev), extra_indices=torch.zeros(1, 512, **i32),
+                extra_lengths=torch.full((1,), 512, **i32))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = ap.parse_args()
+    platform = dsv4hal.select_platform()
+    args = _args(a.device)
+    impl = platform.ops.sparse_attention_decode.decide(platform.ops.sparse_attention_decode.case_of(**args)).chosen.name
+    op, fast = (bound_op(platform, "sparse_attention_decode", impl, validate=v) for v in (True, False))
+    case = op.case_of(**args)
+    key = metadata_key((), args)
+    op._memo[key] = _noop  # the memo hit runs the no-op: what remains is the bound call's own cost
+    fast._by_case[tuple(case.items())] = (fast._by_case.get(tuple(case.items()), (op.decide(case),))[0], _noop)
+    memo, by_case, q = op._memo, fast._by_case, args["q"]
+    fns = {
+        "no-op kernel called with the keywords": lambda: _noop(**args),
+        "bound, validated (memo hit)": lambda: op(**args),
+        "bound, validate=False": lambda: fast(**args),
+        "memo key": lambda: metadata_key((), args),
+        "memo key + lookup": lambda: memo.get(metadata_key((), args)),
+        "case": lambda: op.case_of(**args),
+        "case + lookup": lambda: by_case.get(tuple(op.case_of(**args).items())),
+        "torch.compiler.is_compiling()": torch.compiler.is_compiling,
+        "q.dtype, q.shape, q.stride(), q.device": lambda: (q.dtype, q.shape, q.stride(), q.device),
+    }
+    us = host_us_interleaved(fns, calls=2000, rounds=15)
+    base = us["no-op kernel called with the keywords"]
+    out = {"command": f"python3 bench/host_parts.py --device {a.device} --json ...", "platform": platform.name,
+           "kernel": impl, "python": sys.version.split()[0], "cpu": host.processor() or host.machine(),
+           "torch": torch.__version__, "us": us,
+           "added_over_noop_us": {k: v - base for k, v in us.items() if k.startswith("bound")}}
+    for k, v in us.items():
+        print(f"{k:45s} {v:7.3f} us")
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

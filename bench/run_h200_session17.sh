@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The H200 plan of the sixteenth session (2026-12-01): results straight into the call's output folder ($R=$OUT); at
+# most 8 files come back from a call, so logs stay in /tmp and their tails go to the part's log.
+#   R=$OUT bash bench/run_h200_session17.sh pdl    # programmatic dependent launch for the mHC and fused-MoE Triton
+#                                                  # kernels: their GPU tests under DSV4HAL_PDL=2, the A/B of modes
+#                                                  # 0/1/2 in turns (bench/ab_pdl.py), the host cost of a bound call
+#                                                  # (dsv4hal bench attention --quick), the yardstick demo under
+#                                                  # DSV4HAL_PDL=0 and 2
+set -uo pipefail
+part=${1:?pdl or host}
+source bench/h200_env.sh
+if [[ $part == pdl ]]; then
+  { stamp "GPU tests of mHC and the fused MoE's decode under DSV4HAL_PDL=2"
+    DSV4HAL_PDL=2 gpu_tests 150 pdl2 tests/test_triton_mhc.py tests/test_triton_mx_decode.py tests/test_triton_moe.py \
+      -k "mhc or one_token or fused_cast or paired or decode"
+    grep -E "^E  " /tmp/pytest-pdl2.log | head -8 | cut -c1-600
+    stamp "A/B: PDL modes 0, 1, 2 in turns"
+    timeout 240 python3 bench/ab_pdl.py --tokens 1,8,64 --json "$R/ab-pdl.json" > /tmp/ab-pdl.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/ab-pdl.log | tail -24 | cut -c1-400
+    stamp "host cost: dsv4hal bench attention --quick"
+    timeout 200 $D bench attention --quick --json "$R/bench-attention-host.json" > /tmp/bench-att.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/bench-att.log | tail -6 | cut -c1-300
+    stamp "demo, DSV4HAL_PDL=0"; DSV4HAL_PDL=0 demo_flash 120 demo-flash-pdl0
+    stamp "demo, DSV4HAL_PDL=2"; DSV4HAL_PDL=2 demo_flash 120 demo-flash-pdl2
+  } 2>&1 | tee "$R/log-pdl17.txt"
+fi
+if [[ $part == host ]]; then  # the host cost of a bound call, this tree and 9857019's memo and cache files
+                              # (.kernels/ab/host9857019) in turns, twice
+  { for round in 1 2; do
+      stamp "host cost, this tree (round $round)"
+      timeout 200 $D bench attention --quick --json "$R/bench-attention-host-r$round.json" > /tmp/bench-att.log 2>&1
+      echo "rc=$?"
+      stamp "host cost, 9857019's package (round $round)"
+      cp -r dsv4hal /tmp/dsv4hal-this  # (an editable install: swap in 9857019's memo and cache files, then back)
+      cp .kernels/ab/host9857019/memo.py dsv4hal/ops/memo.py
+      cp .kernels/ab/host9857019/{v4_cache,indexer_cache}.py dsv4hal/formats/
+      timeout 200 $D bench attention --quick --json "$R/bench-attention-host-9857019-r$round.json" \
+        > /tmp/bench-att-old.log 2>&1
+      echo "rc=$?"; grep -v Warn /tmp/bench-att-old.log | tail -2 | cut -c1-300
+      rm -rf dsv4hal && mv /tmp/dsv4hal-this dsv4hal
+    done
+    stamp "host cost, part by part (bench/host_parts.py)"
+    timeout 120 python3 bench/host_parts.py --json "$R/host-parts.json"
+    echo "rc=$?"
+  } 2>&1 | tee "$R/log-host17.txt"
+fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The H200 plan of the sixteenth session (2026-12-01): results straight into the call's output folder ($R=$OUT); at
 # most 8 files come back from a call, so logs stay in /tmp and their tails go to the part's log.
+# The pdl part ran on commit a0766a2 (bench/ab_pdl.py and the kernels' PDL wiring were taken out after it).
 #   R=$OUT bash bench/run_h200_session17.sh pdl    # programmatic dependent launch for the mHC and fused-MoE Triton
 #                                                  # kernels: their GPU tests under DSV4HAL_PDL=2, the A/B of modes
 #                                                  # 0/1/2 in turns (bench/ab_pdl.py), the host cost of a bound call

@@ -46,7 +46,6 @@ from dsv4hal.kernels.moe_align import align_routes
 from dsv4hal.kernels.triton.device import sm_count
 from dsv4hal.kernels.triton.fp8_codec import _decode_fp8
 from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_limit_args
-from dsv4hal.kernels.triton.pdl import pdl_args, pdl_enter
 from dsv4hal.ops.moe import DECODE_MAX_TOKENS
 from dsv4hal.prepared import ExpertTensors
 
@@ -223,9 +222,8 @@ def _gate_up_kernel(
     stride_we, stride_wn, stride_se, stride_sn, stride_sk,
     limit, CLAMP: tl.constexpr,
     MXFP4: tl.constexpr, FNUZ: tl.constexpr, ASM: tl.constexpr, NARROW: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = 0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -277,9 +275,8 @@ def _down_kernel(
     num_pairs, top_k, H, I,
     stride_we, stride_wn, stride_se, stride_sn, stride_sk,
     MXFP4: tl.constexpr, FNUZ: tl.constexpr, ASM: tl.constexpr, NARROW: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = 0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -462,7 +459,7 @@ def _mx_gate_up_swapped(
     num_pairs, top_k, E, H, I, y_numel, stride_we, stride_wn, stride_se, stride_sn,
     limit, CLAMP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
-    NARROW: tl.constexpr, PAIR: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = 0,
+    NARROW: tl.constexpr, PAIR: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block; x split [T, 4, H / 4] (a
     split in registers instead measured 1.07-1.19x slower on the H200, and layouts that read x unsplit 1.02-1.06x
@@ -472,7 +469,6 @@ def _mx_gate_up_swapped(
     (block_expert_ptr: the routes' expert ids, any in [0, E) taken). Every program first zeroes its share of y
     [T, H] fp32 and the down kernel's counters after it (y_numel values in all), which the down kernel accumulates
     into (one launch fewer)."""
-    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     _zero_share(y_ptr, y_numel, 1024)
@@ -535,13 +531,12 @@ def _mx_down_swapped(
     h_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, tw_ptr, sorted_ptr, block_expert_ptr,
     num_pairs, top_k, E, T, H, I, stride_we, stride_wn, stride_se, stride_sn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
-    NARROW: tl.constexpr, DIRECT: tl.constexpr, FUSE_CAST: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = 0,
+    NARROW: tl.constexpr, DIRECT: tl.constexpr, FUSE_CAST: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """y^T tile [BLOCK_N, BLOCK_M] += route weight * W2 h^T for one expert block (fp32 atomics into y [T, H]); h
     split [rows, 4, I / 4]. BLOCK_K divides I. FUSE_CAST: the last program of each column tile writes it to out bf16
     [T, H] (_cast_when_last; else the caller casts y). (Splitting K over more programs for few tokens measured slower
     on the H200 at every T, sweep-mx-moe-decode-v3.json.)"""
-    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -630,11 +625,11 @@ def _swapped(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Te
     _mx_gate_up_swapped[(nb, triton.cdiv(inter, outs))](
         x, w13, s13, h, work, sorted_pairs, block_expert, p, k, num_experts, hid, inter, work.numel(),
         w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), limit, CLAMP=clamp,
-        EVEN_N=inter % outs == 0, PAIR=pair, **tiles, **pdl_args(dev))
+        EVEN_N=inter % outs == 0, PAIR=pair, **tiles)
     _mx_down_swapped[(nb, col_tiles)](
         h, w2, s2, y, out, counts, tw, sorted_pairs, block_expert, p, k, num_experts, t, hid, inter,
         w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), EVEN_N=hid % dbn == 0, FUSE_CAST=fuse_cast,
-        **down_tiles, **pdl_args(dev))
+        **down_tiles)
     return out if fuse_cast else y.to(torch.bfloat16)
 
 
@@ -687,11 +682,11 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
         x, w13, s13, h, sorted_pairs, block_expert,
         p, k, hid, inter, x.stride(0),
         w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), sk13,
-        limit, CLAMP=clamp, **launch, **pdl_args(dev))
+        limit, CLAMP=clamp, **launch)
     _down_kernel[(nb, triton.cdiv(hid, bn))](
         h, w2, s2, y, tw, sorted_pairs, block_expert,
         p, k, hid, inter,
-        w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), sk2, **launch, **pdl_args(dev))
+        w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), sk2, **launch)
     return y.to(torch.bfloat16)
 
 

@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 
 from dsv4hal.kernels.triton.device import sm_count
-from dsv4hal.kernels.triton.pdl import pdl_args, pdl_enter
 
 HC = 4
 MIX = 24
@@ -65,9 +64,8 @@ def _dot_split(x, fn, PRECISION: tl.constexpr):
 @triton.jit
 def _gemm_partials_kernel(x_ptr, fn_ptr, mix_ws, sq_ws, T, K, CHUNK,
                           ROWS: tl.constexpr, NPAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                          PRECISION: tl.constexpr, PDL: tl.constexpr = 0):
+                          PRECISION: tl.constexpr):
     """Partial (x @ fn^T, sum x^2) over columns [split * CHUNK, +CHUNK) of the flat [T, K = 4d] stream."""
-    pdl_enter(PDL)
     pid_t, pid_s = tl.program_id(0), tl.program_id(1)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
@@ -119,10 +117,8 @@ def _store_and_mix(out, xo_ptr, fn_ptr, off, c, m2, acc, sq, n, nmask, cmask, D,
 @triton.jit
 def _post_gemm_partials_kernel(x_ptr, f_ptr, post_ptr, comb_ptr, xo_ptr, fn_ptr, mix_ws, sq_ws, T, D, CHUNK,
                                ROWS: tl.constexpr, NPAD: tl.constexpr, BLOCK_T: tl.constexpr,
-                               BLOCK_C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-                               PDL: tl.constexpr = 0):
+                               BLOCK_C: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """mhc_post for columns [split * CHUNK, +CHUNK) of all 4 streams, stored, and the next pre's partials."""
-    pdl_enter(PDL)
     pid_t, pid_s = tl.program_id(0), tl.program_id(1)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
@@ -183,11 +179,10 @@ def _comb_tile(mix_ws, row, smask, r, s2, base_ptr, hc_eps, iters):
 @triton.jit
 def _apply_kernel(x_ptr, mix_ws, sq_ws, base_ptr, scale_ptr, y_ptr, post_ptr, comb_ptr, T, D, S, rms_eps, hc_eps,
                   iters, NPAD: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
-                  COMB_APART: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = 0):
+                  COMB_APART: tl.constexpr, INTERPRET: tl.constexpr):
     """One token, one block of d: gates from the reduced partials, y = sum_i pre_i x_i; post and the Sinkhorn
     of comb once per token: by d block 0 before its y, or (COMB_APART) by a program of its own after the d
     blocks, so that no y waits for the Sinkhorn's dependent chain."""
-    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
     s = tl.arange(0, S_BLOCK)
@@ -219,10 +214,8 @@ def _apply_kernel(x_ptr, mix_ws, sq_ws, base_ptr, scale_ptr, y_ptr, post_ptr, co
 
 
 @triton.jit
-def _post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, D, BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr,
-                 PDL: tl.constexpr = 0):
+def _post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, D, BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
     """X'[k] = post_k f + sum_j comb[j, k] X[j] for one token and one block of d."""
-    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < D
@@ -271,7 +264,7 @@ def _pre_partials(x: torch.Tensor, fn: torch.Tensor, npad: int, prec: str) -> tu
     mix_ws = torch.empty(s, t, npad, dtype=torch.float32, device=x.device)
     sq_ws = torch.empty(s, t, dtype=torch.float32, device=x.device)
     _gemm_partials_kernel[(t_blocks, s)](x, fn, mix_ws, sq_ws, t, HC * d, chunk, ROWS=fn.shape[0], NPAD=npad,
-                                         BLOCK_T=bt, BLOCK_K=bk, PRECISION=prec, num_warps=4, **pdl_args(x.device))
+                                         BLOCK_T=bt, BLOCK_K=bk, PRECISION=prec, num_warps=4)
     return mix_ws, sq_ws
 
 
@@ -325,7 +318,7 @@ def _gated(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         sq_ws = torch.empty(s, t, dtype=torch.float32, device=dev)
         _post_gemm_partials_kernel[(t_blocks, s)](x, f, p, c, stream, fn, mix_ws, sq_ws, t, d, chunk, ROWS=rows,
                                                   NPAD=npad, BLOCK_T=bt, BLOCK_C=bc, PRECISION=prec,
-                                                  INTERPRET=_interpreting(), num_warps=4, **pdl_args(dev))
+                                                  INTERPRET=_interpreting(), num_warps=4)
     _apply(stream, mix_ws, sq_ws, npad, base, scale, y, post, comb, rms_eps, hc_eps, iters, head)
     return stream, y, post, comb
 
@@ -360,7 +353,7 @@ def _apply(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Tensor, npad: int
                                                    float(rms_eps), float(hc_eps), int(iters), NPAD=npad,
                                                    S_BLOCK=max(2, triton.next_power_of_2(s)), BLOCK_D=bd, HEAD=head,
                                                    COMB_APART=apart, INTERPRET=_interpreting(),
-                                                   num_warps=cfg["num_warps"], **pdl_args(x.device))
+                                                   num_warps=cfg["num_warps"])
 
 
 def mhc_pre_from_partials(x: torch.Tensor, mix_ws: torch.Tensor, sq_ws: torch.Tensor, base: torch.Tensor,
@@ -427,5 +420,5 @@ def mhc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.T
         return out
     bd = min(_block_d(t), triton.next_power_of_2(d))
     _post_kernel[(t, triton.cdiv(d, bd))](f.contiguous(), x, post.contiguous(), comb.contiguous(), out, d,
-                                          BLOCK_D=bd, INTERPRET=_interpreting(), num_warps=4, **pdl_args(x.device))
+                                          BLOCK_D=bd, INTERPRET=_interpreting(), num_warps=4)
     return out

@@ -1,6 +1,7 @@
 """Where a bound call's host time goes, part by part, on this machine: the bound sparse_attention_decode (flash-c4,
 T = 1, the bench's arguments as keywords) with its kernel swapped for a no-op, against the parts it is made of
-(the memo key, the memo lookup, the case, the compile check, one tensor's metadata reads). Each part is timed in
+(the memo key, the memo lookup, the case, the compile check, one tensor's metadata reads); and moe_experts at one
+token, bound and its kernel on the prepared payload (on a GPU), then both with a no-op kernel. Each part is timed in
 turns with the others (bench.timing.host_us_interleaved: rounds of 2000 calls, each keeping its fastest round), so
 a drifting host hits all alike.
 
@@ -37,6 +38,32 @@ def _args(dev: str) -> dict[str, object]:
                 extra_lengths=torch.full((1,), 512, **i32))
 
 
+def _moe_parts(platform: object, dev: str) -> dict[str, object]:
+    """moe_experts at T = 1 (V4-Flash MXFP4 experts, prepared for 64 tokens as the demo does): the bound call and
+    its kernel on the payload, then both with the kernel swapped for a no-op."""
+    from dsv4hal.conformance.cases_moe import _expert_weights, _experts_params
+
+    gen = torch.Generator(device=dev).manual_seed(0)
+    params = _experts_params("flash", 1, "mxfp4")
+    op = platform.ops.moe_experts  # type: ignore[attr-defined]
+    prepared = op.prepare_weights(_expert_weights(params, torch.device(dev), gen), tokens=64)
+    x = torch.randn(1, params["H"], device=dev, generator=gen).bfloat16()
+    ids = torch.arange(params["top_k"], device=dev, dtype=torch.int32)[None]
+    tw = torch.rand(1, params["top_k"], device=dev, generator=gen)
+    kernel = op._prepared_kernel((x, ids, tw, prepared), {})
+    real = {"moe_experts bound, validated": lambda: op(x, ids, tw, prepared),
+            "moe_experts kernel on the payload": lambda: kernel(x, ids, tw, prepared.payload)}
+    us = host_us_interleaved(real) if dev == "cuda" else {}
+    op(x, ids, tw, prepared)
+    for k in list(op._memo):  # the memo hit runs a no-op on the payload
+        op._memo[k] = op._on_payload(lambda *a, **kw: None)
+    us.update(host_us_interleaved({"moe_experts bound, no-op kernel": lambda: op(x, ids, tw, prepared),
+                                   "no-op called with the payload": lambda: (lambda *a: None)(x, ids, tw,
+                                                                                             prepared.payload)},
+                                  calls=2000, rounds=15))
+    return {"implementation": prepared.implementation, "us": us}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
@@ -68,7 +95,8 @@ def main() -> None:
            "kernel": impl, "python": sys.version.split()[0], "cpu": host.processor() or host.machine(),
            "torch": torch.__version__, "us": us,
            "added_over_noop_us": {k: v - base for k, v in us.items() if k.startswith("bound")}}
-    for k, v in us.items():
+    out["moe_experts"] = _moe_parts(platform, a.device)
+    for k, v in {**us, **out["moe_experts"]["us"]}.items():
         print(f"{k:45s} {v:7.3f} us")
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -168,7 +168,7 @@ def pdl(data: dict[str, Any], path: str) -> None:
 
 def parts(data: dict[str, Any], path: str) -> None:
     """bench/host_parts.py: the host time of each part of a bound call."""
-    us = data["us"]
+    us = {**data["us"], **data.get("moe_experts", {}).get("us", {})}
     fig, ax = plt.subplots(figsize=(9, 4.5))
     ax.barh(range(len(us)), list(us.values()))
     ax.set_yticks(range(len(us)), list(us), fontsize=7)

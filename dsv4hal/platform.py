@@ -196,10 +196,14 @@ class BoundOp(Generic[P, R]):
     def _validate_and_select(self, memo: dict[tuple, Callable[..., Any]], key: tuple, args: tuple,
                              kwargs: dict[str, Any]) -> Callable[..., Any]:
         """A memo miss: validate unchecked (raising for a bad argument, which is never remembered), select, and
-        remember the kernel for this metadata."""
+        remember the kernel for this metadata (for an op with weights: the kernel they were prepared for, called
+        on their payload; the key holds the weights' token, so equal metadata means the same kernel)."""
         self._materializable(self.name, args, kwargs, self._params)
         self._validate(*args, **kwargs, checked=False)
-        fn = self._resolve(self._case(*args, **kwargs))[1]
+        if self._weights_pos >= 0:
+            fn = self._on_payload(self._prepared_kernel(args, kwargs))
+        else:
+            fn = self._resolve(self._case(*args, **kwargs))[1]
         if len(memo) >= self._memo_max:
             memo.clear()
         memo[key] = fn
@@ -242,6 +246,24 @@ class BoundOp(Generic[P, R]):
 
     def _call_prepared(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Run the implementation the weights were prepared for; never another one."""
+        return self._on_payload(self._prepared_kernel(args, kwargs))(*args, **kwargs)
+
+    def _on_payload(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
+        """kernel, called with the PreparedWeights argument replaced by its payload."""
+        name, pos = self.spec.weights_arg, self._weights_pos
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if name in kwargs:
+                kwargs = {**kwargs, name: kwargs[name].payload}
+            else:
+                args = (*args[:pos], args[pos].payload, *args[pos + 1:])
+            return kernel(*args, **kwargs)
+
+        return call
+
+    def _prepared_kernel(self, args: tuple, kwargs: dict[str, Any]) -> Callable[..., Any]:
+        """The kernel of the implementation the weights were prepared for, if it runs this call's case on this
+        platform (raises otherwise)."""
         name, pos = self.spec.weights_arg, self._weights_pos
         prepared = kwargs[name] if name in kwargs else args[pos]
         p = self.platform
@@ -275,11 +297,7 @@ class BoundOp(Generic[P, R]):
                                        f"{p.registry.kernels[self.name][impl.name].fault}",
                                        remedy="prepare the weights again: another kernel will be chosen")
             self._by_impl[key] = fn
-        if name in kwargs:
-            kwargs = {**kwargs, name: prepared.payload}
-        else:
-            args = (*args[:pos], prepared.payload, *args[pos + 1:])
-        return fn(*args, **kwargs)
+        return fn
 
     def __repr__(self) -> str:
         return f"<dsv4hal op {self.spec.name} on {self.platform.name}>"

@@ -5,7 +5,7 @@ prepared, and that choice is kept: later calls run the implementation that prepa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,6 +20,8 @@ class PreparedWeights:
     platform: str
     case: Mapping[str, object]  # features of the logical weights (format, sizes) the choice was made on
     payload: Any  # the implementation's own layout
+    # the validation memo's token for these weights (dsv4hal.ops.memo), made on their first call
+    _memo_token: object | None = field(default=None, init=False, repr=False, compare=False)
 
     def describe(self) -> str:
         return (f"weights prepared for {self.op} by {self.implementation} (layout {self.layout or 'reference'}) "

@@ -8,6 +8,7 @@ so that their own run time, and its noise, does not hide the few microseconds me
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -59,15 +60,26 @@ def _cases() -> dict[str, tuple[Callable, tuple, dict]]:
         "moe_route": (ref_moe.moe_route, (torch.randn(t, 16),), dict(top_k=2)),
         "mhc_post": (ref_mhc.mhc_post, (torch.randn(t, d).bfloat16(), torch.randn(t, 4, d).bfloat16(),
                                         torch.rand(t, 4), torch.rand(t, 4, 4)), {}),
+        "moe_experts": (ref_moe.moe_experts, (torch.zeros(0, d, dtype=torch.bfloat16), torch.zeros(0, 2, **i32),
+                                              torch.zeros(0, 2)), {}),
     }
 
 
-@pytest.mark.parametrize("op", ["sparse_attention_decode", "pack_store", "moe_route", "mhc_post"])
+@pytest.mark.parametrize("op", ["sparse_attention_decode", "pack_store", "moe_route", "mhc_post", "moe_experts"])
 def test_a_bound_call_adds_little_over_the_reference(op: str) -> None:
+    """(moe_experts: its prepared weights go to the bound op, their payload, the reference's ExpertWeights, to the
+    reference.)"""
     platform = dsv4hal.select_platform(info=fake("cpu"))
     direct, args, kwargs = _cases()[op]
     bound = platform.ops[op]
-    assert bound.decide(bound.case_of(*args, **kwargs)).chosen.name == "torch_reference"
+    if op == "moe_experts":
+        w = ref_moe.quantize_experts(torch.randn(4, 64, 64) * 0.1, torch.randn(4, 64, 32) * 0.1, "mxfp4")
+        prepared = bound.prepare_weights(w)
+        assert prepared.implementation == "torch_reference"
+        bound = functools.partial(bound, weights=prepared)
+        direct = functools.partial(direct, weights=prepared.payload)
+    else:
+        assert bound.decide(bound.case_of(*args, **kwargs)).chosen.name == "torch_reference"
     extra = added_us(bound, direct, args, kwargs)
     assert extra < LIMIT_US, f"{op}: a bound call adds {extra:.1f} us over the reference (limit {LIMIT_US} us)"
 

@@ -99,3 +99,35 @@ def test_no_silent_switch_when_the_prepared_kernel_refuses_the_case(reg) -> None
     prepared = p.ops.moe_experts.prepare_weights(w)
     with pytest.raises(UnsupportedCaseError, match="decode shapes only"):
         p.ops.moe_experts(x, ids, tw, prepared)
+
+
+def test_repeat_calls_skip_validation_and_still_run_the_prepared_kernel(reg, monkeypatch) -> None:  # noqa: ANN001
+    """A call with the metadata and weights token of one that passed goes straight to the prepared kernel on the
+    payload (the same result as the first call); weights made by the same kernel for the same case share the token
+    (and so the memo entry) but each call runs on its own payload; refusals (another platform's weights, a case
+    the kernel refuses, bad tokens) are raised every time, never remembered."""
+    p = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
+    op = p.ops.moe_experts
+    x, ids, tw, w = _inputs()
+    prepared = op.prepare_weights(w)
+    first = op(x, ids, tw, prepared)
+    validations = []
+    real = op._validate
+    monkeypatch.setattr(op, "_validate", lambda *a, **k: (validations.append(1), real(*a, **k))[1])
+    assert torch.equal(op(x, ids, tw, prepared), first) and not validations  # from the memo
+    scaled = dataclasses.replace(w, w13_scale=w.w13_scale + 1)  # same metadata, other values (E8M0 exponents + 1)
+    other = op.prepare_weights(scaled)
+    assert other is not prepared and other._memo_token is None
+    got = op(x, ids, tw, other)
+    assert not validations and other._memo_token is prepared._memo_token
+    assert torch.equal(got, moe_experts(x, ids, tw, scaled)) and not torch.equal(got, first)
+    hopper = dsv4hal.select_platform(info=fake("sm90"), registry=reg).ops.moe_experts.prepare_weights(w)
+    big = _inputs(t=100)
+    for _ in range(2):
+        with pytest.raises(PreparedWeightsMismatchError, match="platform cpu"):
+            op(x, ids, tw, hopper)
+        with pytest.raises(UnsupportedCaseError, match="decode shapes only"):
+            op(*big[:3], prepared)
+        with pytest.raises(InvalidArgumentError, match="topk_ids"):
+            op(x, ids.long(), tw, prepared)
+    assert len(validations) == 6

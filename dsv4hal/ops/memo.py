@@ -1,16 +1,19 @@
 """Host cost of a bound call: validation memoised on tensor metadata.
 
 Unchecked validation (every op but compress, which reads cu_seqlens on the CPU) and case selection read only
-host attributes: types, dtypes, shapes, strides, devices and scalar values. So a call whose arguments have the
-same metadata as one that passed gives the same verdict and the same kernel, and the bound op skips straight to the
-kernel. Only calls that passed are remembered: a bad argument is checked, and refused, every time. Checked mode
+host attributes: types, dtypes, shapes, strides, devices and scalar values (and of prepared weights: the op,
+kernel and platform they were made for, their case and their payload's devices). So a call whose arguments have
+the same metadata as one that passed gives the same verdict and the same kernel, and the bound op skips straight to
+the kernel. Only calls that passed are remembered: a bad argument is checked, and refused, every time. Checked mode
 (which reads values) never uses the memo.
 
 The key is one flat tuple built in one loop, with no Python call per argument for the common kinds (plain tensors,
-plain scalars, the caches): ~0.3 us a tensor, most of it the four metadata reads every key needs, against ~2 us a
-tensor to validate. A paged cache is one item, a token kept on the cache object for its metadata
-(formats.cache_object), built on its first call. For sparse_attention_decode (six tensors and two caches in nine
-arguments) the key and its lookup cost ~3 us on the 2-core CI machine, where validation and selection cost ~13 us."""
+plain scalars, caches, prepared weights): ~0.3 us a tensor, most of it the four metadata reads every key needs,
+against ~2 us a tensor to validate. A paged cache or a PreparedWeights is one item, a token kept on the object for
+its metadata (formats.cache_object; PreparedWeights is frozen), built on its first call. On the 2-core CI machine:
+sparse_attention_decode (six tensors and two caches in nine arguments) adds ~4 us over its kernel, of which the key
+and its lookup ~3 us, where validation and selection cost ~13 us; moe_experts ~3 us, where validating its prepared
+weights every call cost ~11 us."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import torch
 from dsv4hal.formats.indexer_cache import IndexerPagedCache
 from dsv4hal.formats.v4_cache import V4PagedCache
 from dsv4hal.ops.attention_metadata import AttentionMetadata
+from dsv4hal.prepared import PreparedWeights
 
 MAX_ENTRIES = 1024  # engines see a few shapes per op; a fuzzer sees thousands: then start over
 
@@ -36,8 +40,8 @@ def _getter(cls: type) -> Callable[[object], tuple]:
     return get if len(names) > 1 else lambda v: (get(v),)
 
 
-# dataclasses whose validation reads only their fields' metadata (PreparedWeights is not among them: it is
-# checked against its payload, so an op with weights is never memoised): their init fields, as a tuple
+# dataclasses whose validation reads only their fields' metadata: their init fields, as a tuple (PreparedWeights,
+# checked against its payload, is described by _describe instead)
 _FIELDS: dict[type, Callable[[object], tuple]] = {
     cls: _getter(cls) for cls in (V4PagedCache, IndexerPagedCache, AttentionMetadata)}
 
@@ -47,28 +51,49 @@ class _Unkeyable(Exception):
 
 
 class _Token:
-    """One cache metadata (its type, then its fields' items as _extend appends them): hashed and compared by
-    identity, so a key holding it costs what an int does. Tokens are never reused for other metadata."""
+    """One object's metadata (_describe): hashed and compared by identity, so a key holding it costs what an int
+    does. Tokens are never reused for other metadata."""
 
     __slots__ = ()
 
 
-_CACHES = frozenset((V4PagedCache, IndexerPagedCache))
-_tokens: dict[tuple, _Token] = {}  # metadata -> its token, so that equal caches share memo entries
+_TOKENED = frozenset((V4PagedCache, IndexerPagedCache, PreparedWeights))
+_tokens: dict[tuple, _Token] = {}  # metadata -> its token, so that equal objects share memo entries
 
 
-def _cache_token(cache: V4PagedCache | IndexerPagedCache) -> _Token:
-    """The token of a cache's metadata, built and kept on the cache on its first call (assigning a field
-    forgets it: formats.cache_object)."""
+def _describe(obj: V4PagedCache | IndexerPagedCache | PreparedWeights) -> tuple:
+    """What validation and selection read of a cache (its type, then its fields' items as _extend appends them) or
+    of prepared weights: the op, kernel, layout and platform they were made for, their case, and the payload's
+    tensors (as _extend describes them; validation reads their devices)."""
     items: list[object] = []
-    _extend(items, cache)
-    described = tuple(items)
-    tok = _tokens.get(described)
+    if type(obj) is PreparedWeights:
+        items += (PreparedWeights, obj.op, obj.implementation, obj.layout, obj.platform, tuple(obj.case.items()),
+                  type(obj.payload))
+        payload = obj.payload
+        if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+            for f in dataclasses.fields(payload):
+                v = getattr(payload, f.name)
+                if isinstance(v, _Tensor):
+                    items.append(f.name)
+                    _extend(items, v)
+    else:
+        _extend(items, obj)
+    return tuple(items)
+
+
+def _token_of(obj: V4PagedCache | IndexerPagedCache | PreparedWeights) -> _Token:
+    """The token of an object's metadata, built and kept on it on its first call (assigning a cache's field
+    forgets it: formats.cache_object; PreparedWeights is frozen)."""
+    described = _describe(obj)
+    try:
+        tok = _tokens.get(described)
+    except TypeError:  # an unhashable item (a case value): such weights are validated every call
+        raise _Unkeyable from None
     if tok is None:
         if len(_tokens) >= MAX_ENTRIES:  # forgetting only costs equal caches their shared entries
             _tokens.clear()
         tok = _tokens[described] = _Token()
-    object.__setattr__(cache, "_memo_token", tok)
+    object.__setattr__(obj, "_memo_token", tok)
     return tok
 
 
@@ -78,8 +103,8 @@ def _extend(key: list[object], v: object) -> None:
     the dataclasses its type then each field in turn. Read left to right the items decode one way only (a dtype
     starts a plain tensor, a type says what follows, and every kind has a fixed number of items), so two different
     argument lists never give the same key. metadata_key inlines the common branches of this function: they
-    must append the same items as it does, but for a cache, which it describes by its token (a _Token item starts
-    and ends a cache)."""
+    must append the same items as it does, but for a cache or prepared weights, which it describes by a token (a
+    _Token item starts and ends such an argument)."""
     tv = type(v)
     if tv is _Tensor:
         key += (v.dtype, v.shape, v.stride(), v.device)  # type: ignore[attr-defined]
@@ -108,7 +133,7 @@ def metadata_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple 
 
     One flat tuple: with keyword arguments, the tuple of their names first (no other item is a tuple of strs),
     then the items of each positional argument in order, then those of each keyword value. The common kinds (plain
-    tensors, plain scalars, caches) are described inline here, with no call per argument."""
+    tensors, plain scalars, caches, prepared weights) are described inline here, with no call per argument."""
     key: list[object] = []
     if kwargs:
         key.append(tuple(kwargs))
@@ -120,9 +145,9 @@ def metadata_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple 
                 key += (v.dtype, v.shape, v.stride(), v.device)  # type: ignore[attr-defined]
             elif tv in _SCALARS:
                 key += (tv, v)
-            elif tv in _CACHES:
+            elif tv in _TOKENED:
                 tok = v._memo_token  # type: ignore[attr-defined]
-                key.append(_cache_token(v) if tok is None else tok)  # type: ignore[arg-type]
+                key.append(_token_of(v) if tok is None else tok)  # type: ignore[arg-type]
             else:
                 get = _FIELDS.get(tv)
                 if get is None:  # a tensor subclass, or unkeyable

@@ -38,7 +38,7 @@ class OpDefinition(Generic[P, R]):
         self.weights_arg, self.weights_validate, self.weights_case = weights_arg, weights_validate, weights_case
         # unchecked validation and case read only host metadata, so a bound call may skip them for arguments whose
         # metadata passed before (dsv4hal.ops.memo); False for an op whose unchecked validation reads values
-        self.memo = memo and weights_arg is None
+        self.memo = memo
         self.__doc__ = signature_fn.__doc__
         self._hints: dict[str, Any] | None = None
         self._check()

@@ -8,7 +8,7 @@
 #                                                  # (dsv4hal bench attention --quick), the yardstick demo under
 #                                                  # DSV4HAL_PDL=0 and 2
 set -uo pipefail
-part=${1:?pdl or host}
+part=${1:?pdl, host, final or prof}
 source bench/h200_env.sh
 if [[ $part == pdl ]]; then
   { stamp "GPU tests of mHC and the fused MoE's decode under DSV4HAL_PDL=2"
@@ -44,4 +44,28 @@ if [[ $part == host ]]; then  # the host cost of a bound call, this tree and 985
     timeout 120 python3 bench/host_parts.py --json "$R/host-parts.json"
     echo "rc=$?"
   } 2>&1 | tee "$R/log-host17.txt"
+fi
+if [[ $part == final ]]; then  # the memo of moe_experts' prepared weights: GPU tests, the host cost part by part and
+                               # beside the direct FlashMLA call, moe_experts' conformance (eager and graph, the
+                               # fused MoE forced), the yardstick demo
+  { stamp "GPU tests: prepared weights, host cost, custom ops, the fused MoE's decode"
+    gpu_tests 150 final tests/test_prepared_weights.py tests/test_host_cost.py tests/test_custom_ops.py
+    grep -E "^E  " /tmp/pytest-final.log | head -8 | cut -c1-600
+    decode_tests 150 final-moe "decode or swapped or shapes_off or above_128 or paired or one_token or fused_cast or down"
+    stamp "host cost, part by part (bench/host_parts.py)"
+    timeout 150 python3 bench/host_parts.py --json "$R/host-parts.json" > /tmp/host-parts.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/host-parts.log | tail -13
+    stamp "host cost: dsv4hal bench attention --quick"
+    timeout 150 $D bench attention --quick --json "$R/bench-attention-host.json" > /tmp/bench-att.log 2>&1
+    echo "rc=$?"
+    conform_fused_moe 150 conformance-cuda_sm90-moe-triton-memo
+    stamp "demo (as selected)"; demo_flash 120 demo-flash
+  } 2>&1 | tee "$R/log-final17.txt"
+fi
+if [[ $part == prof ]]; then  # where an eager call's host time goes (cProfile): moe_experts at one token through the
+                              # fused MoE, sparse_attention_decode through the Triton kernel
+  { stamp "host time by function (bench/profile_host.py)"
+    timeout 200 python3 bench/profile_host.py --json "$R/profile-host.json" > /tmp/prof-host.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/prof-host.log | tail -32 | cut -c1-200
+  } 2>&1 | tee "$R/log-prof17.txt"
 fi

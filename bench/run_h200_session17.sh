@@ -8,7 +8,7 @@
 #                                                  # (dsv4hal bench attention --quick), the yardstick demo under
 #                                                  # DSV4HAL_PDL=0 and 2
 set -uo pipefail
-part=${1:?pdl, host, final or prof}
+part=${1:?pdl, host, final, prof or verify}
 source bench/h200_env.sh
 if [[ $part == pdl ]]; then
   { stamp "GPU tests of mHC and the fused MoE's decode under DSV4HAL_PDL=2"
@@ -68,4 +68,16 @@ if [[ $part == prof ]]; then  # where an eager call's host time goes (cProfile):
     timeout 200 python3 bench/profile_host.py --json "$R/profile-host.json" > /tmp/prof-host.log 2>&1
     echo "rc=$?"; grep -v Warn /tmp/prof-host.log | tail -32 | cut -c1-200
   } 2>&1 | tee "$R/log-prof17.txt"
+fi
+if [[ $part == verify ]]; then  # the code of this session on every op: the whole conformance catalog (auto
+                                # selection, eager and graph; it did not finish in 420 s: split it by --ops over
+                                # calls), then a short soak (new shapes, captures, replays)
+  { stamp "conformance: the whole catalog (auto selection)"
+    timeout 420 $D conformance --platform cuda_sm90 --json "$R/conformance-cuda_sm90.json" \
+      --markdown "$R/conformance-cuda_sm90.md" --quiet > /tmp/conf-all.log 2>&1
+    echo "rc=$?"; tail -3 /tmp/conf-all.log | cut -c1-300
+    stamp "soak, 2 minutes"
+    timeout 200 $D soak --minutes 2 --json "$R/soak-2min.json" > /tmp/soak.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/soak.log | tail -6 | cut -c1-300
+  } 2>&1 | tee "$R/log-verify17.txt"
 fi

@@ -246,17 +246,23 @@ class BoundOp(Generic[P, R]):
 
     def _call_prepared(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Run the implementation the weights were prepared for; never another one."""
-        return self._on_payload(self._prepared_kernel(args, kwargs))(*args, **kwargs)
+        kernel = self._prepared_kernel(args, kwargs)
+        args, kwargs = self._with_payload(args, kwargs)
+        return kernel(*args, **kwargs)
+
+    def _with_payload(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        """The arguments with the PreparedWeights replaced by its payload (what the kernel takes)."""
+        name, pos = self.spec.weights_arg, self._weights_pos
+        if name in kwargs:
+            return args, {**kwargs, name: kwargs[name].payload}
+        return (*args[:pos], args[pos].payload, *args[pos + 1:]), kwargs
 
     def _on_payload(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
-        """kernel, called with the PreparedWeights argument replaced by its payload."""
-        name, pos = self.spec.weights_arg, self._weights_pos
+        """kernel, called on the payload: what the memo keeps for an op with weights."""
+        with_payload = self._with_payload
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            if name in kwargs:
-                kwargs = {**kwargs, name: kwargs[name].payload}
-            else:
-                args = (*args[:pos], args[pos].payload, *args[pos + 1:])
+            args, kwargs = with_payload(args, kwargs)
             return kernel(*args, **kwargs)
 
         return call

@@ -1,4 +1,4 @@
-"""Where the host time of a bound call goes inside its kernel's Python: cProfile over many eager calls of
+"""Where the host time of a bound call goes inside its kernel's Python (on a GPU): cProfile over many eager calls of
 moe_experts at one token (V4-Flash MXFP4 experts, the portable fused MoE) and of sparse_attention_decode through the
 Triton kernel, the top functions by own time. Profiling slows Python calls alike, so shares are read, not absolute
 times; the unprofiled time per call is printed first.

@@ -8,7 +8,7 @@
 #                                                  # (dsv4hal bench attention --quick), the yardstick demo under
 #                                                  # DSV4HAL_PDL=0 and 2
 set -uo pipefail
-part=${1:?pdl, host, final, prof or verify}
+part=${1:?pdl, host, final, prof, verify, conform_moe or conform_rest}
 source bench/h200_env.sh
 if [[ $part == pdl ]]; then
   { stamp "GPU tests of mHC and the fused MoE's decode under DSV4HAL_PDL=2"
@@ -80,4 +80,16 @@ if [[ $part == verify ]]; then  # the code of this session on every op: the whol
     timeout 200 $D soak --minutes 2 --json "$R/soak-2min.json" > /tmp/soak.log 2>&1
     echo "rc=$?"; grep -v Warn /tmp/soak.log | tail -6 | cut -c1-300
   } 2>&1 | tee "$R/log-verify17.txt"
+fi
+if [[ $part == conform_moe || $part == conform_rest ]]; then  # (not run this session) the whole catalog in two calls:
+  # moe_experts alone (141 s of cells in the fourth session, plus the fused MoE's compiles), then every other op
+  # (~200 s then); each writes its own report
+  if [[ $part == conform_moe ]]; then ops=moe_experts; else
+    ops=$(python3 -c "from dsv4hal.conformance.runner import load_catalog as c
+print(','.join(sorted({s.op for s, _ in c()} - {'moe_experts'})))"); fi
+  { stamp "conformance: $ops (auto selection, eager and graph)"
+    timeout 560 $D conformance --platform cuda_sm90 --ops "$ops" --json "$R/conformance-cuda_sm90-$part.json" \
+      --markdown "$R/conformance-cuda_sm90-$part.md" --quiet > /tmp/conf.log 2>&1
+    echo "rc=$?"; tail -3 /tmp/conf.log | cut -c1-300
+  } 2>&1 | tee "$R/log-$part.txt"
 fi

@@ -180,3 +180,43 @@ def test_the_memo_sees_metadata_changed_in_place() -> None:
         undo()
         swa.data = data
         op(*args)  # the good call still passes (from the memo)
+
+
+def test_tensor_checks_find_only_validated_metadata(monkeypatch) -> None:  # noqa: ANN001
+    """The C++ checks (memo.TensorChecks) answer a repeat call without validating; they hold the last
+    GUARDS_PER_KEY metadata a split key passed with, so more shapes in turn are validated again (via the memo,
+    never wrongly); a call the checks do not find goes on to the memo and its Python key. Without Dynamo's
+    TensorGuards the memo alone serves, with the same verdicts."""
+    from dsv4hal.ops import memo
+
+    platform = dsv4hal.select_platform(info=fake("cpu"))
+    op = platform.ops.mhc_post
+    calls = []
+    real = op._validate
+    monkeypatch.setattr(op, "_validate", lambda *a, **k: (calls.append(a[0].shape[0]), real(*a, **k))[1])
+
+    def args(t: int) -> tuple:
+        return (torch.randn(t, 64).bfloat16(), torch.randn(t, 4, 64).bfloat16(), torch.rand(t, 4),
+                torch.rand(t, 4, 4))
+
+    a = args(2)
+    want = ref_mhc.mhc_post(*a)
+    assert torch.equal(op(*a), want) and calls == [2]
+    calls.clear()
+    for t in (1, 2, 3, 4, 5, 1, 2, 3, 4, 5):  # five shapes in turn: the memo keeps all, the checks the last four
+        op(*args(t))
+    assert calls == [1, 3, 4, 5]  # each new shape validated once; repeats found by the checks or the memo
+    key, tensors = memo.split_key(args(5), {})
+    assert op._checks.find(key, tensors) is not None and len(op._checks._by_key[key]) == memo.GUARDS_PER_KEY
+    with pytest.raises(dsv4hal.errors.InvalidArgumentError, match="post"):
+        op(*args(2)[:2], torch.rand(2, 5), torch.rand(2, 4, 4))  # a shape never validated is refused
+    bad = args(2)
+    bad[2].resize_(2, 5)
+    for _ in range(2):  # metadata changed in place after a call that passed: refused every time
+        with pytest.raises(dsv4hal.errors.InvalidArgumentError, match="post"):
+            op(*bad)
+    monkeypatch.setattr(memo, "_TensorGuards", None)
+    fresh = dsv4hal.select_platform(info=fake("cpu")).ops.mhc_post
+    for _ in range(2):
+        assert torch.equal(fresh(*a), want)
+    assert not fresh._checks._by_key and len(fresh._memo) == 1

@@ -10,10 +10,13 @@ the kernel. Only calls that passed are remembered: a bad argument is checked, an
 The key is one flat tuple built in one loop, with no Python call per argument for the common kinds (plain tensors,
 plain scalars, caches, prepared weights): ~0.3 us a tensor, most of it the four metadata reads every key needs,
 against ~2 us a tensor to validate. A paged cache or a PreparedWeights is one item, a token kept on the object for
-its metadata (formats.cache_object; PreparedWeights is frozen), built on its first call. On the 2-core CI machine:
-sparse_attention_decode (six tensors and two caches in nine arguments) adds ~4 us over its kernel, of which the key
-and its lookup ~3 us, where validation and selection cost ~13 us; moe_experts ~3 us, where validating its prepared
-weights every call cost ~11 us."""
+its metadata (formats.cache_object; PreparedWeights is frozen), built on its first call.
+
+Before the key, a bound op asks TensorChecks: the call's other items with the plain tensors left out (split_key),
+and the tensors' metadata checked in C++ by Dynamo's TensorGuards against the last few calls that passed with those
+items. On the 2-core CI machine, sparse_attention_decode (six tensors and two caches in nine arguments) then adds
+~2.2 us over its kernel (~4 us through the key and its lookup, ~13 us to validate and select); moe_experts ~1.6 us
+(~11 us when its prepared weights were validated every call)."""
 
 from __future__ import annotations
 
@@ -23,12 +26,18 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+try:  # Dynamo's tensor checks in C++ (TensorChecks below); a torch without them keys in Python only
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover
+    _TensorGuards = None
+
 from dsv4hal.formats.indexer_cache import IndexerPagedCache
 from dsv4hal.formats.v4_cache import V4PagedCache
 from dsv4hal.ops.attention_metadata import AttentionMetadata
 from dsv4hal.prepared import PreparedWeights
 
 MAX_ENTRIES = 1024  # engines see a few shapes per op; a fuzzer sees thousands: then start over
+GUARDS_PER_KEY = 4  # tensor metadata kept per split key (TensorChecks): a few batch sizes in turn
 
 _Tensor = torch.Tensor
 _SCALARS = frozenset((int, float, str, bool, type(None)))
@@ -165,3 +174,71 @@ def metadata_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple 
     except _Unkeyable:
         return None
     return tuple(key)
+
+
+class _Plain:
+    """The item split_key puts where a plain tensor stands."""
+
+    __slots__ = ()
+
+
+_PLAIN = _Plain()
+
+
+def split_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple[tuple, list[torch.Tensor]] | None:
+    """(metadata_key's items with each plain tensor replaced by one marker, the plain tensors in order), or None when
+    an argument is of another kind than plain tensors, plain scalars, caches and prepared weights (then
+    metadata_key alone). The tensors' metadata is then checked in C++ (TensorChecks)."""
+    key: list[object] = []
+    tensors: list[torch.Tensor] = []
+    if kwargs:
+        key.append(tuple(kwargs))
+        args = (*args, *kwargs.values())
+    for v in args:
+        tv = type(v)
+        if tv is _Tensor:
+            key.append(_PLAIN)
+            tensors.append(v)  # type: ignore[arg-type]
+        elif tv in _SCALARS:
+            key += (tv, v)
+        elif tv in _TOKENED:
+            tok = v._memo_token  # type: ignore[attr-defined]
+            if tok is None:
+                try:
+                    tok = _token_of(v)  # type: ignore[arg-type]
+                except _Unkeyable:
+                    return None
+            key.append(tok)
+        else:
+            return None
+    return tuple(key), tensors
+
+
+class TensorChecks:
+    """A bound op's validated calls by split key: for each, the plain tensors' metadata of the last GUARDS_PER_KEY
+    calls that passed, as Dynamo's TensorGuards (dtype, device, shape, strides, and stricter: Python type,
+    requires_grad, the dispatch keys in force), each with its kernel. One check in C++ replaces the tensors' four
+    metadata reads in Python and the hash of their items (CI machine, sparse_attention_decode: ~0.4 us for six
+    tensors against ~2.4 us). A check that fails only sends the call on to metadata_key and the memo."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple, tuple[tuple[object, Callable[..., object]], ...]] = {}
+
+    def find(self, key: tuple, tensors: list[torch.Tensor]) -> Callable[..., object] | None:
+        for guard, fn in self._by_key.get(key, ()):
+            if guard.check(*tensors):  # type: ignore[attr-defined]
+                return fn
+        return None
+
+    def add(self, key: tuple, tensors: list[torch.Tensor], fn: Callable[..., object]) -> None:
+        """Remember fn for these tensors' metadata (only ever called with a call that passed validation)."""
+        if _TensorGuards is None:
+            return
+        try:
+            guard = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                                  dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        except Exception:  # noqa: BLE001  (another torch's TensorGuards: the Python key alone, as before)
+            return
+        if len(self._by_key) >= MAX_ENTRIES:
+            self._by_key.clear()
+        self._by_key[key] = ((guard, fn), *self._by_key.get(key, ())[:GUARDS_PER_KEY - 1])

@@ -87,6 +87,7 @@ def main() -> None:
     op._memo[key] = _noop  # the memo hit runs the no-op: what remains is the bound call's own cost
     _forget_checks(op)
     fast._by_case[tuple(case.items())] = (fast._by_case.get(tuple(case.items()), (op.decide(case),))[0], _noop)
+    _forget_checks(fast)
     memo, by_case, q = op._memo, fast._by_case, args["q"]
     fns = {
         "no-op kernel called with the keywords": lambda: _noop(**args),

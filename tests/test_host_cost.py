@@ -220,3 +220,22 @@ def test_tensor_checks_find_only_validated_metadata(monkeypatch) -> None:  # noq
     for _ in range(2):
         assert torch.equal(fresh(*a), want)
     assert not fresh._checks._by_key and len(fresh._memo) == 1
+
+
+def test_a_tensor_guards_that_refuses_its_arguments_turns_the_checks_off(monkeypatch) -> None:  # noqa: ANN001
+    """Another torch's TensorGuards whose constructor refuses these arguments: the memo's Python key serves every
+    call (with the same verdicts), and the constructor is not tried again."""
+    from dsv4hal.ops import memo
+
+    tries = []
+
+    def refusing(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        tries.append(1)
+        raise TypeError("unexpected keyword argument 'dynamic_dims_sizes'")
+
+    monkeypatch.setattr(memo, "_TensorGuards", refusing)
+    op = dsv4hal.select_platform(info=fake("cpu")).ops.mhc_post
+    a = (torch.randn(2, 64).bfloat16(), torch.randn(2, 4, 64).bfloat16(), torch.rand(2, 4), torch.rand(2, 4, 4))
+    for _ in range(3):
+        assert torch.equal(op(*a), ref_mhc.mhc_post(*a))
+    assert tries == [1] and memo._TensorGuards is None and not op._checks._by_key

@@ -232,12 +232,14 @@ class TensorChecks:
 
     def add(self, key: tuple, tensors: list[torch.Tensor], fn: Callable[..., object]) -> None:
         """Remember fn for these tensors' metadata (only ever called with a call that passed validation)."""
+        global _TensorGuards
         if _TensorGuards is None:
             return
         try:
             guard = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
                                   dynamic_dims_strides=[list(t.stride()) for t in tensors])
-        except Exception:  # noqa: BLE001  (another torch's TensorGuards: the Python key alone, as before)
+        except Exception:  # noqa: BLE001  (another torch's TensorGuards: from now on the Python key alone)
+            _TensorGuards = None
             return
         if len(self._by_key) >= MAX_ENTRIES:
             self._by_key.clear()

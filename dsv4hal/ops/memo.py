@@ -176,19 +176,10 @@ def metadata_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple 
     return tuple(key)
 
 
-class _Plain:
-    """The item split_key puts where a plain tensor stands."""
-
-    __slots__ = ()
-
-
-_PLAIN = _Plain()
-
-
 def split_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple[tuple, list[torch.Tensor]] | None:
-    """(metadata_key's items with each plain tensor replaced by one marker, the plain tensors in order), or None when
-    an argument is of another kind than plain tensors, plain scalars, caches and prepared weights (then
-    metadata_key alone). The tensors' metadata is then checked in C++ (TensorChecks)."""
+    """(metadata_key's items with each plain tensor replaced by its type, which no other item is, and the plain
+    tensors in order), or None when an argument is of another kind than plain tensors, plain scalars, caches and
+    prepared weights (then metadata_key alone). The tensors' metadata is then checked in C++ (TensorChecks)."""
     key: list[object] = []
     tensors: list[torch.Tensor] = []
     if kwargs:
@@ -197,7 +188,7 @@ def split_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple[tup
     for v in args:
         tv = type(v)
         if tv is _Tensor:
-            key.append(_PLAIN)
+            key.append(_Tensor)
             tensors.append(v)  # type: ignore[arg-type]
         elif tv in _SCALARS:
             key += (tv, v)

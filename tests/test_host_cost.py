@@ -239,3 +239,32 @@ def test_a_tensor_guards_that_refuses_its_arguments_turns_the_checks_off(monkeyp
     for _ in range(3):
         assert torch.equal(op(*a), ref_mhc.mhc_post(*a))
     assert tries == [1] and memo._TensorGuards is None and not op._checks._by_key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the bound op's kernel and CUDA tensors)")
+def test_tensor_checks_serve_calls_on_the_gpu(monkeypatch) -> None:  # noqa: ANN001
+    """On the GPU's platform (its own kernel bound, CUDA tensors): the installed torch's TensorGuards accepts CUDA
+    tensors, repeat calls are found by the checks without validating, and the same call with one tensor moved to
+    the CPU is refused every time (the device is part of what the checks compare)."""
+    from dsv4hal.ops import memo
+
+    op = dsv4hal.select_platform().ops.mhc_post
+    calls = []
+    real = op._validate
+    monkeypatch.setattr(op, "_validate", lambda *a, **k: (calls.append(a[0].shape[0]), real(*a, **k))[1])
+
+    def args(t: int, device: str = "cuda") -> tuple:
+        return (torch.randn(t, 64, device=device).bfloat16(), torch.randn(t, 4, 64, device=device).bfloat16(),
+                torch.rand(t, 4, device=device), torch.rand(t, 4, 4, device=device))
+
+    for t in (2, 3, 2, 3, 2):
+        a = args(t)
+        torch.testing.assert_close(op(*a).float(), ref_mhc.mhc_post(*a).float(), atol=2e-2, rtol=2e-2)
+    assert calls == [2, 3] and memo._TensorGuards is not None
+    key, tensors = memo.split_key(args(3), {})
+    assert op._checks.find(key, tensors) is not None
+    mixed = (args(3, "cpu")[0], *args(3)[1:])  # x on the CPU, the rest on the GPU
+    assert op._checks.find(key, memo.split_key(mixed, {})[1]) is None
+    for _ in range(2):
+        with pytest.raises(dsv4hal.errors.InvalidArgumentError, match="device"):
+            op(*mixed)

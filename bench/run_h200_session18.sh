@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The H200 plan of the seventeenth session (2026-12-01): results straight into the call's output folder ($R=$OUT); at
+# most 8 files come back from a call, so logs stay in /tmp and their tails go to the part's log.
+#   R=$OUT bash bench/run_h200_session18.sh check    # the memo's C++ tensor checks on the GPU: GPU tests, the host
+#                                                    # cost part by part and beside the direct FlashMLA call (three
+#                                                    # rounds), the yardstick demo, a 1-minute soak of every op
+#   R=$OUT bash bench/run_h200_session18.sh conform  # the whole conformance catalog (auto selection, eager and graph)
+#                                                    # as three reports run side by side (one run does not finish in
+#                                                    # 420 s); correctness only, so sharing the GPU is fine
+set -uo pipefail
+part=${1:?check or conform}
+source bench/h200_env.sh
+if [[ $part == check ]]; then
+  { stamp "GPU tests: host cost (the tensor checks on CUDA tensors), prepared weights, custom ops"
+    gpu_tests 150 check tests/test_host_cost.py tests/test_prepared_weights.py tests/test_custom_ops.py
+    grep -E "^E  " /tmp/pytest-check.log | head -8 | cut -c1-600
+    stamp "host cost, part by part (bench/host_parts.py)"
+    timeout 150 python3 bench/host_parts.py --json "$R/host-parts.json" > /tmp/host-parts.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/host-parts.log | tail -13
+    for round in 1 2 3; do
+      stamp "host cost: dsv4hal bench attention --quick (round $round)"
+      timeout 150 $D bench attention --quick --json "$R/bench-attention-host-r$round.json" > /tmp/bench-att.log 2>&1
+      echo "rc=$?"; grep -v Warn /tmp/bench-att.log | tail -3 | cut -c1-300
+    done
+    stamp "demo (as selected)"; demo_flash 120 demo-flash
+    stamp "soak, 1 minute"
+    timeout 150 $D soak --minutes 1 --json "$R/soak-1min.json" > /tmp/soak.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/soak.log | tail -6 | cut -c1-300
+  } 2>&1 | tee "$R/log-check18.txt"
+fi
+if [[ $part == conform ]]; then
+  groups=(moe_experts
+          sparse_attention_decode,indexer_logits,mhc_post_pre,compress,compress_decode,sparse_attention_prefill
+          mhc_pre,mhc_post,mhc_head,indexer_topk,dequant_gather,pack_store,indexer_store,moe_route,build_attention_metadata,decode_step)
+  all=$(python3 -c "from dsv4hal.conformance.runner import load_catalog as c
+print(' '.join(sorted({s.op for s, _ in c()} | {'decode_step'})))")
+  listed=$(echo "${groups[*]}" | tr ', ' '\n\n' | sort | xargs)
+  { stamp "conformance: the whole catalog in three reports side by side"
+    [[ "$listed" == "$all" ]] || echo "the groups miss ops: catalog [$all] groups [$listed]"
+    for i in 0 1 2; do
+      OMP_NUM_THREADS=5 timeout 540 $D conformance --platform cuda_sm90 --ops "${groups[$i]}" \
+        --json "$R/conformance-cuda_sm90-g$i.json" --markdown "/tmp/conformance-g$i.md" --quiet \
+        > "/tmp/conf-g$i.log" 2>&1 &
+    done
+    for i in 0 1 2; do wait -n; echo "a group ended: rc=$? at $(( $(date +%s) - T0 ))s"; done
+    for i in 0 1 2; do echo "group $i (${groups[$i]}):"; tail -2 "/tmp/conf-g$i.log" | cut -c1-300; done
+    cat /tmp/conformance-g{0,1,2}.md > "$R/conformance-cuda_sm90.md"
+  } 2>&1 | tee "$R/log-conform18.txt"
+fi

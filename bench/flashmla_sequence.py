@@ -28,6 +28,7 @@ import torch
 
 import dsv4hal
 from dsv4hal.bench.timing import graph_us
+from dsv4hal.override import Overrides
 from dsv4hal.reference.sparse_attention import sparse_attention_decode as reference_decode
 
 SCALE = 512 ** -0.5
@@ -69,7 +70,10 @@ def rel_error(plat: dsv4hal.Platform, args: tuple, kw: dict) -> float:
 
 def main(argv: list[str]) -> int:
     unordered = "--unordered" in argv
-    plat = dsv4hal.select_platform()
+    # FlashMLA forced: the sequence is FlashMLA's (one query row would go to the Triton kernel by default on SM90)
+    flashmla = dsv4hal.select_platform().ops.sparse_attention_decode.decide().chosen.name  # (the default case: a batch)
+    plat = dsv4hal.select_platform(overrides=Overrides(kernels={"sparse_attention_decode": flashmla},
+                                                       sources={"kernels.sparse_attention_decode": "api"}))
     g = torch.Generator("cuda").manual_seed(1234)
     swa = cache(plat, 16, 256, g)
     c4 = cache(plat, 512, 64, g)

@@ -21,7 +21,8 @@ import torch
 import dsv4hal
 from dsv4hal.bench.common import bound_op
 from dsv4hal.bench.timing import host_us_interleaved
-from dsv4hal.ops.memo import metadata_key
+from dsv4hal.ops import memo as memo_mod
+from dsv4hal.ops.memo import metadata_key, split_key
 
 
 def _noop(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale, extra_cache=None,  # noqa: ANN001, ANN202
@@ -88,13 +89,16 @@ def main() -> None:
     _forget_checks(op)
     fast._by_case[tuple(case.items())] = (fast._by_case.get(tuple(case.items()), (op.decide(case),))[0], _noop)
     _forget_checks(fast)
-    memo, by_case, q = op._memo, fast._by_case, args["q"]
+    op(**args)  # checks the memo's no-op in
+    memo, by_case, q, checks = op._memo, fast._by_case, args["q"], op._checks
     fns = {
         "no-op kernel called with the keywords": lambda: _noop(**args),
         "bound, validated (memo hit)": lambda: op(**args),
         "bound, validate=False": lambda: fast(**args),
         "memo key": lambda: metadata_key((), args),
         "memo key + lookup": lambda: memo.get(metadata_key((), args)),
+        "split key": lambda: split_key((), args),
+        "split key + tensor checks": lambda: checks.find(*split_key((), args)),
         "case": lambda: op.case_of(**args),
         "case + lookup": lambda: by_case.get(tuple(op.case_of(**args).items())),
         "torch.compiler.is_compiling()": torch.compiler.is_compiling,
@@ -105,10 +109,16 @@ def main() -> None:
     out = {"command": f"python3 bench/host_parts.py --device {a.device} --json ...", "platform": platform.name,
            "kernel": impl, "python": sys.version.split()[0], "cpu": host.processor() or host.machine(),
            "torch": torch.__version__, "us": us,
-           "added_over_noop_us": {k: v - base for k, v in us.items() if k.startswith("bound")}}
+           "added_over_noop_us": {k: v - base for k, v in us.items() if k.startswith("bound")},
+           # whether the validated calls were answered by the C++ checks: the checks were on, and they hold the
+           # no-op for these arguments
+           "tensor_checks": {"on": memo_mod._TensorGuards is not None,
+                             "found": checks.find(*split_key((), args)) is _noop,
+                             "kept": sum(len(v) for v in checks._by_key.values())}}
     out["moe_experts"] = _moe_parts(platform, a.device)
     for k, v in {**us, **out["moe_experts"]["us"]}.items():
         print(f"{k:45s} {v:7.3f} us")
+    print("tensor checks:", out["tensor_checks"])
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
 

@@ -7,8 +7,12 @@
 #   R=$OUT bash bench/run_h200_session18.sh conform  # the whole conformance catalog (auto selection, eager and graph)
 #                                                    # as three reports run side by side (one run does not finish in
 #                                                    # 420 s); correctness only, so sharing the GPU is fine
+#   R=$OUT bash bench/run_h200_session18.sh single   # one query row to triton_sparse_decode on SM90 (FLASHMLA_SINGLE_ROW_
+#                                                    # CASES): GPU tests, the selection on this machine, the op's
+#                                                    # conformance (auto selection), the demo at batch 1 with FlashMLA
+#                                                    # forced and as selected, in turns
 set -uo pipefail
-part=${1:?check or conform}
+part=${1:?check, conform, parts or single}
 source bench/h200_env.sh
 if [[ $part == check ]]; then
   { stamp "GPU tests: host cost (the tensor checks on CUDA tensors), prepared weights, custom ops"
@@ -46,4 +50,32 @@ print(' '.join(sorted({s.op for s, _ in c()} | {'decode_step'})))")
     for i in 0 1 2; do echo "group $i (${groups[$i]}):"; tail -2 "/tmp/conf-g$i.log" | cut -c1-300; done
     cat /tmp/conformance-g{0,1,2}.md > "$R/conformance-cuda_sm90.md"
   } 2>&1 | tee "$R/log-conform18.txt"
+fi
+if [[ $part == parts ]]; then  # the host cost part by part again, with the split key, the tensor checks and whether
+                               # the checks answered the validated calls
+  { stamp "host cost, part by part (bench/host_parts.py)"
+    timeout 150 python3 bench/host_parts.py --json "$R/host-parts-checks.json" > /tmp/host-parts.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/host-parts.log | tail -16
+  } 2>&1 | tee "$R/log-parts18.txt"
+fi
+if [[ $part == single ]]; then
+  { stamp "GPU tests: selection, the FlashMLA call sequence (forced), the glue, the Triton decode"
+    gpu_tests 200 single tests/test_selection.py tests/test_gpu_flashmla_sequence.py tests/test_flashmla_glue_ops.py \
+      tests/test_cli_misuse.py tests/test_typed_surface.py
+    grep -E "^E  " /tmp/pytest-single.log | head -8 | cut -c1-600
+    stamp "explain on this machine"
+    for c in "--case tokens=single" "--case tokens=single --case extra_class=long" "--case tokens=batch"; do
+      $D explain sparse_attention_decode $c 2>&1 | head -1 | cut -c1-400; done
+    conform 200 conformance-cuda_sm90-decode-single sparse_attention_decode
+    for round in 1 2; do
+      stamp "demo at batch 1, FlashMLA forced (round $round)"
+      DSV4HAL_KERNELS=sparse_attention_decode=flashmla_sm90_sgl timeout 100 $D demo --size flash --batch 1 \
+        --context 32768 --steps 8 --fill random --json "$R/demo-flash-b1-flashmla-r$round.json" > /tmp/d1.log 2>&1
+      echo "rc=$?"; grep -E "graph step|sparse_attention_decode" /tmp/d1.log | head -3
+      stamp "demo at batch 1, as selected (round $round)"
+      timeout 100 $D demo --size flash --batch 1 --context 32768 --steps 8 --fill random \
+        --json "$R/demo-flash-b1-r$round.json" > /tmp/d2.log 2>&1
+      echo "rc=$?"; grep -E "graph step|sparse_attention_decode" /tmp/d2.log | head -3
+    done
+  } 2>&1 | tee "$R/log-single18.txt"
 fi

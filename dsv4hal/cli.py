@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4hal.errors import Dsv4HalError
+from dsv4hal.ops.buckets import DECODE_TOKEN_CLASSES, MOE_TOKEN_CLASSES
 from dsv4hal.progress import Progress
 
 
@@ -93,16 +94,27 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-# Case features whose values are a closed set (others: a non-negative int, a bool, or a word, as the default is).
+# Case features whose values are a closed set (others: a non-negative int, a bool, or a word, as the default is;
+# any feature may be None, written None, where the call leaves it out).
 CASE_CHOICES: dict[str, tuple[object, ...]] = {
     "fp8": ("e4m3fn", "e4m3fnuz"), "h_q": (64, 128), "compress_ratio": (0, 4, 128), "ratio": (4, 128),
-    "format": ("mxfp4", "fp8_block"), "tokens": ("few", "decode", "prefill"), "size": ("small", "large")}
+    "format": ("mxfp4", "fp8_block"), "tokens": MOE_TOKEN_CLASSES, "size": ("small", "large")}
+# An op whose feature of that name takes another set: sparse attention's tokens tells one query row from more
+OP_CASE_CHOICES: dict[tuple[str, str], tuple[object, ...]] = {
+    ("sparse_attention_decode", "tokens"): DECODE_TOKEN_CLASSES}
+
+
+def case_choices(op: str, key: str) -> tuple[object, ...] | None:
+    """The closed set of values of an op's case feature, or None where it is open."""
+    return OP_CASE_CHOICES.get((op, key), CASE_CHOICES.get(key))
 
 
 def _case_value(op: str, key: str, raw: str, default: object) -> object:
     """`raw` read as the type of the default case's value; a typed error naming the valid values otherwise."""
-    choices = CASE_CHOICES.get(key)
+    choices = case_choices(op, key)
     value: object
+    if raw == "None":  # a feature the call leaves out (no extra cache, FP4 weights' fp8), as its case function says
+        return None
     if isinstance(default, bool):
         value = {"true": True, "1": True, "false": False, "0": False}.get(raw.lower())
         ok, expected = value is not None, "true or false"
@@ -247,7 +259,8 @@ def _case_keys_help() -> str:
     for o in OPS:
         extra = {k: v for alt in o.alternate_cases for k, v in alt.items() if k not in o.default_case}
         lines.append(f"  {o.name:<26} {_keys(o.default_case)}" + (f" (also: {', '.join(extra)})" if extra else ""))
-    lines.append("closed sets: " + "; ".join(f"{k} in {{{', '.join(map(str, v))}}}" for k, v in CASE_CHOICES.items()))
+    lines.append("closed sets: " + "; ".join(f"{k} in {{{', '.join(map(str, v))}}}" for k, v in CASE_CHOICES.items())
+                 + "".join(f"; {op}'s {k} in {{{', '.join(map(str, v))}}}" for (op, k), v in OP_CASE_CHOICES.items()))
     return "\n".join(lines)
 
 

@@ -44,6 +44,8 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     (("explain", "indexer_topk", "--case", "k=-1"), "non-negative integer"),
     (("explain", "indexer_topk", "--case", "page_transform=maybe"), "true or false"),
     (("explain", "indexer_topk", "--case", "k"), "is not key=value"),
+    (("explain", "sparse_attention_decode", "--case", "tokens=few"), "tokens takes single, batch"),
+    (("explain", "moe_experts", "--case", "tokens=single"), "tokens takes few, decode, prefill"),
     (("info", "--library", "flash_mla"), "--library only applies to a simulated machine"),
     (("bench", "nosuch"), "unknown benchmark 'nosuch'"),
     (("demo", "--batch", "0"), "less than 1"),
@@ -66,6 +68,22 @@ def test_valid_case_values_are_accepted(capsys: pytest.CaptureFixture[str]) -> N
     assert "h_q=128" in out and "e4m3fnuz" in out
     rc, out, err = _run(capsys, "explain", "moe_experts", "--case", "format=fp8_block", "--case", "fp8=e4m3fn")
     assert rc == 0 and "format=fp8_block, fp8=e4m3fn" in out, err  # a key of the op's alternate case
+    for op, tokens in (("sparse_attention_decode", "single"), ("moe_experts", "few"), ("moe_route", "prefill")):
+        rc, out, err = _run(capsys, "explain", op, "--case", f"tokens={tokens}")  # each op's own token classes
+        assert rc == 0 and f"tokens={tokens}" in out, err
+
+
+def test_the_closed_case_sets_are_what_the_case_functions_return() -> None:
+    """--case accepts exactly the values an op's case function can produce for a closed feature."""
+    from dsv4hal.cli import case_choices
+    from dsv4hal.ops.moe import DECODE_MAX_TOKENS, FEW_MAX_TOKENS, token_class
+    from dsv4hal.ops.sparse_attention import decode_token_class
+
+    assert set(case_choices("sparse_attention_decode", "tokens")) == {decode_token_class(t) for t in range(1, 9)}
+    counts = range(1, 2 * DECODE_MAX_TOKENS)
+    assert FEW_MAX_TOKENS < DECODE_MAX_TOKENS
+    for op in ("moe_route", "moe_experts"):
+        assert set(case_choices(op, "tokens")) == {token_class(t) for t in counts}
 
 
 def test_outputs_are_checked_before_the_run(capsys: pytest.CaptureFixture[str], tmp_path: Path,
@@ -169,7 +187,7 @@ def test_every_option_has_help_with_its_default() -> None:
 
 def test_decisions_are_logged(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="dsv4hal"):
-        rc, _, _ = _run(capsys, "-vv", "info")
+        rc, _, _ = _run(capsys, "-vv", "info", "--platform", "cpu")  # (on a GPU machine too)
     assert rc == 0
     msgs = [r.getMessage() for r in caplog.records if r.name.startswith("dsv4hal")]
     assert any(m.startswith("platform cpu (") for m in msgs)

@@ -265,3 +265,27 @@ def test_cpu_platform_on_a_gpu_host_sees_a_cpu() -> None:
     with dsv4hal.overrides(strict=True):  # binds: the reference is what a CPU platform runs
         assert dsv4hal.select_platform("cpu", info=host).explain("pack_store").chosen.name == "torch_reference"
     assert dsv4hal.select_platform("cuda_sm90", info=host).info is host  # a GPU platform keeps the host's view
+
+
+@pytest.mark.parametrize("lib", ["flash_mla", "vllm"])
+def test_hopper_single_row_decode_prefers_triton_unless_the_extra_list_is_long(lib: str) -> None:
+    """cuda_sm90's measured rule (platforms/cuda_sm90/kernels.py, FLASHMLA_SINGLE_ROW_CASES): one query row over the
+    SWA window or a short extra list goes to triton_sparse_decode; a long C128 list, or more rows, to FlashMLA.
+    A forced FlashMLA still runs the single row."""
+    from dsv4hal.platform import load_registry
+
+    info = fake("sm90", **{lib: "1.0.0", "triton": "3.9"})
+    flashmla = "flashmla_sm90_sgl" if lib == "flash_mla" else "flashmla_sm90_vllm"
+    base = {"h_q": 64, "compress_ratio": 4, "fp8": "e4m3fn", "swa_page_size": 256, "extra_page_size": 64,
+            "extra_width": 512, "extra_class": "short", "tokens": "single"}
+    swa_only = {**base, "compress_ratio": 0, "extra_page_size": None, "extra_width": None, "extra_class": None}
+    long = {**base, "compress_ratio": 128, "extra_page_size": 2, "extra_width": 8192, "extra_class": "long"}
+    registry = load_registry()
+    for case, want in ((base, "triton_sparse_decode"), ({**base, "h_q": 128}, "triton_sparse_decode"),
+                       (swa_only, "triton_sparse_decode"), (long, flashmla), ({**base, "tokens": "batch"}, flashmla),
+                       ({**swa_only, "tokens": "batch"}, flashmla)):
+        d = select_kernel(registry, "sparse_attention_decode", case, info, "cuda_sm90", ov.Overrides())
+        assert d.chosen.name == want, case
+    forced = ov.Overrides(kernels={"sparse_attention_decode": flashmla})
+    d = select_kernel(registry, "sparse_attention_decode", base, info, "cuda_sm90", forced)
+    assert d.chosen.name == flashmla

@@ -96,3 +96,23 @@ def test_adding_an_op_doc_names_at_most_six_files() -> None:
     text = Path(ROOT / "docs" / "adding-an-op.md").read_text()
     files = [line for line in text.splitlines() if line.startswith("| ") and "`" in line.split("|")[2]]
     assert 1 <= len(files) <= 6, files
+
+
+def test_each_default_case_has_the_features_its_case_function_gives() -> None:
+    """An op's default case (explain's and info's case, and what --case may change) names the same features as the
+    case its contract computes from real arguments (the first CPU conformance fixture of each op), so every feature
+    selection reads can be given on the command line."""
+    from dsv4hal.conformance.runner import load_catalog
+
+    platform = dsv4hal.select_platform("cpu")
+    seen: set[str] = set()
+    for spec, build in load_catalog():
+        if spec.op in seen or spec.gpu_only:
+            continue
+        seen.add(spec.op)
+        op = platform.ops[spec.op]
+        args = build(spec, torch.device("cpu"), torch.Generator().manual_seed(0)).args
+        if op.spec.weights_arg:  # selection sees the weights' case with the call's: prepare them as an engine does
+            args = {**args, op.spec.weights_arg: op.prepare_weights(args[op.spec.weights_arg])}
+        assert set(op.case_of(**args)) == set(op.spec.default_case), spec.op
+    assert seen == set(dsv4hal.OP_NAMES)

@@ -24,6 +24,7 @@ from dsv4hal.formats.experts import EXPERT_FORMATS, ExpertWeights
 from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
 from dsv4hal.formats.mxfp4 import GROUP as MXFP4_GROUP
 from dsv4hal.formats.mxfp4 import NAN_SCALE_BYTE
+from dsv4hal.ops.buckets import MOE_TOKEN_CLASSES
 from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_tensor, describe
 from dsv4hal.ops.signatures import define
 from dsv4hal.prepared import PreparedWeights
@@ -41,8 +42,8 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 def token_class(num_tokens: int) -> str:
     if num_tokens <= FEW_MAX_TOKENS:
-        return "few"
-    return "decode" if num_tokens <= DECODE_MAX_TOKENS else "prefill"
+        return MOE_TOKEN_CLASSES[0]
+    return MOE_TOKEN_CLASSES[1] if num_tokens <= DECODE_MAX_TOKENS else MOE_TOKEN_CLASSES[2]
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -31,6 +31,7 @@ import torch
 
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
+from dsv4hal.ops.buckets import DECODE_TOKEN_CLASSES
 from dsv4hal.ops.checks import (
     check_alloc,
     check_finite,
@@ -130,7 +131,7 @@ EXTRA_SHORT_MAX = 1024
 
 
 def decode_token_class(num_tokens: int) -> str:
-    return "single" if num_tokens == 1 else "batch"
+    return DECODE_TOKEN_CLASSES[num_tokens != 1]
 
 
 def extra_width_class(width: int | None) -> str | None:

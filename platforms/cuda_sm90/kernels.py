@@ -19,6 +19,12 @@ _FLASHMLA = "dsv4hal_cuda_sm90.flashmla"
 
 FLASHMLA_SGL_PRIORITY = 300  # sgl-flash-mla is FlashMLA's own build: preferred when both are installed
 FLASHMLA_VLLM_PRIORITY = 290  # vLLM's bundled FlashMLA: the same kernels, used when only vLLM is installed
+# One query row (T = 1) over the SWA window alone or with a short extra list (<= 1024 entries): the portable
+# triton_sparse_decode (100) beats FlashMLA in all 6 such buckets of the H200 lock (bench/results/h200/
+# cuda_sm90.lock.json: 11.4-15.3 against 21.9-35.9 us, 1.7-2.8x; bench-attention.json agrees at 1.2-2.4x). So
+# FlashMLA goes below it there. With a long C128 list (1M context) FlashMLA stays first (37-50 against 111-189 us)
+FLASHMLA_SINGLE_ROW_PRIORITY = {"sgl": 95, "vllm": 94}
+FLASHMLA_SINGLE_ROW_CASES = ({"tokens": "single", "extra_class": None}, {"tokens": "single", "extra_class": "short"})
 MARLIN_PRIORITY = 300  # MXFP4 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
 DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
 # the same FP8 experts with DeepGEMM's psum layout (the GEMMs skip the padding tail of every expert): above the
@@ -82,6 +88,7 @@ def register(registry: Registry) -> None:
         registry.add_kernel(KernelImpl(
             op="sparse_attention_decode", name=f"flashmla_sm90_{flavour}",
             target=f"{_FLASHMLA}:sparse_attention_decode_{flavour}", platforms=(PLATFORM,), priority=prio,
+            priority_when=tuple((when, FLASHMLA_SINGLE_ROW_PRIORITY[flavour]) for when in FLASHMLA_SINGLE_ROW_CASES),
             tier="vendor", requires=(lib,), supports=flashmla_decode_supports, layout="v4-584-e4m3fn",
             description=f"FlashMLA legacy SM90 sparse decode ({lib})"))
         registry.add_kernel(KernelImpl(

@@ -11,8 +11,11 @@
 #                                                    # CASES): GPU tests, the selection on this machine, the op's
 #                                                    # conformance (auto selection), the demo at batch 1 with FlashMLA
 #                                                    # forced and as selected, in turns
+#   R=$OUT bash bench/run_h200_session18.sh alltests # the whole test suite on the GPU machine, as four pytest runs
+#                                                    # side by side (files dealt by size): each run's failures,
+#                                                    # errors and skips
 set -uo pipefail
-part=${1:?check, conform, parts or single}
+part=${1:?check, conform, parts, single or alltests}
 source bench/h200_env.sh
 if [[ $part == check ]]; then
   { stamp "GPU tests: host cost (the tensor checks on CUDA tensors), prepared weights, custom ops"
@@ -78,4 +81,17 @@ if [[ $part == single ]]; then
       echo "rc=$?"; grep -E "graph step|sparse_attention_decode" /tmp/d2.log | head -3
     done
   } 2>&1 | tee "$R/log-single18.txt"
+fi
+if [[ $part == alltests ]]; then
+  { stamp "the whole test suite on the GPU, four runs side by side"
+    mapfile -t files < <(wc -l tests/test_*.py | grep -v total | sort -rn | awk '{print $2}')
+    for i in 0 1 2 3; do
+      group=(); for j in "${!files[@]}"; do (( j % 4 == i )) && group+=("${files[$j]}"); done
+      OMP_NUM_THREADS=4 timeout 500 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfEs "${group[@]}" \
+        > "/tmp/pytest-all$i.log" 2>&1 &
+    done
+    for i in 0 1 2 3; do wait -n; echo "a run ended: rc=$? at $(( $(date +%s) - T0 ))s"; done
+    for i in 0 1 2 3; do echo "run $i:"; grep -E "^FAILED|^ERROR|passed|failed|^SKIPPED" "/tmp/pytest-all$i.log" \
+      | cut -c1-300 | tail -40; grep -E "^E  " "/tmp/pytest-all$i.log" | head -10 | cut -c1-400; done
+  } 2>&1 | tee "$R/log-alltests18.txt"
 fi

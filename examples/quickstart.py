@@ -1,9 +1,9 @@
 """Quick start for an engine author: one decode step of a C4 attention layer and its MoE on small CPU sizes.
 
-    python3 examples/quickstart.py            # runs on whatever select_platform() picks (the CPU here)
+    python3 examples/quickstart.py            # runs on whatever select_platform() picks, on its device
 
-The same code runs on a GPU platform with device="cuda"; only the sizes here are small. tests/test_quickstart.py
-runs this file, so it stays in step with the API."""
+On a GPU machine the platform is the GPU's and the tensors go to "cuda" (ROCm too); the sizes stay small.
+tests/test_quickstart.py runs this file, so it stays in step with the API."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import torch
 import dsv4hal
 
 
-def main(device: str = "cpu") -> dict[str, torch.Tensor]:
+def main(device: str | None = None) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     platform = dsv4hal.select_platform()  # once, before weights are packed
+    device = device or ("cuda" if platform.info.is_gpu else "cpu")  # the tensors live where its kernels run
     print(platform.explain("sparse_attention_decode").explain())
 
     # --- attention: a 584-byte-a-token paged cache for the sliding window (page 256) and the C4 keys (page 64)

@@ -19,6 +19,14 @@ from dsv4hal.hardware import simulated  # noqa: E402
 from dsv4hal.plugins import build_registry  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# Where a test runs Triton kernels: the GPU, else the interpreter on the CPU (tensors must be on it)
+TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+                             else "cpu")
+# A test whose vendor stand-in (a fake GEMM, Marlin op, DeepGEMM call) keeps its tensors on the CPU: the Triton glue
+# around it then runs only under the interpreter (on a GPU host it would be handed CPU tensors). The vendor kernels
+# themselves are checked by the GPU conformance catalog.
+on_the_cpu = pytest.mark.skipif(TRITON_DEVICE.type != "cpu",
+                                reason="CPU tensors through Triton kernels: the interpreter's job (TRITON_INTERPRET=1)")
 
 
 @pytest.fixture(autouse=True)

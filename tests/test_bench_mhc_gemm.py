@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import on_the_cpu
 from vendor_fakes import fake_module, install_modules
 
 from dsv4hal.bench import mhc as bench
@@ -97,6 +98,7 @@ def test_entry_skip_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     assert entry is None and why == "deep_gemm 2.4.2 has no tf32_hc_prenorm_gemm"
 
 
+@on_the_cpu
 def test_row_with_fake_deep_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
     row = _row(monkeypatch, calls, times={"triton_partials": 3.0, "deep_gemm splits=4": 1.5})
@@ -122,6 +124,7 @@ def test_row_with_fake_deep_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
     json.dumps(row)  # the bench writes rows as JSON
 
 
+@on_the_cpu
 def test_row_records_skips(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
     row = _row(monkeypatch, calls, fail={16}, times={"triton_partials": 1.0})

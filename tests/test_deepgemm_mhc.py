@@ -6,11 +6,10 @@ gates under the interpreter, against the reference."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
-from conftest import registry_with
+from conftest import on_the_cpu, registry_with
 from vendor_fakes import fake_module, install_modules
 
 from dsv4hal import override as ov
@@ -23,9 +22,6 @@ from dsv4hal.selection import select_kernel
 pytest.importorskip("triton")
 
 H200_SMS = 132
-# the stand-in GEMM keeps the tensors on the CPU, so the Triton gates run only under the interpreter
-on_the_cpu = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="CPU tensors: the Triton gates run under TRITON_INTERPRET=1 only")
 
 
 @pytest.mark.parametrize(("t", "d", "fastest"), [(1, 4096, 64), (8, 4096, 64), (64, 4096, 64), (512, 4096, 16),

@@ -9,12 +9,11 @@ DeepGEMM's own kernel is not (that is the H200 conformance)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 import torch
-from conftest import registry_with
+from conftest import on_the_cpu, registry_with
 from dsv4hal_cuda_sm90 import deepgemm_moe
 from vendor_fakes import fake_module, install_modules, simulated_info
 
@@ -28,10 +27,6 @@ from dsv4hal.selection import select_kernel
 
 E, H, I = 5, 256, 128
 ALIGN = 128
-# the fake GEMM keeps the tensors on the CPU, so the glue's Triton kernels run only under the interpreter (on a GPU
-# host they would be handed CPU tensors); DeepGEMM's own kernel is checked by the H200 conformance
-on_the_cpu = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="CPU tensors: the Triton glue runs under TRITON_INTERPRET=1 only")
 
 
 def _dequant(q: torch.Tensor, sf: torch.Tensor, block_mn: int) -> torch.Tensor:

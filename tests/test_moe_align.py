@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TRITON_DEVICE
 
 from dsv4hal.kernels.moe_align import align_routes, route_blocks, route_capacity
 
@@ -105,7 +106,7 @@ def test_combine_routes_sums_weighted_rows_and_skips_dropped() -> None:
     y[9] = float("nan")  # a never-written row: must not leak through a dropped route
     rows = torch.tensor([[0, 9, 3], [9, 9, 9], [2, 2, 5]])
     w = torch.rand(3, 3, generator=gen)
-    out = combine_routes(y, rows, w, 9)
+    out = combine_routes(y.to(TRITON_DEVICE), rows.to(TRITON_DEVICE), w.to(TRITON_DEVICE), 9).cpu()
     want = torch.zeros(3, 1500, dtype=torch.float64)
     for t in range(3):
         for j in range(3):
@@ -113,14 +114,14 @@ def test_combine_routes_sums_weighted_rows_and_skips_dropped() -> None:
                 want[t] += w[t, j].double() * y[rows[t, j]].double()
     assert out.dtype == torch.bfloat16 and bool(torch.isfinite(out).all())
     assert torch.allclose(out.double(), want, rtol=1e-2, atol=1e-2) and bool((out[1] == 0).all())
-    unweighted = combine_routes(y, rows, None, 9)
+    unweighted = combine_routes(y.to(TRITON_DEVICE), rows.to(TRITON_DEVICE), None, 9).cpu()
     assert torch.allclose(unweighted[2].double(), (2 * y[2].double() + y[5].double()), rtol=1e-2, atol=1e-2)
 
 
 def _check_expert_ends(ids: torch.Tensor, e: int, bs: int, impl: str) -> None:
     """expert_end (DeepGEMM's psum layout) against the routes: expert x starts at the aligned end of expert x - 1
     (0 for the first), holds exactly its routes, in ascending order, and ends unaligned after the last of them."""
-    r = align_routes(ids, e, bs, impl=impl)  # type: ignore[arg-type]
+    r = align_routes(ids.to(TRITON_DEVICE) if impl == "triton" else ids, e, bs, impl=impl)  # type: ignore[arg-type]
     flat = ids.reshape(-1).long().cpu()
     numel = flat.numel()
     ends = r.expert_end.cpu()
@@ -157,5 +158,5 @@ def test_expert_end_when_nothing_is_routed(impl: str) -> None:
     if impl == "triton":
         pytest.importorskip("triton")
     for ids in (torch.zeros(0, 6, dtype=torch.int32), torch.full((4, 2), -1, dtype=torch.int32)):
-        r = align_routes(ids, 8, 16, impl=impl)  # type: ignore[arg-type]
+        r = align_routes(ids.to(TRITON_DEVICE) if impl == "triton" else ids, 8, 16, impl=impl)  # type: ignore[arg-type]
         assert r.expert_end.tolist() == [0] * 8

@@ -10,7 +10,7 @@ import types
 
 import pytest
 import torch
-from conftest import registry_with
+from conftest import on_the_cpu, registry_with
 from dsv4hal_cuda_sm100 import deepgemm_moe as dg100
 from dsv4hal_cuda_sm100 import flashinfer_moe as fi
 from dsv4hal_cuda_sm100 import moe_layouts as bw
@@ -157,6 +157,7 @@ def fake_dg100(monkeypatch: pytest.MonkeyPatch) -> FakeDeepGemmSm100:
     return fake
 
 
+@on_the_cpu  # (the fake GEMM keeps CPU tensors; the glue around it is Triton)
 @pytest.mark.parametrize("t,gain", [(1, 1.0), (9, 20.0)])
 def test_deepgemm_sm100_matches_the_oracle(fake_dg100: FakeDeepGemmSm100, t: int, gain: float) -> None:
     w = _weights(gain=gain)

@@ -15,18 +15,19 @@ from dsv4hal.errors import BadOverrideError, InvalidArgumentError, PlatformNotFo
 
 
 def test_import_is_free_and_does_not_touch_cuda() -> None:
+    """Importing dsv4hal loads neither torch nor triton. On a CPU machine selection then binds the references and
+    loads nothing more (on a GPU machine it binds, and so imports, the GPU's kernels)."""
     r = run_py(textwrap.dedent("""
         import sys
         import dsv4hal
         assert 'triton' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)
         p = dsv4hal.select_platform()
-        assert 'triton' not in sys.modules, 'selection imported triton'
         import torch
-        assert not torch.cuda.is_initialized()
-        print(p.name)
+        print(p.name, 'triton' in sys.modules, torch.cuda.is_initialized())
     """))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "cpu"
+    if not torch.cuda.is_available():
+        assert r.stdout.split() == ["cpu", "False", "False"]  # (platform, selection imported triton, CUDA initialised)
 
 
 def test_select_platform_binds_ops_and_caches_per_case() -> None:
@@ -60,7 +61,7 @@ def test_gpu_platform_on_fake_hardware_reports_reference_fallback() -> None:
 
 
 def test_cli_info_json_lists_platforms() -> None:
-    r = run_cli("info", "--json")
+    r = run_cli("info", "--json", "--simulate", "cpu")  # (a CPU machine, also on a GPU one)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     rows = {row["name"]: row for row in data["platforms"]}
@@ -72,7 +73,7 @@ def test_cli_info_json_lists_platforms() -> None:
 
 
 def test_cli_forced_platform_on_cpu_fails_with_reason() -> None:
-    r = run_cli("info", env={"DSV4HAL_PLATFORM": "cuda_sm90"})
+    r = run_cli("info", "--simulate", "cpu", env={"DSV4HAL_PLATFORM": "cuda_sm90"})
     assert r.returncode == 2
     assert "cuda_sm90" in r.stderr and "needs an NVIDIA GPU" in r.stderr and "Traceback" not in r.stderr
 
@@ -95,7 +96,7 @@ def test_cli_bad_inputs_are_typed() -> None:
 
 
 def test_cli_explain_json() -> None:
-    r = run_cli("explain", "indexer_topk", "--json", "--case", "k=1024")
+    r = run_cli("explain", "indexer_topk", "--json", "--case", "k=1024", "--simulate", "cpu")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["chosen"] == "torch_reference" and d["case"]["k"] == 1024 and d["source"] == "auto"
@@ -123,15 +124,15 @@ def test_third_party_plugin_through_entry_points(tmp_path: Path) -> None:
             registry.add_kernel(KernelImpl(op="indexer_topk", name="acme_topk", target="acme_dsv4:topk",
                                            platforms=("cpu",), priority=10, tier="portable"))
     """)
-    r = run_cli("explain", "indexer_topk", "--json", env={"PYTHONPATH": str(tmp_path)})
+    r = run_cli("explain", "indexer_topk", "--json", "--simulate", "cpu", env={"PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["chosen"] == "acme_topk"
     assert {c["name"]: c["plugin"] for c in d["candidates"]}["acme_topk"] == "acme"
     r = run_cli("info", "--json", env={"PYTHONPATH": str(tmp_path)})
     assert {"name": "acme", "version": "acme-dsv4 1.2.3"} in json.loads(r.stdout)["plugins"]
-    r = run_cli("explain", "indexer_topk", "--json", env={"PYTHONPATH": str(tmp_path),
-                                                         "DSV4HAL_DISABLE_PLUGINS": "acme"})
+    r = run_cli("explain", "indexer_topk", "--json", "--simulate", "cpu", env={"PYTHONPATH": str(tmp_path),
+                                                                              "DSV4HAL_DISABLE_PLUGINS": "acme"})
     assert json.loads(r.stdout)["chosen"] == "torch_reference"
 
 

@@ -28,10 +28,19 @@ TIGHT_REL_L2 = 2e-2
 TIGHT_MAX_RMS = 0.1
 
 
+_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+DEV = torch.device("cuda" if _GPU else "cpu")  # where the kernels run: the GPU, else the interpreter on the CPU
+
+
 @pytest.fixture(scope="module")
 def platform():  # noqa: ANN201
     with dsv4hal.overrides(kernels=FORCED):
         return dsv4hal.select_platform()
+
+
+def _on(w: ExpertWeights, dev: torch.device) -> ExpertWeights:
+    return dataclasses.replace(w, **{f.name: getattr(w, f.name).to(dev) for f in dataclasses.fields(w)
+                                     if isinstance(getattr(w, f.name), torch.Tensor)})
 
 
 def _case(fmt: str, fp8: str = "e4m3fn", *, e: int = 8, h: int = 128, i: int = 64, t: int = 8, k: int = 4,
@@ -46,6 +55,12 @@ def _case(fmt: str, fp8: str = "e4m3fn", *, e: int = 8, h: int = 128, i: int = 6
         ids = torch.where(torch.rand(t, k, generator=gen) < masked, torch.full_like(ids, -1), ids)
     raw = torch.rand(t, k, generator=gen) + 0.5
     return x, ids.to(torch.int32), raw / raw.sum(1, keepdim=True) * 1.5, w
+
+
+def _dev_case(*args: object, **kwargs: object):  # noqa: ANN202
+    """_case's inputs (drawn on the CPU: the same values on every machine) placed where the kernels run."""
+    x, ids, tw, w = _case(*args, **kwargs)  # type: ignore[arg-type]
+    return x.to(DEV), ids.to(DEV), tw.to(DEV), _on(w, DEV)
 
 
 def _check(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -75,7 +90,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_triton_moe_matches_reference(platform, name: str) -> None:  # noqa: ANN001
-    x, ids, tw, w = _case(**CASES[name])
+    x, ids, tw, w = _dev_case(**CASES[name])
     prepared = platform.ops.moe_experts.prepare_weights(w)
     assert prepared.implementation == "triton_fused_moe"
     assert prepared.layout == "triton-moe-v2"
@@ -86,8 +101,8 @@ def test_triton_moe_matches_reference(platform, name: str) -> None:  # noqa: ANN
 def test_repeated_expert_no_clamp_and_all_masked_rows(platform) -> None:  # noqa: ANN001
     """A token routed twice to one expert gets both weights; limit=inf disables the clamp; a row whose ids
     are all negative gives exactly 0."""
-    x, ids, tw, w = _case("mxfp4", t=6, e=4, k=3, gain=20.0, seed=4)
-    ids[1] = torch.tensor([2, 2, 0], dtype=torch.int32)
+    x, ids, tw, w = _dev_case("mxfp4", t=6, e=4, k=3, gain=20.0, seed=4)
+    ids[1] = torch.tensor([2, 2, 0], dtype=torch.int32, device=DEV)
     ids[4] = -1
     prepared = platform.ops.moe_experts.prepare_weights(w)
     got = platform.ops.moe_experts(x, ids, tw, prepared, swiglu_limit=math.inf)
@@ -96,9 +111,9 @@ def test_repeated_expert_no_clamp_and_all_masked_rows(platform) -> None:  # noqa
 
 
 def test_weights_prepared_for_triton_are_refused_by_the_reference(platform) -> None:  # noqa: ANN001
-    x, ids, tw, w = _case("fp8_block", t=2, e=4, k=2)
+    x, ids, tw, w = _dev_case("fp8_block", t=2, e=4, k=2)
     prepared = platform.ops.moe_experts.prepare_weights(w)
-    assert prepared.implementation == "triton_fused_moe" and prepared.platform == "cpu"
+    assert prepared.implementation == "triton_fused_moe" and prepared.platform == platform.name
     assert not isinstance(prepared.payload, ExpertWeights)
     with dsv4hal.overrides(kernels={"moe_experts": "torch_reference"}):
         reference = dsv4hal.select_platform()
@@ -121,7 +136,7 @@ def test_small_tiles_loop_over_k_and_n(fmt: str) -> None:
     row kernels take K tiles of 64 and more (four dots of K >= 16), and refuse 32."""
     from dsv4hal.kernels.triton.fused_moe import fused_moe, prepare_weights
 
-    x, ids, tw, w = _case(fmt, e=4, h=160, i=96, t=5, k=3, gain=20.0, masked=0.2, seed=8)
+    x, ids, tw, w = _dev_case(fmt, e=4, h=160, i=96, t=5, k=3, gain=20.0, masked=0.2, seed=8)
     want = moe_experts(x, ids, tw, w)
     prepared = prepare_weights(w)
     for cfg in TILES:
@@ -146,7 +161,6 @@ def test_no_tokens_and_bad_tile_config() -> None:
 SWAPPED = [{"swap": True, "block_m": 16, "block_n": 128, "block_k": 64},
            {"swap": True, "block_m": 8, "block_n": 64, "block_k": 1024},  # block_k cut to the shapes' 64
            {"swap": True, "block_m": 8, "block_n": 64, "block_k": 128}]
-_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @pytest.mark.parametrize("cfg", SWAPPED, ids=["n128-k64", "m8-n64-k1024", "m8-n64-k128"])

@@ -21,7 +21,9 @@ libraries.
     python3 bench/plot_results.py mxmoe bench/results/h200/ab-mx-moe-decode.json bench/results/h200/ab-mx-moe-decode.png
     (the same for sweep-mx-moe-decode-v4/v5 and ab-mx-moe-decode-runs8/-runs16/-fused-all)
     python3 bench/plot_results.py pdl bench/results/h200/ab-pdl.json bench/results/h200/ab-pdl.png
-    python3 bench/plot_results.py parts bench/results/h200/host-parts.json bench/results/h200/host-parts.png"""
+    python3 bench/plot_results.py parts bench/results/h200/host-parts.json bench/results/h200/host-parts.png
+    python3 bench/plot_results.py conformance A.json,B.json,... out.png   # reports of one catalog split over runs
+    python3 bench/plot_results.py demos A.json,B.json,... out.png         # demo runs side by side, op by op"""
 
 from __future__ import annotations
 
@@ -180,8 +182,58 @@ def parts(data: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def conformance(reports: list[tuple[str, Any]], path: str) -> None:
+    """Conformance reports (`dsv4hal conformance --json`) drawn as one: the cells run per op, stacked by status (a
+    report's cells of other ops, deselected by its --ops, are left out)."""
+    counts: dict[str, dict[str, int]] = {}
+    for _, report in reports:
+        for c in report["cells"]:
+            by = counts.setdefault(c["op"], {})
+            by[c["status"]] = by.get(c["status"], 0) + 1
+    ops = sorted(counts)
+    statuses = sorted({s for by in counts.values() for s in by})
+    fig, ax = plt.subplots(figsize=(11, 5))
+    left = [0] * len(ops)
+    for status in statuses:
+        n = [counts[op].get(status, 0) for op in ops]
+        ax.barh(range(len(ops)), n, left=left, label=status)
+        left = [a + b for a, b in zip(left, n)]
+    ax.set_yticks(range(len(ops)), ops, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("cells (implementation x case x eager/graph)")
+    total = {s: sum(counts[op].get(s, 0) for op in ops) for s in statuses}
+    ax.set_title(f"conformance {reports[0][1]['platform']}: " + ", ".join(f"{v} {k}" for k, v in total.items())
+                 + "\n(" + ", ".join(name for name, _ in reports) + ")", fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def demos(runs: list[tuple[str, Any]], path: str) -> None:
+    """Demo runs side by side: each op alone (graph) and the graph step, with each op's kernel in the labels."""
+    ops = list(runs[0][1]["ops_alone_us"])
+    fig, ax = plt.subplots(figsize=(12, 5))
+    width = 0.8 / len(runs)
+    for i, (name, d) in enumerate(runs):
+        ys = [d["ops_alone_us"].get(op, 0.0) for op in ops] + [d["graph_step_us"]]
+        ax.bar([j + i * width for j in range(len(ops) + 1)], ys, width,
+               label=f"{name}: step {d['graph_step_us']:.1f} us, attention {d['kernels']['sparse_attention_decode']}")
+    ax.set_xticks([j + 0.4 for j in range(len(ops) + 1)], [*ops, "graph step"], rotation=40, ha="right", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("us a step (CUDA graph)")
+    d = runs[0][1]
+    ax.set_title(f"dsv4hal demo {d['config'].get('hidden')}-hidden layers, batch {d['batch']}, context {d['context']}",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 if __name__ == "__main__":
     kind, src, dst = sys.argv[1:4]
-    {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply, "mxmoe": mxmoe, "pdl": pdl,
-     "parts": parts}[kind](
-        json.loads(open(src).read()), dst)
+    if kind in ("conformance", "demos"):  # several reports drawn as one
+        many = [(f.rsplit("/", 1)[-1].removesuffix(".json"), json.loads(open(f).read())) for f in src.split(",")]
+        {"conformance": conformance, "demos": demos}[kind](many, dst)
+    else:
+        {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply, "mxmoe": mxmoe, "pdl": pdl,
+         "parts": parts}[kind](json.loads(open(src).read()), dst)

@@ -16,6 +16,9 @@ Case = Mapping[str, object]
 Tier = Literal["vendor", "portable", "reference"]
 
 
+PriorityWhen = tuple[Mapping[str, object], int | Mapping[str, int]]  # (condition, priority): KernelImpl.priority_when
+
+
 @dataclass(frozen=True)
 class PlatformSpec:
     """A named target. `claims(info)` returns the reasons this platform does NOT fit the machine
@@ -69,17 +72,30 @@ class KernelImpl:
     # case-conditional priorities, explicit data: the first (condition, priority) whose condition's every
     # feature equals the case's replaces `priority` (e.g. ({"tokens": "prefill"}, 310): a kernel measured faster
     # only for one class of cases)
-    priority_when: tuple[tuple[Mapping[str, object], int | Mapping[str, int]], ...] = ()
+    priority_when: tuple[PriorityWhen, ...] = ()
 
     def priority_on(self, platform: str) -> int:
         return _resolve_priority(self.priority, platform)
 
     def priority_for(self, platform: str, case: Mapping[str, object]) -> int:
         """The priority selection uses for `case` on `platform`: a matching priority_when entry, else priority."""
-        for when, prio in self.priority_when:
-            if all(case.get(f) == v for f, v in when.items()):
-                return _resolve_priority(prio, platform)
-        return self.priority_on(platform)
+        entry = self._priority_entry(case)
+        return self.priority_on(platform) if entry is None else _resolve_priority(entry[1], platform)
+
+    def priority_note(self, platform: str, case: Mapping[str, object]) -> str:
+        """Why priority_for differs from the kernel's own priority here ('' where it does not): the matching
+        priority_when condition and the priority otherwise, for explain."""
+        entry = self._priority_entry(case)
+        if entry is None:
+            return ""
+        when = ", ".join(f"{f}={v}" for f, v in entry[0].items())
+        return f"for {when}; {self.priority_on(platform)} otherwise"
+
+    def _priority_entry(self, case: Mapping[str, object]) -> PriorityWhen | None:
+        for entry in self.priority_when:
+            if all(case.get(f) == v for f, v in entry[0].items()):
+                return entry
+        return None
 
     def applies_to(self, platform: str) -> bool:
         return "*" in self.platforms or platform in self.platforms

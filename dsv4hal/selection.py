@@ -38,6 +38,7 @@ class Candidate:
     plugin: str
     status: Status
     reasons: tuple[str, ...] = ()
+    priority_note: str = ""  # a case-conditional priority's condition (KernelImpl.priority_note); '' for its own
 
 
 @dataclass(frozen=True)
@@ -61,15 +62,17 @@ class Decision:
             us = self.measured.get(c.name)
             timed = f", measured {us:.1f} us" if us is not None else (", not measured" if c.name in self.measured
                                                                         else "")
-            lines.append(f"  {c.status:8s} {c.name} (priority {c.priority}, {c.tier}{timed}){why}")
+            prio = f"{c.priority} {c.priority_note}" if c.priority_note else c.priority
+            lines.append(f"  {c.status:8s} {c.name} (priority {prio}, {c.tier}{timed}){why}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, object]:
         return {"op": self.op, "platform": self.platform, "case": dict(self.case), "chosen": self.chosen.name,
                 "layout": self.chosen.layout, "source": self.source, "notes": list(self.notes),
                 "measured_us": dict(self.measured),
-                "candidates": [{"name": c.name, "priority": c.priority, "tier": c.tier, "plugin": c.plugin,
-                                "status": c.status, "reasons": list(c.reasons)} for c in self.candidates]}
+                "candidates": [{"name": c.name, "priority": c.priority, "priority_note": c.priority_note,
+                                "tier": c.tier, "plugin": c.plugin, "status": c.status, "reasons": list(c.reasons)}
+                               for c in self.candidates]}
 
 
 def kernel_reasons(impl: KernelImpl, case: Mapping[str, object], info: PlatformInfo, platform: str,
@@ -127,7 +130,8 @@ def select_kernel(registry: Registry, op: str, case: Mapping[str, object], info:
             chosen, source = next(k for k in impls if k.name == pick.name), "lock"
     cands = tuple(  # kernels of other platforms are left out: they are not candidates here
         Candidate(k.name, k.priority_for(platform, case), k.tier, k.plugin,
-                  "chosen" if k is chosen else ("rejected" if r else "eligible"), tuple(r))
+                  "chosen" if k is chosen else ("rejected" if r else "eligible"), tuple(r),
+                  k.priority_note(platform, case))
         for k, r in verdicts if k.applies_to(platform))
     return Decision(op=op, platform=platform, case=dict(case), chosen=chosen, source=source, candidates=cands,
                     notes=pick.notes if pick else (), measured=dict(pick.measured) if pick else {})

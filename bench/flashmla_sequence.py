@@ -71,7 +71,11 @@ def rel_error(plat: dsv4hal.Platform, args: tuple, kw: dict) -> float:
 def main(argv: list[str]) -> int:
     unordered = "--unordered" in argv
     # FlashMLA forced: the sequence is FlashMLA's (one query row would go to the Triton kernel by default on SM90)
-    flashmla = dsv4hal.select_platform().ops.sparse_attention_decode.decide().chosen.name  # (the default case: a batch)
+    candidates = dsv4hal.select_platform().ops.sparse_attention_decode.decide().candidates
+    flashmla = next((c.name for c in candidates if c.name.startswith("flashmla") and c.status != "rejected"), None)
+    if flashmla is None:
+        raise SystemExit("no FlashMLA decode kernel can run here: " + "; ".join(
+            f"{c.name}: {', '.join(c.reasons)}" for c in candidates if c.name.startswith("flashmla")))
     plat = dsv4hal.select_platform(overrides=Overrides(kernels={"sparse_attention_decode": flashmla},
                                                        sources={"kernels.sparse_attention_decode": "api"}))
     g = torch.Generator("cuda").manual_seed(1234)

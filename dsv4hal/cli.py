@@ -94,14 +94,18 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-# Case features whose values are a closed set (others: a non-negative int, a bool, or a word, as the default is;
-# any feature may be None, written None, where the call leaves it out).
+# Case features whose values are a closed set (others: a non-negative int, a bool, or a word, as the default is).
 CASE_CHOICES: dict[str, tuple[object, ...]] = {
     "fp8": ("e4m3fn", "e4m3fnuz"), "h_q": (64, 128), "compress_ratio": (0, 4, 128), "ratio": (4, 128),
     "format": ("mxfp4", "fp8_block"), "tokens": MOE_TOKEN_CLASSES, "size": ("small", "large")}
 # An op whose feature of that name takes another set: sparse attention's tokens tells one query row from more
 OP_CASE_CHOICES: dict[tuple[str, str], tuple[object, ...]] = {
-    ("sparse_attention_decode", "tokens"): DECODE_TOKEN_CLASSES}
+    ("sparse_attention_decode", "tokens"): DECODE_TOKEN_CLASSES,
+    ("sparse_attention_decode", "extra_class"): ("short", "long")}
+# Features a call may leave out (written None): those whose default is None (moe_experts' fp8 for FP4 weights) and
+# these, which an SWA-only attention layer (no extra cache) has as None
+CASE_ABSENT: frozenset[tuple[str, str]] = frozenset(
+    ("sparse_attention_decode", k) for k in ("extra_page_size", "extra_width", "extra_class"))
 
 
 def case_choices(op: str, key: str) -> tuple[object, ...] | None:
@@ -109,30 +113,42 @@ def case_choices(op: str, key: str) -> tuple[object, ...] | None:
     return OP_CASE_CHOICES.get((op, key), CASE_CHOICES.get(key))
 
 
+def _expected(choices: tuple[object, ...] | None, default: object) -> str:
+    """What a --case value of this feature may be, for the error's remedy."""
+    if choices:
+        return ", ".join(map(str, choices))
+    if isinstance(default, bool):
+        return "true or false"
+    return "a non-negative integer" if isinstance(default, int) else "a word"
+
+
 def _case_value(op: str, key: str, raw: str, default: object) -> object:
     """`raw` read as the type of the default case's value; a typed error naming the valid values otherwise."""
     choices = case_choices(op, key)
+    absent = default is None or (op, key) in CASE_ABSENT
+    if raw == "None":
+        if absent:  # a feature the call leaves out, as its case function gives it
+            return None
+        raise Dsv4HalError(f"--case {key}=None is not valid for {op}: its calls always have a {key}",
+                           remedy=f"{key} takes {_expected(choices, default)} (default {default})")
     value: object
-    if raw == "None":  # a feature the call leaves out (no extra cache, FP4 weights' fp8), as its case function says
-        return None
     if isinstance(default, bool):
         value = {"true": True, "1": True, "false": False, "0": False}.get(raw.lower())
-        ok, expected = value is not None, "true or false"
+        ok = value is not None
     elif isinstance(default, int):
         try:
             value = int(raw)
             ok = value >= 0
         except ValueError:
             value, ok = raw, False
-        expected = "a non-negative integer"
     else:
-        value, ok, expected = raw, bool(raw), "a word"
+        value, ok = raw, bool(raw)
     if ok and choices is not None and value not in choices:
         ok = False
     if not ok:
-        valid = ", ".join(map(str, choices)) if choices else expected
         raise Dsv4HalError(f"--case {key}={raw!r} is not valid for {op}",
-                           remedy=f"{key} takes {valid} (default {default})")
+                           remedy=f"{key} takes {_expected(choices, default)}{', None' if absent else ''} "
+                                  f"(default {default})")
     return value
 
 

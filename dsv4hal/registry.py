@@ -83,8 +83,8 @@ class KernelImpl:
         return self.priority_on(platform) if entry is None else _resolve_priority(entry[1], platform)
 
     def priority_note(self, platform: str, case: Mapping[str, object]) -> str:
-        """Why priority_for differs from the kernel's own priority here ('' where it does not): the matching
-        priority_when condition and the priority otherwise, for explain."""
+        """Where priority_for's value comes from when a priority_when condition matches the case: that condition
+        and the kernel's own priority (for explain); '' where none matches and the own priority applies."""
         entry = self._priority_entry(case)
         if entry is None:
             return ""

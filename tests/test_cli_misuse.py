@@ -46,6 +46,9 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     (("explain", "indexer_topk", "--case", "k"), "is not key=value"),
     (("explain", "sparse_attention_decode", "--case", "tokens=few"), "tokens takes single, batch"),
     (("explain", "moe_experts", "--case", "tokens=single"), "tokens takes few, decode, prefill"),
+    (("explain", "sparse_attention_decode", "--case", "extra_class=Short"), "extra_class takes short, long, None"),
+    (("explain", "sparse_attention_prefill", "--case", "width=None"), "its calls always have a width"),
+    (("explain", "moe_route", "--case", "tokens=None"), "its calls always have a tokens"),
     (("info", "--library", "flash_mla"), "--library only applies to a simulated machine"),
     (("bench", "nosuch"), "unknown benchmark 'nosuch'"),
     (("demo", "--batch", "0"), "less than 1"),
@@ -68,6 +71,9 @@ def test_valid_case_values_are_accepted(capsys: pytest.CaptureFixture[str]) -> N
     assert "h_q=128" in out and "e4m3fnuz" in out
     rc, out, err = _run(capsys, "explain", "moe_experts", "--case", "format=fp8_block", "--case", "fp8=e4m3fn")
     assert rc == 0 and "format=fp8_block, fp8=e4m3fn" in out, err  # a key of the op's alternate case
+    rc, out, err = _run(capsys, "explain", "sparse_attention_decode", "--case", "compress_ratio=0", "--case",
+                        "extra_page_size=None", "--case", "extra_width=None", "--case", "extra_class=None")
+    assert rc == 0 and "extra_class=None, extra_page_size=None, extra_width=None" in out, err  # an SWA-only layer
     for op, tokens in (("sparse_attention_decode", "single"), ("moe_experts", "few"), ("moe_route", "prefill")):
         rc, out, err = _run(capsys, "explain", op, "--case", f"tokens={tokens}")  # each op's own token classes
         assert rc == 0 and f"tokens={tokens}" in out, err

@@ -69,7 +69,7 @@ def test_explain_names_the_lock_with_measured_times(lock_file: Path) -> None:
     assert f"lock: {lock_file}" in r.stdout and "in force" in r.stdout
 
 
-def test_selection_follows_the_lock(lock_file: Path, tmp_path: Path) -> None:
+def test_selection_follows_the_lock(lock_file: Path) -> None:
     plain = select_platform("cpu")
     assert plain.lock is None and plain.default_decisions["indexer_topk"].source == "auto"
     p = select_platform("cpu", lock=lock_file)

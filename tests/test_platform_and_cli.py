@@ -26,8 +26,11 @@ def test_import_is_free_and_does_not_touch_cuda() -> None:
         print(p.name, 'triton' in sys.modules, torch.cuda.is_initialized())
     """))
     assert r.returncode == 0, r.stderr
+    name, triton_loaded, cuda_initialised = r.stdout.split()
     if not torch.cuda.is_available():
-        assert r.stdout.split() == ["cpu", "False", "False"]  # (platform, selection imported triton, CUDA initialised)
+        assert (name, triton_loaded, cuda_initialised) == ("cpu", "False", "False")
+    else:  # the GPU's platform (whose bound kernels may import Triton: that is their use)
+        assert name.startswith(("cuda_", "rocm")), name
 
 
 def test_select_platform_binds_ops_and_caches_per_case() -> None:

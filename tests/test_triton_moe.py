@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import pytest
 import torch
+from conftest import TRITON_DEVICE
 
 import dsv4hal
 from dsv4hal.conformance.cases_moe import EXPERTS_REL_L2, OP_EXPERTS, TOLERANCES, compare_experts
@@ -28,8 +28,8 @@ TIGHT_REL_L2 = 2e-2
 TIGHT_MAX_RMS = 0.1
 
 
-_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
-DEV = torch.device("cuda" if _GPU else "cpu")  # where the kernels run: the GPU, else the interpreter on the CPU
+DEV = TRITON_DEVICE  # where the kernels run: the GPU, else the interpreter on the CPU
+_GPU = DEV.type == "cuda"
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_small_tiles_loop_over_k_and_n(fmt: str) -> None:
 def test_no_tokens_and_bad_tile_config() -> None:
     from dsv4hal.kernels.triton.fused_moe import fused_moe, prepare_weights
 
-    x, ids, tw, w = _case("fp8_block", t=1, e=4, k=2)
+    x, ids, tw, w = _dev_case("fp8_block", t=1, e=4, k=2)
     prepared = prepare_weights(w)
     empty = fused_moe(x[:0], ids[:0], tw[:0], prepared)
     assert empty.shape == (0, x.shape[1]) and empty.dtype == torch.bfloat16

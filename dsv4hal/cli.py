@@ -90,7 +90,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         for c in d.candidates:
             mark = {"chosen": "*", "eligible": "+", "rejected": "-"}[c.status]
             why = f"  <- {'; '.join(c.reasons)}" if c.reasons else ""
-            print(f"    {mark} {c.name:<28} p{c.priority:<4} {c.tier:<9}{why}")
+            note = f"  (p{c.priority} {c.priority_note})" if c.priority_note else ""
+            print(f"    {mark} {c.name:<28} p{c.priority:<4} {c.tier:<9}{why}{note}")
     return 0
 
 

@@ -162,3 +162,16 @@ def test_cli_conformance_writes_json_cells(tmp_path: Path) -> None:
     # the ops left out are counted, not listed
     assert not [c for c in data["cells"] if c["op"] == "moe_experts"]
     assert 0 < data["deselected"] <= data["summary"]["not-run"]
+
+
+def test_info_says_where_a_case_conditional_priority_comes_from() -> None:
+    """Marlin's priority for the default MoE case (class decode) is its priority_when entry, and info says so in the
+    table and the JSON; a kernel at its own priority carries no note."""
+    libs = ("--simulate", "sm90", "--library", "vllm_moe", "--library", "triton")
+    r = run_cli("info", *libs)
+    assert r.returncode == 0, r.stderr
+    assert "(p95 for tokens=decode; 300 otherwise)" in r.stdout
+    r = run_cli("info", "--json", *libs)
+    cands = {c["name"]: c for c in json.loads(r.stdout)["ops"]["moe_experts"]["candidates"]}
+    assert cands["marlin_mxfp4_sm90"]["priority_note"] == "for tokens=decode; 300 otherwise"
+    assert cands["triton_fused_moe"]["priority_note"] == ""

@@ -81,6 +81,9 @@ def _spec(name: str, module: str, summary: str, alternates: tuple[Mapping[str, o
                   tuple(MappingProxyType(dict(a)) for a in alternates))
 
 
+# moe_experts' default case: V4-Flash's MXFP4 experts at a decode batch (its alternate: the same with FP8 weights)
+_MOE_EXPERTS_CASE = MappingProxyType(dict(format="mxfp4", fp8=None, E=256, H=4096, I=2048, tokens="decode", top_k=6))
+
 OPS: tuple[OpSpec, ...] = (
     _spec("pack_store", "pack_store", "quantize bf16 K [N,512] into the 584-byte V4 paged cache at locations",
           fp8="e4m3fn", page_size=256, size="large"),
@@ -109,8 +112,7 @@ OPS: tuple[OpSpec, ...] = (
     _spec("moe_route", "moe", "sqrt-softplus routing with bias or hash table, top-6, renormalised, x1.5",
           hash=False, bias=True, E=256, top_k=6, tokens="decode"),
     _spec("moe_experts", "moe", "SwiGLU experts (clamp 10) with MXFP4 or FP8 128x128 block weights",
-          alternates=({"format": "fp8_block", "fp8": "e4m3fn", "E": 256, "H": 4096, "I": 2048, "tokens": "decode",
-                       "top_k": 6},), format="mxfp4", fp8=None, E=256, H=4096, I=2048, tokens="decode", top_k=6),
+          alternates=({**_MOE_EXPERTS_CASE, "format": "fp8_block", "fp8": "e4m3fn"},), **_MOE_EXPERTS_CASE),
     _spec("mhc_pre", "mhc", "hyper-connection pre-mix with 20 Sinkhorn iterations", hidden=4096, sinkhorn_iters=20),
     _spec("mhc_post", "mhc", "hyper-connection post-mix", hidden=4096),
     _spec("mhc_post_pre", "mhc", "sublayer boundary: post-mix of one sublayer and pre-mix of the next in one pass",

@@ -173,7 +173,7 @@ def test_swapped_mxfp4_kernels(cfg: dict) -> None:
     x, ids, tw, w = _case("mxfp4", e=4, h=320, i=192, t=5, k=3, gain=20.0, masked=0.2, seed=8)
     ids[2] = torch.tensor([1, 1, -1], dtype=torch.int32)
     want = moe_experts(x, ids, tw, w)
-    dev = torch.device("cuda" if _GPU else "cpu")
+    dev = DEV
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     calls = []
     real = tmoe._mx_gate_up_swapped
@@ -200,7 +200,7 @@ def test_swapped_gate_up_rows_paired_or_apart(pair: bool) -> None:
 
     x, ids, tw, w = _case("mxfp4", e=4, h=256, i=256, t=5, k=3, gain=20.0, masked=0.2, seed=11)
     ids[1] = torch.tensor([2, 2, 0], dtype=torch.int32)
-    dev = torch.device("cuda" if _GPU else "cpu")
+    dev = DEV
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     args = (x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
     got = tmoe.fused_moe(*args, config={"block_k": 64, "pair": pair})
@@ -216,7 +216,7 @@ def test_pairing_by_default_when_the_grid_is_under_two_programs_an_sm(monkeypatc
     from dsv4hal.kernels.triton import fused_moe as tmoe
 
     x, ids, tw, w = _case("mxfp4", e=4, h=256, i=256, t=1, k=3, seed=12)
-    dev = torch.device("cuda" if _GPU else "cpu")
+    dev = DEV
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     prepared = tmoe.prepare_weights(wd)
     for sms, paired in ((6, False), (7, True)):
@@ -236,7 +236,7 @@ def test_shapes_off_64_run_the_row_kernels_with_their_tiles() -> None:
     from dsv4hal.kernels.triton import fused_moe as tmoe
 
     x, ids, tw, w = _case("mxfp4", e=4, h=160, i=96, t=5, k=3, gain=20.0, masked=0.2, seed=9)
-    dev = torch.device("cuda" if _GPU else "cpu")
+    dev = DEV
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     swapped, rows = [], []
     real_swapped, real_rows = tmoe._mx_gate_up_swapped, tmoe._gate_up_kernel
@@ -258,7 +258,7 @@ def test_one_token_runs_without_alignment(monkeypatch: pytest.MonkeyPatch) -> No
 
     x, ids, tw, w = _case("mxfp4", e=6, h=256, i=128, t=1, k=5, gain=20.0, seed=13)
     ids[0] = torch.tensor([2, 9, 2, -1, 0], dtype=torch.int32)
-    dev = torch.device("cuda" if _GPU else "cpu")
+    dev = DEV
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     args = (x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
     aligned = tmoe.fused_moe(*args, config={"direct": False})
@@ -280,7 +280,7 @@ def test_fused_cast_equals_the_cast_after(t: int) -> None:
     from dsv4hal.kernels.triton import fused_moe as tmoe
 
     x, ids, tw, w = _case("mxfp4", e=4, h=192, i=128, t=t, k=3, gain=20.0, masked=0.2, seed=14)
-    dev = torch.device("cuda" if _GPU else "cpu")
+    dev = DEV
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     args = (x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
     want = tmoe.fused_moe(*args, config={"fuse_cast": False, "block_k": 64})
@@ -296,7 +296,7 @@ def test_down_kernel_with_its_own_tiles(down: dict) -> None:
     from dsv4hal.kernels.triton import fused_moe as tmoe
 
     x, ids, tw, w = _case("mxfp4", e=4, h=256, i=128, t=3, k=3, gain=20.0, masked=0.2, seed=16)
-    dev = torch.device("cuda" if _GPU else "cpu")
+    dev = DEV
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     args = (x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
     _check(tmoe.fused_moe(*args, config={"block_k": 64, "down": down}).cpu(), moe_experts(x, ids, tw, w))
@@ -310,7 +310,7 @@ def test_default_down_tiles_and_cast_by_token_count(monkeypatch: pytest.MonkeyPa
     kernel's) for 1 and above 16; the cast is fused into it for one token only."""
     from dsv4hal.kernels.triton import fused_moe as tmoe
 
-    dev = torch.device("cuda" if _GPU else "cpu")
+    dev = DEV
     for t, col_tiles, fused in ((1, 4, True), (2, 2, False), (16, 2, False), (17, 4, False)):
         x, ids, tw, w = _case("mxfp4", e=4, h=256, i=128, t=t, k=2, seed=17)
         wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
@@ -372,7 +372,7 @@ def test_scale_bytes_above_128_take_the_two_multiply_decode(cfg: dict) -> None:
 
     x, ids, tw, w = _case("mxfp4", e=4, h=128, i=64, t=5, k=3, gain=2000.0, masked=0.2, seed=10)
     assert int(w.w13_scale.view(torch.uint8).max()) > tmoe.MX_NARROW_SCALE_MAX
-    dev = torch.device("cuda" if _GPU else "cpu")
+    dev = DEV
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     prepared = tmoe.prepare_weights(wd)
     assert not prepared.narrow_scales

@@ -5,10 +5,9 @@ scales: one multiply; any scale: two) and the plain one too, bit for bit, -0 and
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from conftest import TRITON_DEVICE
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -21,7 +20,7 @@ from dsv4hal.kernels.triton.fused_moe import (  # noqa: E402
     reorder_mxfp4,
 )
 
-_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+_GPU = TRITON_DEVICE.type == "cuda"  # (else the interpreter on the CPU)
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 SCALES = [0, 1, 2, 100, 126, 127, 128, 129, 200, 253, 254, 255]
 

@@ -1,9 +1,9 @@
 """Where a bound call's host time goes, part by part, on this machine: the bound sparse_attention_decode (flash-c4,
 T = 1, the bench's arguments as keywords) with its kernel swapped for a no-op, against the parts it is made of
-(the memo key, the memo lookup, the case, the compile check, one tensor's metadata reads); and moe_experts at one
-token, bound and its kernel on the prepared payload (on a GPU), then both with a no-op kernel. Each part is timed in
-turns with the others (bench.timing.host_us_interleaved: rounds of 2000 calls, each keeping its fastest round), so
-a drifting host hits all alike.
+(the memo key, the memo lookup, the case, the case key, the compile check, one tensor's metadata reads); and
+moe_experts at one token, bound and its kernel on the prepared payload (on a GPU), then both with a no-op kernel.
+Each part is timed in turns with the others (bench.timing.host_us_interleaved: rounds of 2000 calls, each keeping
+its fastest round), so a drifting host hits all alike.
 
     python3 bench/host_parts.py --json out/host-parts.json [--device cuda|cpu]
 """
@@ -88,9 +88,12 @@ def main() -> None:
     op._memo[key] = _noop  # the memo hit runs the no-op: what remains is the bound call's own cost
     _forget_checks(op)
     fast._by_case[tuple(case.items())] = (fast._by_case.get(tuple(case.items()), (op.decide(case),))[0], _noop)
+    case_key = op.definition.key
+    if case_key is not None:  # the unvalidated call's lookup by the op's case key runs the no-op too
+        fast._by_key[case_key(**args)] = _noop
     _forget_checks(fast)
     op(**args)  # checks the memo's no-op in
-    memo, by_case, q, checks = op._memo, fast._by_case, args["q"], op._checks
+    memo, by_case, by_key, q, checks = op._memo, fast._by_case, fast._by_key, args["q"], op._checks
     fns = {
         "no-op kernel called with the keywords": lambda: _noop(**args),
         "bound, validated (memo hit)": lambda: op(**args),
@@ -101,6 +104,7 @@ def main() -> None:
         "split key + tensor checks": lambda: checks.find(*split_key((), args)),
         "case": lambda: op.case_of(**args),
         "case + lookup": lambda: by_case.get(tuple(op.case_of(**args).items())),
+        **({"case key + lookup": lambda: by_key.get(case_key(**args))} if case_key is not None else {}),
         "torch.compiler.is_compiling()": torch.compiler.is_compiling,
         "q.dtype, q.shape, q.stride(), q.device": lambda: (q.dtype, q.shape, q.stride(), q.device),
     }

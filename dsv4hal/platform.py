@@ -108,6 +108,9 @@ class BoundOp(Generic[P, R]):
         self._compiling: Callable[[], bool] = custom_ops.is_compiling
         self._traced = custom_ops.traced(spec.name)
         self._by_case: dict[tuple, tuple[Decision, Callable[..., Any]]] = {}
+        # the op's case key (OpDefinition.key) -> kernel: an unvalidated call's lookup, without building the case
+        self._case_key: Callable[..., tuple] | None = d.key
+        self._by_key: dict[tuple, Callable[..., Any]] = {}
         # validated argument metadata -> kernel (dsv4hal.ops.memo): a repeat call costs a key and a lookup
         from dsv4hal.ops import memo
 
@@ -196,11 +199,25 @@ class BoundOp(Generic[P, R]):
             self._validate(*args, **kwargs, checked=p.checked)
         if self._weights_pos >= 0:
             return self._call_prepared(args, kwargs)
+        case_key = self._case_key
+        if case_key is not None:
+            fn = self._by_key.get(case_key(*args, **kwargs))
+            if fn is None:
+                fn = self._keyed(args, kwargs)
+            return fn(*args, **kwargs)
         case = self._case(*args, **kwargs)
         hit = self._by_case.get(tuple(case.items()))
         if hit is None:
             hit = self._resolve(case)
         return hit[1](*args, **kwargs)
+
+    def _keyed(self, args: tuple, kwargs: dict[str, Any]) -> Callable[..., Any]:
+        """A case-key miss: the case (computed from the same key) and its kernel, remembered by the key."""
+        fn = self._resolve(self._case(*args, **kwargs))[1]
+        if len(self._by_key) >= self._memo_max:
+            self._by_key.clear()
+        self._by_key[self._case_key(*args, **kwargs)] = fn  # type: ignore[misc]
+        return fn
 
     def _validate_and_select(self, memo: dict[tuple, Callable[..., Any]], key: tuple, args: tuple,
                              kwargs: dict[str, Any]) -> Callable[..., Any]:

@@ -89,6 +89,37 @@ def test_a_bound_call_adds_little_over_the_reference(op: str) -> None:
     assert extra < LIMIT_US, f"{op}: a bound call adds {extra:.1f} us over the reference (limit {LIMIT_US} us)"
 
 
+def test_an_unvalidated_call_finds_the_kernel_of_its_case_by_the_case_key() -> None:
+    """sparse_attention_decode's unvalidated calls look their kernel up by the op's case key (OpDefinition.key): for
+    every argument set, the kernel called is the one its case selects, and calls whose cases differ (one row or
+    more, SWA-only or not, a short or a long extra list, the cache's FP8 flavour) never share an entry."""
+    from dsv4hal.ops.sparse_attention import case_decode, key_decode, sparse_attention_decode
+
+    assert sparse_attention_decode.key is key_decode
+    platform = dsv4hal.select_platform(info=fake("cpu"), validate=False)
+    op = platform.ops.sparse_attention_decode
+    i32 = dict(dtype=torch.int32)
+    calls = []
+    for t in (1, 2):
+        for fp8 in ("e4m3fn", "e4m3fnuz"):
+            swa = dsv4hal.V4PagedCache.empty(1, 256, fp8)
+            base = (torch.zeros(t, 64, 512, dtype=torch.bfloat16), swa, torch.full((t, 128), -1, **i32),
+                    torch.zeros(t, **i32), torch.zeros(64), 512 ** -0.5)
+            calls.append((base, {}))
+            for width in (64, 2048):
+                calls.append((base, dict(extra_cache=dsv4hal.V4PagedCache.empty(1, 64, fp8),
+                                         extra_indices=torch.full((t, width), -1, **i32),
+                                         extra_lengths=torch.zeros(t, **i32))))
+    keys = {key_decode(*a, **k) for a, k in calls}
+    assert len(keys) == len(calls) == len({tuple(case_decode(*a, **k).items()) for a, k in calls})
+    for args, kwargs in calls:
+        for _ in range(2):  # the miss, then the hit
+            out, lse = op(*args, **kwargs)
+            assert out.shape == (args[0].shape[0], 64, 512) and lse.shape == (args[0].shape[0], 64)
+        assert op._by_key[key_decode(*args, **kwargs)] is op._resolve(op.case_of(*args, **kwargs))[1]
+    assert len(op._by_key) == len(calls)
+
+
 def test_the_memo_never_skips_a_refusal() -> None:
     """Only calls that passed are remembered: the same bad metadata is refused every time, and a good call after a
     bad one still validates its own arguments."""

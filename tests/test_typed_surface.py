@@ -73,6 +73,11 @@ def test_a_definition_whose_contract_functions_drift_is_refused() -> None:
         def my_op(a: torch.Tensor, b: int) -> None:
             """doc"""
 
+    with pytest.raises(TypeError, match="key function"):
+        @define(validate=validate, case=lambda a, b: {}, key=lambda a: (a,))
+        def my_op1(a: torch.Tensor, b: int) -> None:
+            """doc"""
+
     @define(validate=validate, case=lambda a, b: {})
     def my_op2(a: torch.Tensor, b: int) -> None:
         """doc"""

@@ -96,30 +96,21 @@ def _plan_key(entry: str, q: torch.Tensor, swa_cache: V4PagedCache, swa_indices:
             None if extra_cache is None else (extra_cache.page_size, extra_indices.shape))  # type: ignore[union-attr]
 
 
-def _decode_by_op(op: Callable[..., Any], q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
-                  swa_lengths: torch.Tensor, sink: torch.Tensor, softmax_scale: float,
-                  extra_cache: V4PagedCache | None, extra_indices: torch.Tensor | None,
-                  extra_lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The decode through the torch op: no plan tensors outside a step (the op plans per call, as the Python entry
-    does with a fresh FlashMLASchedMeta); inside one, the plan the step's first call of this shape made."""
-    plans = step_plans()
-    md = splits = key = None
-    if plans is not None:
-        key = _plan_key("op", q, swa_cache, swa_indices, extra_cache, extra_indices)
-        md, splits = plans.get(key, (None, None))
-        planner = parallel_planner() if md is None else None
-        if planner is not None:  # the step's first call of this shape: on SM90 the plan of one parallel program
-            made = planner(q, swa_lengths, swa_indices.shape[-1], extra_lengths,
-                           0 if extra_indices is None else extra_indices.shape[-1])
-            if made is not None:
-                md, splits = made
-    out, lse, md, splits = op(
-        q.unsqueeze(1), swa_cache.flashmla_view(), swa_indices.unsqueeze(1), swa_lengths, sink, md, splits,
-        None if extra_cache is None else extra_cache.flashmla_view(),
-        None if extra_indices is None else extra_indices.unsqueeze(1), extra_lengths, HEAD_DIM_V, softmax_scale, None)
-    if plans is not None:
-        plans[key] = (md, splits)
-    return out.squeeze(1), lse.squeeze(2)
+def _step_plan(plans: dict[Any, Any], q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
+               swa_lengths: torch.Tensor, extra_cache: V4PagedCache | None, extra_indices: torch.Tensor | None,
+               extra_lengths: torch.Tensor | None) -> tuple[tuple, Any, Any]:
+    """Inside a declared step, the torch op's plan for this shape: (its key, metadata, splits), the plan the step's
+    first call of this shape made, or on that first call the plan of one parallel program (SM90), or (None, None):
+    then the op plans and the caller keeps what it returns under the key."""
+    key = _plan_key("op", q, swa_cache, swa_indices, extra_cache, extra_indices)
+    md, splits = plans.get(key, (None, None))
+    planner = parallel_planner() if md is None else None
+    if planner is not None:
+        made = planner(q, swa_lengths, swa_indices.shape[-1], extra_lengths,
+                       0 if extra_indices is None else extra_indices.shape[-1])
+        if made is not None:
+            md, splits = made
+    return key, md, splits
 
 
 def _decoder(flavour: Flavour) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -138,9 +129,20 @@ def _decoder(flavour: Flavour) -> Callable[..., tuple[torch.Tensor, torch.Tensor
                extra_indices: torch.Tensor | None = None,
                extra_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         op = decode_op(flavour)  # looked up per call: tests swap the vendor module between calls
-        if op is not None:
-            return _decode_by_op(op, q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale, extra_cache,
-                                 extra_indices, extra_lengths)
+        if op is not None:  # the torch op, inline (a frame less a call): outside a step it plans per call
+            plans = step_plans()
+            md = splits = key = None
+            if plans is not None:
+                key, md, splits = _step_plan(plans, q, swa_cache, swa_indices, swa_lengths, extra_cache,
+                                             extra_indices, extra_lengths)
+            out, lse, md, splits = op(
+                q.unsqueeze(1), swa_cache.flashmla_view(), swa_indices.unsqueeze(1), swa_lengths, sink, md, splits,
+                None if extra_cache is None else extra_cache.flashmla_view(),
+                None if extra_indices is None else extra_indices.unsqueeze(1), extra_lengths, HEAD_DIM_V,
+                softmax_scale, None)
+            if plans is not None:
+                plans[key] = (md, splits)
+            return out.squeeze(1), lse.squeeze(2)
         iface, extra_kw = interface(flavour)
         plans = step_plans()
         if plans is None:  # no declared step: plan per call, as a direct call does

@@ -29,7 +29,8 @@ class OpDefinition(Generic[P, R]):
     def __init__(self, signature_fn: Callable[P, R], validate: Callable[..., Any],
                  case: Callable[..., Mapping[str, object]], weights_arg: str | None = None,
                  weights_validate: Callable[..., Any] | None = None,
-                 weights_case: Callable[..., Mapping[str, object]] | None = None, memo: bool = True) -> None:
+                 weights_case: Callable[..., Mapping[str, object]] | None = None, memo: bool = True,
+                 key: Callable[..., tuple] | None = None) -> None:
         self.name: str = signature_fn.__name__
         self.signature_fn = signature_fn
         self.signature = inspect.signature(signature_fn)
@@ -39,6 +40,9 @@ class OpDefinition(Generic[P, R]):
         # unchecked validation and case read only host metadata, so a bound call may skip them for arguments whose
         # metadata passed before (dsv4hal.ops.memo); False for an op whose unchecked validation reads values
         self.memo = memo
+        # optional: a flat tuple of everything `case` reads, from which `case` is computed; a bound call without
+        # validation finds its kernel by it instead of building the case (host time: see dsv4hal.platform.BoundOp)
+        self.key = key
         self.__doc__ = signature_fn.__doc__
         self._hints: dict[str, Any] | None = None
         self._check()
@@ -47,7 +51,10 @@ class OpDefinition(Generic[P, R]):
         """A contract function whose parameters differ from the signature would validate one call and select for
         another: refuse that at import, when the op is defined."""
         want = list(self.params)
-        for what, fn, drop in (("validate", self.validate, ("checked",)), ("case", self.case, ())):
+        fns = [("validate", self.validate, ("checked",)), ("case", self.case, ())]
+        if self.key is not None:
+            fns.append(("key", self.key, ()))
+        for what, fn, drop in fns:
             got = [p for p in inspect.signature(fn).parameters if p not in drop]
             if got != want:
                 raise TypeError(f"op {self.name}: {what} function {fn.__name__} takes {got}, the definition {want}")
@@ -77,11 +84,13 @@ class OpDefinition(Generic[P, R]):
 
 def define(*, validate: Callable[..., Any], case: Callable[..., Mapping[str, object]],
            weights: tuple[str, Callable[..., Any], Callable[..., Mapping[str, object]]] | None = None,
-           memo: bool = True) -> Callable[[Callable[P, R]], OpDefinition[P, R]]:
+           memo: bool = True, key: Callable[..., tuple] | None = None
+           ) -> Callable[[Callable[P, R]], OpDefinition[P, R]]:
     """Decorate an op's typed signature (its body is never run). `weights`: (argument, validate, case) of the
     weights of an op that is decided when its weights are prepared. `memo=False` for an op whose unchecked
-    validation reads tensor values (dsv4hal.ops.memo)."""
+    validation reads tensor values (dsv4hal.ops.memo). `key`: a hashable tuple of what `case` reads, which `case`
+    is computed from (so equal keys give equal cases), for an op whose unvalidated host time matters."""
     def wrap(fn: Callable[P, R]) -> OpDefinition[P, R]:
         w = weights or (None, None, None)
-        return OpDefinition(fn, validate, case, *w, memo=memo)
+        return OpDefinition(fn, validate, case, *w, memo=memo, key=key)
     return wrap

@@ -23,6 +23,9 @@ FLASHMLA_VLLM_PRIORITY = 290  # vLLM's bundled FlashMLA: the same kernels, used 
 # triton_sparse_decode (100) beats FlashMLA in all 6 such buckets of the H200 lock (bench/results/h200/
 # cuda_sm90.lock.json: 11.4-15.3 against 21.9-35.9 us, 1.7-2.8x; bench-attention.json agrees at 1.2-2.4x). So
 # FlashMLA goes below it there. With a long C128 list (1M context) FlashMLA stays first (37-50 against 111-189 us)
+# These are GPU times (graph replays: how engines run decode). Launched eagerly, the Triton kernel's host time is
+# 69-87 us a call against 45-59 for the bound FlashMLA call (bench-attention-host-case-key-r*.json), so an eager
+# single-row call is host-bound either way and waits ~30 us longer: force FlashMLA for eager single-row serving.
 FLASHMLA_SINGLE_ROW_PRIORITY = {"sgl": 95, "vllm": 94}
 FLASHMLA_SINGLE_ROW_CASES = ({"tokens": "single", "extra_class": None}, {"tokens": "single", "extra_class": "short"})
 MARLIN_PRIORITY = 300  # MXFP4 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json

@@ -76,19 +76,24 @@ def host(data: dict[str, Any], path: str) -> None:
 
 
 def topk(data: dict[str, Any], path: str) -> None:
-    """One panel a shape of bench/tune_triton.py --ops topk: each config's passes stacked (sample, filter, select)."""
-    rows = [r for r in data["topk"] if r.get("us_passes")]
+    """One panel a shape of bench/tune_triton.py --ops topk: each config's passes stacked (sample, filter, select)
+    where the kernel has passes (the sampled top-k), else one bar a config (the row kernel's tilings and warps)."""
+    rows = data["topk"]
     fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 5), squeeze=False)
     for ax, r in zip(axes[0], rows, strict=True):
-        names = list(r["us_passes"])
-        bottom = [0.0] * len(names)
-        for i, label in enumerate(("sample", "filter", "select")):
-            part = [r["us_passes"][n][i] - (r["us_passes"][n][i - 1] if i else 0.0) for n in names]
-            ax.bar(range(len(names)), part, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, part, strict=True)]
+        if r.get("us_passes"):
+            names = list(r["us_passes"])
+            bottom = [0.0] * len(names)
+            for i, label in enumerate(("sample", "filter", "select")):
+                part = [r["us_passes"][n][i] - (r["us_passes"][n][i - 1] if i else 0.0) for n in names]
+                ax.bar(range(len(names)), part, bottom=bottom, label=label)
+                bottom = [b + v for b, v in zip(bottom, part, strict=True)]
+        else:
+            names = [n for n in r["us"] if n != "torch.topk"]
+            ax.bar(range(len(names)), [r["us"][n] for n in names], color="tab:purple", label="one launch")
         ax.axhline(r["us"]["torch.topk"], color="k", ls="--", lw=0.8, label="torch.topk")
         ax.set_xticks(range(len(names)), names, rotation=90, fontsize=5)
-        ax.set_title(f"{r['B']} x {r['N']}, k {r['k']}", fontsize=8)
+        ax.set_title(f"{r.get('kernel', 'sampled')}\n{r['B']} x {r['N']}, k {r['k']}", fontsize=7)
         ax.set_ylabel("us (CUDA graph)")
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()

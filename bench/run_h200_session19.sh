@@ -5,8 +5,11 @@
 #                                                    # GPU tests of the glue and the host cost, the op's conformance
 #                                                    # (eager and graph), the host cost part by part, three rounds of
 #                                                    # dsv4hal bench attention --quick, the yardstick demo
+#   R=$OUT bash bench/run_h200_session19.sh tail     # the row top-k's tail tile: GPU tests of the three top-k kernels,
+#                                                    # the row shapes tuned (padded against tail, every warp count),
+#                                                    # indexer_topk's conformance, the yardstick demo
 set -uo pipefail
-part=${1:?host}
+part=${1:?host or tail}
 source bench/h200_env.sh
 if [[ $part == host ]]; then
   { stamp "GPU tests: the FlashMLA glue and call sequence, the host cost, the typed surface"
@@ -25,4 +28,13 @@ if [[ $part == host ]]; then
     done
     stamp "demo (as selected)"; demo_flash 120 demo-flash
   } 2>&1 | tee "$R/log-host19.txt"
+fi
+if [[ $part == tail ]]; then
+  { stamp "GPU tests: the row, chunked and sampled top-k"
+    gpu_tests 240 topk tests/test_triton_row_topk.py tests/test_triton_chunked_topk.py tests/test_triton_sampled_topk.py
+    grep -E "^E  " /tmp/pytest-topk.log | head -8 | cut -c1-600
+    stamp "top-k tune (bench/tune_triton.py --ops topk)"; tune_topk 240 tune-topk-tail
+    conform 200 conformance-cuda_sm90-topk-tail indexer_topk
+    stamp "demo (as selected)"; demo_flash 120 demo-flash
+  } 2>&1 | tee "$R/log-tail19.txt"
 fi

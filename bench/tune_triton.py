@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import triton
 
 import dsv4hal
 from dsv4hal.bench import attention as attn_bench
@@ -80,7 +81,9 @@ TOPK_VARIANTS: dict[str, dict] = {"default": {}, "half": {"half_tile": True},
                                   "chunk4096-st3": {"chunk": 4096, "filter_stages": 3}}
 # the row kernel (static for rows up to 16384: the demo's 64 x 8192): warps
 ROW_CONFIGS = [dict(num_warps=w) for w in (4, 8, 16)]
-ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512)]
+# 8256: the demo's 129 pages x 64 at 32K context (a 64-key tail); 9216 and 10240: tails of 1/8 and 1/4 of 8192
+ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512), (64, 8256, 512), (1, 8256, 512), (64, 9216, 512),
+              (64, 10240, 512)]
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
 TOPK_SHAPES = [(1, 262144, 512), (8, 262144, 512), (16, 262144, 512), (64, 262144, 512), (64, 65536, 1024)]
@@ -151,6 +154,17 @@ def _topk_inputs(b: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, to
     row = {"B": b, "N": n, "k": k, "us": {"torch.topk": graph_us(lambda s=scores, k=k: torch.topk(s, k, dim=1))},
            "ok": {}}
     return scores, lengths, table, ref_topk(scores, lengths, k, table)[0], row
+
+
+def _row_layouts(n: int) -> dict[str, dict[str, int]]:
+    """The row kernel's tilings of a row of n: one power-of-two tile (padded), and where n is no power of two, the
+    power of two below it and a power-of-two tail (whatever launch_config would choose)."""
+    block = max(triton.next_power_of_2(n), topk_row.MIN_BLOCK)
+    layouts = {"padded": {"block": block, "tail": 0}}
+    lower = block // 2
+    if lower < n < block and lower >= topk_row.MIN_BLOCK:
+        layouts["tail"] = {"block": lower, "tail": max(triton.next_power_of_2(n - lower), topk_row.MIN_TAIL)}
+    return layouts
 
 
 def _time_topk(row: dict, name: str, ref: torch.Tensor, run: Callable[[], tuple]) -> bool:
@@ -240,10 +254,11 @@ def main() -> None:
     for b, n, k in ROW_SHAPES if "topk" in ops else ():
         scores, lengths, table, ref, row = _topk_inputs(b, n, k)
         row = {"kernel": "triton_row_topk", **row, "default": topk_row.launch_config(n)}
-        for c in ROW_CONFIGS:
-            name = "w{num_warps}".format(**c)
-            _time_topk(row, name, ref, lambda c=c, s=scores, ln=lengths, k=k, t=table:
-                       topk_row.indexer_topk(s, ln, k, t, config=c))
+        for layout, tiles in _row_layouts(n).items():
+            for c in ROW_CONFIGS:
+                c = {**tiles, **c}
+                _time_topk(row, f"{layout}-w{c['num_warps']}", ref, lambda c=c, s=scores, ln=lengths, k=k, t=table:
+                           topk_row.indexer_topk(s, ln, k, t, config=c))
         out["topk"].append(row)
         print(json.dumps(row), flush=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -8,8 +8,10 @@
 #   R=$OUT bash bench/run_h200_session19.sh tail     # the row top-k's tail tile: GPU tests of the three top-k kernels,
 #                                                    # the row shapes tuned (padded against tail, every warp count),
 #                                                    # indexer_topk's conformance, the yardstick demo
+#   R=$OUT bash bench/run_h200_session19.sh final    # the whole conformance catalog (auto selection, eager and graph)
+#                                                    # as three reports side by side, then a 1-minute soak of every op
 set -uo pipefail
-part=${1:?host or tail}
+part=${1:?host, tail or final}
 source bench/h200_env.sh
 if [[ $part == host ]]; then
   { stamp "GPU tests: the FlashMLA glue and call sequence, the host cost, the typed surface"
@@ -37,4 +39,27 @@ if [[ $part == tail ]]; then
     conform 200 conformance-cuda_sm90-topk-tail indexer_topk
     stamp "demo (as selected)"; demo_flash 120 demo-flash
   } 2>&1 | tee "$R/log-tail19.txt"
+fi
+if [[ $part == final ]]; then
+  groups=(moe_experts
+          sparse_attention_decode,indexer_logits,mhc_post_pre,compress,compress_decode,sparse_attention_prefill
+          mhc_pre,mhc_post,mhc_head,indexer_topk,dequant_gather,pack_store,indexer_store,moe_route,build_attention_metadata,decode_step)
+  names=(moe attention rest)
+  all=$(python3 -c "from dsv4hal.conformance.runner import load_catalog as c
+print(' '.join(sorted({s.op for s, _ in c()} | {'decode_step'})))")
+  listed=$(echo "${groups[*]}" | tr ', ' '\n\n' | sort | xargs)
+  { stamp "conformance: the whole catalog in three reports side by side"
+    [[ "$listed" == "$all" ]] || echo "the groups miss ops: catalog [$all] groups [$listed]"
+    for i in 0 1 2; do
+      OMP_NUM_THREADS=5 timeout 420 $D conformance --platform cuda_sm90 --ops "${groups[$i]}" \
+        --json "$R/conformance-cuda_sm90-final-${names[$i]}.json" --markdown "/tmp/conformance-g$i.md" --quiet \
+        > "/tmp/conf-g$i.log" 2>&1 &
+    done
+    for i in 0 1 2; do wait -n; echo "a group ended: rc=$? at $(( $(date +%s) - T0 ))s"; done
+    for i in 0 1 2; do echo "group ${names[$i]}:"; tail -2 "/tmp/conf-g$i.log" | cut -c1-300; done
+    cat /tmp/conformance-g{0,1,2}.md > "$R/conformance-cuda_sm90-final.md"
+    stamp "soak, 1 minute"
+    timeout 150 $D soak --minutes 1 --json "$R/soak-1min.json" > /tmp/soak.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/soak.log | tail -6 | cut -c1-300
+  } 2>&1 | tee "$R/log-final19.txt"
 fi

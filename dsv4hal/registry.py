@@ -73,6 +73,8 @@ class KernelImpl:
     # feature equals the case's replaces `priority` (e.g. ({"tokens": "prefill"}, 310): a kernel measured faster
     # only for one class of cases)
     priority_when: tuple[PriorityWhen, ...] = ()
+    # why priority_when's priorities differ from `priority` (the measurement behind them), shown by explain and info
+    priority_why: str = ""
 
     def priority_on(self, platform: str) -> int:
         return _resolve_priority(self.priority, platform)
@@ -89,7 +91,8 @@ class KernelImpl:
         if entry is None:
             return ""
         when = ", ".join(f"{f}={v}" for f, v in entry[0].items())
-        return f"for {when}; {self.priority_on(platform)} otherwise"
+        why = f" ({self.priority_why})" if self.priority_why else ""
+        return f"for {when}; {self.priority_on(platform)} otherwise{why}"
 
     def _priority_entry(self, case: Mapping[str, object]) -> PriorityWhen | None:
         for entry in self.priority_when:

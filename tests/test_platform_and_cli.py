@@ -170,8 +170,10 @@ def test_info_says_where_a_case_conditional_priority_comes_from() -> None:
     libs = ("--simulate", "sm90", "--library", "vllm_moe", "--library", "triton")
     r = run_cli("info", *libs)
     assert r.returncode == 0, r.stderr
-    assert "(p95 for tokens=decode; 300 otherwise)" in r.stdout
+    assert "(p95 for tokens=decode; 300 otherwise (H200: the portable triton_fused_moe is faster" in r.stdout
     r = run_cli("info", "--json", *libs)
     cands = {c["name"]: c for c in json.loads(r.stdout)["ops"]["moe_experts"]["candidates"]}
-    assert cands["marlin_mxfp4_sm90"]["priority_note"] == "for tokens=decode; 300 otherwise"
+    from dsv4hal_cuda_sm90.kernels import MOE_DECODE_WHY
+
+    assert cands["marlin_mxfp4_sm90"]["priority_note"] == f"for tokens=decode; 300 otherwise ({MOE_DECODE_WHY})"
     assert cands["triton_fused_moe"]["priority_note"] == ""

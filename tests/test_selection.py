@@ -292,7 +292,11 @@ def test_hopper_single_row_decode_prefers_triton_unless_the_extra_list_is_long(l
     # explain says where FlashMLA's priority comes from, and only where it is not its own
     own = 300 if lib == "flash_mla" else 290
     note = {c.name: c.priority_note for c in d.candidates}[flashmla]
-    assert note == f"for tokens=single, extra_class=short; {own} otherwise" and note in d.explain()
+    from dsv4hal_cuda_sm90.kernels import FLASHMLA_SINGLE_ROW_WHY
+
+    assert "eagerly" in FLASHMLA_SINGLE_ROW_WHY  # the measurement behind the rule, and its eager cost, are shown
+    assert note == f"for tokens=single, extra_class=short; {own} otherwise ({FLASHMLA_SINGLE_ROW_WHY})"
+    assert note in d.explain()
     batch = select_kernel(registry, "sparse_attention_decode", {**base, "tokens": "batch"}, info, "cuda_sm90",
                           ov.Overrides())
     assert {c.name: (c.priority, c.priority_note) for c in batch.candidates}[flashmla] == (own, "")

@@ -45,12 +45,13 @@ def check_prepare(weights: ExpertWeights, name: str, fmt: str,
 
 def moe_kernel(name: str, module: str, platform: str, priority: int, requires: tuple[str, ...], layout: str,
                supports: Callable[..., list[str]], description: str,
-               priority_when: tuple[tuple[Mapping[str, object], int], ...] = ()) -> KernelImpl:
+               priority_when: tuple[tuple[Mapping[str, object], int], ...] = (), priority_why: str = ""
+               ) -> KernelImpl:
     """The KernelImpl of a vendor moe_experts binding whose module defines moe_experts and prepare_weights."""
     from dsv4hal.registry import KernelImpl
 
     kw: dict[str, Any] = dict(platforms=(platform,), priority=priority, tier="vendor", requires=requires,
-                              priority_when=priority_when)
+                              priority_when=priority_when, priority_why=priority_why)
     return KernelImpl(op="moe_experts", name=name, target=f"{module}:moe_experts",
                       prepare=f"{module}:prepare_weights", supports=supports, layout=layout,
                       description=description, **kw)

@@ -28,6 +28,8 @@ FLASHMLA_VLLM_PRIORITY = 290  # vLLM's bundled FlashMLA: the same kernels, used 
 # single-row call is host-bound either way and waits ~30 us longer: force FlashMLA for eager single-row serving.
 FLASHMLA_SINGLE_ROW_PRIORITY = {"sgl": 95, "vllm": 94}
 FLASHMLA_SINGLE_ROW_CASES = ({"tokens": "single", "extra_class": None}, {"tokens": "single", "extra_class": "short"})
+FLASHMLA_SINGLE_ROW_WHY = ("H200 graph replays: triton_sparse_decode 1.7-2.8x faster for one query row; launched "
+                           "eagerly its host time is ~30 us longer: force FlashMLA to serve single rows eagerly")
 MARLIN_PRIORITY = 300  # MXFP4 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
 DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
 # the same FP8 experts with DeepGEMM's psum layout (the GEMMs skip the padding tail of every expert): above the
@@ -47,6 +49,9 @@ OAI_TRITON_MOE_PREFILL_PRIORITY = 310
 # 283.3 / 419.9 / 909.8. So both go below it there, Marlin still above triton_kernels
 MARLIN_DECODE_PRIORITY = 95
 OAI_TRITON_MOE_DECODE_PRIORITY = 90
+MOE_DECODE_WHY = "H200: the portable triton_fused_moe is faster at every measured T <= 64"
+OAI_TRITON_MOE_WHY = ("H200: 1.24-1.96x faster than Marlin for prefill (T >= 512); slower than triton_fused_moe and "
+                      "Marlin at T <= 64")
 ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (same file)
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
 # mhc_pre and mhc_post_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): above the Triton kernels
@@ -92,6 +97,7 @@ def register(registry: Registry) -> None:
             op="sparse_attention_decode", name=f"flashmla_sm90_{flavour}",
             target=f"{_FLASHMLA}:sparse_attention_decode_{flavour}", platforms=(PLATFORM,), priority=prio,
             priority_when=tuple((when, FLASHMLA_SINGLE_ROW_PRIORITY[flavour]) for when in FLASHMLA_SINGLE_ROW_CASES),
+            priority_why=FLASHMLA_SINGLE_ROW_WHY,
             tier="vendor", requires=(lib,), supports=flashmla_decode_supports, layout="v4-584-e4m3fn",
             description=f"FlashMLA legacy SM90 sparse decode ({lib})"))
         registry.add_kernel(KernelImpl(
@@ -103,6 +109,7 @@ def register(registry: Registry) -> None:
         op="moe_experts", name=marlin_moe.NAME, target="dsv4hal_cuda_sm90.marlin_moe:moe_experts",
         prepare="dsv4hal_cuda_sm90.marlin_moe:prepare_weights", platforms=(PLATFORM,), priority=MARLIN_PRIORITY,
         priority_when=tuple(({"tokens": c}, MARLIN_DECODE_PRIORITY) for c in ("few", "decode")),
+        priority_why=MOE_DECODE_WHY,
         tier="vendor", requires=(), supports=marlin_moe.supports, layout=marlin_moe.LAYOUT,
         description=f"vLLM 0.24 Marlin MoE (W4A16 MXFP4, torch.ops.{marlin_moe.OP_NAMESPACE}.{marlin_moe.OP_NAME}; "
                     f"library from {marlin_moe.ENV_LIB})"))
@@ -123,7 +130,8 @@ def register(registry: Registry) -> None:
         "triton_kernels matmul_ogs (vLLM 0.24's bundle; W4A16 MXFP4 in the Hopper layouts): routing from the top-k, "
         "GEMM1 with DSV4's clamped SwiGLU fused, GEMM2 with the routing weights and the per-token sum",
         priority_when=(({"tokens": "prefill"}, OAI_TRITON_MOE_PREFILL_PRIORITY),
-                       *(({"tokens": c}, OAI_TRITON_MOE_DECODE_PRIORITY) for c in ("few", "decode")))))
+                       *(({"tokens": c}, OAI_TRITON_MOE_DECODE_PRIORITY) for c in ("few", "decode"))),
+        priority_why=OAI_TRITON_MOE_WHY))
     registry.add_kernel(KernelImpl(
         op="moe_route", name=vllm_router.NAME, target="dsv4hal_cuda_sm90.vllm_router:moe_route",
         platforms=(PLATFORM,), priority=ROUTER_PRIORITY, tier="vendor", supports=vllm_router.supports,

@@ -8,10 +8,11 @@
 #   R=$OUT bash bench/run_h200_session19.sh tail     # the row top-k's tail tile: GPU tests of the three top-k kernels,
 #                                                    # the row shapes tuned (padded against tail, every warp count),
 #                                                    # indexer_topk's conformance, the yardstick demo
+#   R=$OUT bash bench/run_h200_session19.sh half     # the top-k tune again, with a row half past a power of two
 #   R=$OUT bash bench/run_h200_session19.sh final    # the whole conformance catalog (auto selection, eager and graph)
 #                                                    # as three reports side by side, then a 1-minute soak of every op
 set -uo pipefail
-part=${1:?host, tail or final}
+part=${1:?host, tail, half or final}
 source bench/h200_env.sh
 if [[ $part == host ]]; then
   { stamp "GPU tests: the FlashMLA glue and call sequence, the host cost, the typed surface"
@@ -62,4 +63,8 @@ print(' '.join(sorted({s.op for s, _ in c()} | {'decode_step'})))")
     timeout 150 $D soak --minutes 1 --json "$R/soak-1min.json" > /tmp/soak.log 2>&1
     echo "rc=$?"; grep -v Warn /tmp/soak.log | tail -6 | cut -c1-300
   } 2>&1 | tee "$R/log-final19.txt"
+fi
+if [[ $part == half ]]; then
+  { stamp "top-k tune (bench/tune_triton.py --ops topk), 12288 too"; tune_topk 200 tune-topk-tail-half
+  } 2>&1 | tee "$R/log-half19.txt"
 fi

@@ -81,9 +81,9 @@ TOPK_VARIANTS: dict[str, dict] = {"default": {}, "half": {"half_tile": True},
                                   "chunk4096-st3": {"chunk": 4096, "filter_stages": 3}}
 # the row kernel (static for rows up to 16384: the demo's 64 x 8192): warps
 ROW_CONFIGS = [dict(num_warps=w) for w in (4, 8, 16)]
-# 8256: the demo's 129 pages x 64 at 32K context (a 64-key tail); 9216 and 10240: tails of 1/8 and 1/4 of 8192
+# 8256: the demo's 129 pages x 64 at 32K context (a 64-key tail); 9216, 10240, 12288: tails of 1/8, 1/4, 1/2 of 8192
 ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512), (64, 8256, 512), (1, 8256, 512), (64, 9216, 512),
-              (64, 10240, 512)]
+              (64, 10240, 512), (64, 12288, 512)]
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
 TOPK_SHAPES = [(1, 262144, 512), (8, 262144, 512), (16, 262144, 512), (64, 262144, 512), (64, 65536, 1024)]

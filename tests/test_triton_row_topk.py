@@ -168,14 +168,14 @@ def test_no_write_past_the_row() -> None:
 
 
 def test_a_row_just_past_a_power_of_two_takes_a_tail_tile() -> None:
-    """A row at most 1/4 past a power of two is held as that tile and a short tail (8256 = 8192 + 64: the indexer's
+    """A row at most 1/2 past a power of two is held as that tile and a short tail (8256 = 8192 + 64: the indexer's
     129 pages at 32K context), which gives the outputs of the tile twice as wide, key for key: ties across the two
     tiles, the whole top-k in the tail, lengths ending in either tile."""
     from dsv4hal.kernels.triton.topk_row import launch_config, tile_warps
 
     assert launch_config(8256) == {"block": 8192, "tail": 64, "num_warps": 8}
-    assert launch_config(10240) == {"block": 8192, "tail": 2048, "num_warps": 8}
-    assert launch_config(8192)["tail"] == 0 and launch_config(10241)["tail"] == 0  # a power of two; > 1/4 past one
+    assert launch_config(12288) == {"block": 8192, "tail": 4096, "num_warps": 8}
+    assert launch_config(8192)["tail"] == 0 and launch_config(12289)["tail"] == 0  # a power of two; > 1/2 past one
     assert launch_config(200)["tail"] == 0  # below MIN_BLOCK: one tile
     gen = torch.Generator().manual_seed(17)
     for s, k in ((1030, 512), (2100, 1024), (8256, 512)):

@@ -14,7 +14,7 @@ order-preserving 32-bit keys and never goes back to global memory until it write
      transform on the way.
 A row a little past a power of two (8256 scores: 129 pages at 32K context) is held as that power of two and a
 short tail tile (launch_config): each bisection step then counts both (two reductions), and the tail's slots
-follow the first tile's counts; ~1.3-1.45x faster on the H200 than the tile twice as wide.
+follow the first tile's counts; 1.17-1.45x faster on the H200 than the tile twice as wide.
 Output contract as in the radix kernel: keys above T fill [0, k - need) in index order, the ties
 [k - need, k); rows with n <= k get 0..n-1 in order, then -1; a length past S selects among the S scores
 there are, and a position whose page is past the table gets slot -1. One fixed-grid launch, no scratch
@@ -32,8 +32,9 @@ MAX_ROW = 16384  # widest row one program holds: 32 keys a thread at 16 warps (t
 MIN_BLOCK = 256  # keep every thread of 4+ warps owning at least one key; shorter rows only mask more
 # A row at most this much past a power of two is held as two tiles (launch_config). H200, 64 rows of k = 512
 # (tune-topk-tail.json): 8256 (tail 64) 25.5 -> 17.6 us, 9216 (1024) 25.9 -> 19.9, 10240 (2048) 26.9 -> 21.0,
-# each against its best padded tile; wider tails were not measured.
-TAIL_FRACTION = 1 / 4
+# each against its best padded tile; tune-topk-tail-half.json: 12288 (4096) 27.0 -> 23.0 (and the others again:
+# 25.9 -> 17.8, 25.5 -> 19.1, 26.5 -> 20.9). Wider tails were not measured.
+TAIL_FRACTION = 1 / 2
 MIN_TAIL = 64
 
 

@@ -92,3 +92,23 @@ profile_decode() {  # TIMEOUT: the MXFP4 decode call kernel by kernel into $R/pr
     > /tmp/prof.log 2>&1
   echo "rc=$?"; grep -v Warn /tmp/prof.log | tail -4 | cut -c1-1500
 }
+conform_all() {  # TIMEOUT PREFIX: the whole conformance catalog (auto selection, eager and graph) as three reports
+                 # run side by side ($R/PREFIX-moe, -attention, -rest .json; the markdown in $R/PREFIX.md), their tails
+  local limit=$1 prefix=$2
+  local groups=(moe_experts
+                sparse_attention_decode,indexer_logits,mhc_post_pre,compress,compress_decode,sparse_attention_prefill
+                mhc_pre,mhc_post,mhc_head,indexer_topk,dequant_gather,pack_store,indexer_store,moe_route,build_attention_metadata,decode_step)
+  local names=(moe attention rest) all listed i
+  all=$(python3 -c "from dsv4hal.conformance.runner import load_catalog as c
+print(' '.join(sorted({s.op for s, _ in c()} | {'decode_step'})))")
+  listed=$(echo "${groups[*]}" | tr ', ' '\n\n' | sort | xargs)
+  stamp "conformance: the whole catalog in three reports side by side"
+  [[ "$listed" == "$all" ]] || echo "the groups miss ops: catalog [$all] groups [$listed]"
+  for i in 0 1 2; do
+    OMP_NUM_THREADS=5 timeout "$limit" $D conformance --platform cuda_sm90 --ops "${groups[$i]}" \
+      --json "$R/$prefix-${names[$i]}.json" --markdown "/tmp/conformance-g$i.md" --quiet > "/tmp/conf-g$i.log" 2>&1 &
+  done
+  for i in 0 1 2; do wait -n; echo "a group ended: rc=$? at $(( $(date +%s) - T0 ))s"; done
+  for i in 0 1 2; do echo "group ${names[$i]}:"; tail -2 "/tmp/conf-g$i.log" | cut -c1-300; done
+  cat /tmp/conformance-g{0,1,2}.md > "$R/$prefix.md"
+}

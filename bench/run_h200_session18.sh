@@ -37,23 +37,8 @@ if [[ $part == check ]]; then
     echo "rc=$?"; grep -v Warn /tmp/soak.log | tail -6 | cut -c1-300
   } 2>&1 | tee "$R/log-check18.txt"
 fi
-if [[ $part == conform ]]; then
-  groups=(moe_experts
-          sparse_attention_decode,indexer_logits,mhc_post_pre,compress,compress_decode,sparse_attention_prefill
-          mhc_pre,mhc_post,mhc_head,indexer_topk,dequant_gather,pack_store,indexer_store,moe_route,build_attention_metadata,decode_step)
-  all=$(python3 -c "from dsv4hal.conformance.runner import load_catalog as c
-print(' '.join(sorted({s.op for s, _ in c()} | {'decode_step'})))")
-  listed=$(echo "${groups[*]}" | tr ', ' '\n\n' | sort | xargs)
-  { stamp "conformance: the whole catalog in three reports side by side"
-    [[ "$listed" == "$all" ]] || echo "the groups miss ops: catalog [$all] groups [$listed]"
-    for i in 0 1 2; do
-      OMP_NUM_THREADS=5 timeout 540 $D conformance --platform cuda_sm90 --ops "${groups[$i]}" \
-        --json "$R/conformance-cuda_sm90-g$i.json" --markdown "/tmp/conformance-g$i.md" --quiet \
-        > "/tmp/conf-g$i.log" 2>&1 &
-    done
-    for i in 0 1 2; do wait -n; echo "a group ended: rc=$? at $(( $(date +%s) - T0 ))s"; done
-    for i in 0 1 2; do echo "group $i (${groups[$i]}):"; tail -2 "/tmp/conf-g$i.log" | cut -c1-300; done
-    cat /tmp/conformance-g{0,1,2}.md > "$R/conformance-cuda_sm90.md"
+if [[ $part == conform ]]; then  # the reports were committed as conformance-cuda_sm90-all-{moe,attention,rest}.json
+  { conform_all 540 conformance-cuda_sm90-all
   } 2>&1 | tee "$R/log-conform18.txt"
 fi
 if [[ $part == parts ]]; then  # the host cost part by part again, with the split key, the tensor checks and whether

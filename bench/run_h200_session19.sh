@@ -42,23 +42,7 @@ if [[ $part == tail ]]; then
   } 2>&1 | tee "$R/log-tail19.txt"
 fi
 if [[ $part == final ]]; then
-  groups=(moe_experts
-          sparse_attention_decode,indexer_logits,mhc_post_pre,compress,compress_decode,sparse_attention_prefill
-          mhc_pre,mhc_post,mhc_head,indexer_topk,dequant_gather,pack_store,indexer_store,moe_route,build_attention_metadata,decode_step)
-  names=(moe attention rest)
-  all=$(python3 -c "from dsv4hal.conformance.runner import load_catalog as c
-print(' '.join(sorted({s.op for s, _ in c()} | {'decode_step'})))")
-  listed=$(echo "${groups[*]}" | tr ', ' '\n\n' | sort | xargs)
-  { stamp "conformance: the whole catalog in three reports side by side"
-    [[ "$listed" == "$all" ]] || echo "the groups miss ops: catalog [$all] groups [$listed]"
-    for i in 0 1 2; do
-      OMP_NUM_THREADS=5 timeout 420 $D conformance --platform cuda_sm90 --ops "${groups[$i]}" \
-        --json "$R/conformance-cuda_sm90-final-${names[$i]}.json" --markdown "/tmp/conformance-g$i.md" --quiet \
-        > "/tmp/conf-g$i.log" 2>&1 &
-    done
-    for i in 0 1 2; do wait -n; echo "a group ended: rc=$? at $(( $(date +%s) - T0 ))s"; done
-    for i in 0 1 2; do echo "group ${names[$i]}:"; tail -2 "/tmp/conf-g$i.log" | cut -c1-300; done
-    cat /tmp/conformance-g{0,1,2}.md > "$R/conformance-cuda_sm90-final.md"
+  { conform_all 420 conformance-cuda_sm90-final
     stamp "soak, 1 minute"
     timeout 150 $D soak --minutes 1 --json "$R/soak-1min.json" > /tmp/soak.log 2>&1
     echo "rc=$?"; grep -v Warn /tmp/soak.log | tail -6 | cut -c1-300

@@ -25,7 +25,7 @@ from dsv4hal.kernels.triton.topk_row import MAX_ROW, indexer_topk  # noqa: E402
 
 FORCED = {"indexer_topk": "triton_row_topk"}
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-WIDTHS = (1, 7, 511, 512, 513, 1000, 1030, 4096, 8192, 8256, 16384)  # 1030, 8256: a tail tile
+WIDTHS = (1, 7, 511, 512, 513, 1000, 4096, 8192, 8256, 16384)  # 8256: a tail tile
 CATALOG = [(s, b) for s, b in load_catalog(FORCED) if s.op == "indexer_topk" and int(s.params["s"]) <= MAX_ROW
            and (not s.gpu_only or torch.cuda.is_available())]
 
@@ -150,8 +150,7 @@ def test_no_write_past_the_row() -> None:
     from dsv4hal.kernels.triton.topk_row import _row_topk_kernel, launch_config
 
     gen = torch.Generator().manual_seed(13)
-    s, k, guard = 2100, 512, 64  # 2048 and a tail of 64
-    assert launch_config(s)["tail"] == 64
+    s, k, guard = 2100, 512, 64  # 2048 and a tail of 64 (launch_config keeps tails for wider rows: forced here)
     scores = torch.randn(3, s, generator=gen)
     scores[0, torch.randperm(s, generator=gen)[:900]] = 5.0  # 900 ties at the k-th key
     scores[1] = 1.0
@@ -159,7 +158,7 @@ def test_no_write_past_the_row() -> None:
     for row, n in ((0, s), (1, s), (2, 100)):  # one row a launch: nothing after it to cover a stray write
         raw = torch.full((k + guard,), -7, dtype=torch.int32, device=DEV)
         pages = torch.full_like(raw, -7)
-        cfg = launch_config(s)
+        cfg = {**launch_config(s), "block": 2048, "tail": 64}
         _row_topk_kernel[(1,)](scores[row:row + 1].to(DEV), s, torch.tensor([n], dtype=torch.int32, device=DEV), raw,
                                pages, pt[row:row + 1], pt.stride(0), s, pt.shape[1], K=k, BLOCK=cfg["block"],
                                TAIL=cfg["tail"], PAGE_SHIFT=6, HAS_PT=True, num_warps=cfg["num_warps"])
@@ -168,15 +167,16 @@ def test_no_write_past_the_row() -> None:
 
 
 def test_a_row_just_past_a_power_of_two_takes_a_tail_tile() -> None:
-    """A row at most 1/2 past a power of two is held as that tile and a short tail (8256 = 8192 + 64: the indexer's
-    129 pages at 32K context), which gives the outputs of the tile twice as wide, key for key: ties across the two
-    tiles, the whole top-k in the tail, lengths ending in either tile."""
+    """A row at most 1/2 past a power of two of 8192+ keys is held as that tile and a short tail (8256 = 8192 + 64:
+    the indexer's 129 pages at 32K context), which gives the outputs of the tile twice as wide, key for key: ties
+    across the two tiles, the whole top-k in the tail, lengths ending in either tile. Narrower rows keep one padded
+    tile (tails were measured on 8192-key tiles only); the kernel takes a tail at any width when forced."""
     from dsv4hal.kernels.triton.topk_row import launch_config, tile_warps
 
     assert launch_config(8256) == {"block": 8192, "tail": 64, "num_warps": 8}
     assert launch_config(12288) == {"block": 8192, "tail": 4096, "num_warps": 8}
     assert launch_config(8192)["tail"] == 0 and launch_config(12289)["tail"] == 0  # a power of two; > 1/2 past one
-    assert launch_config(200)["tail"] == 0  # below MIN_BLOCK: one tile
+    assert launch_config(4100)["tail"] == 0 and launch_config(200)["tail"] == 0  # below 8192 keys: one tile
     gen = torch.Generator().manual_seed(17)
     for s, k in ((1030, 512), (2100, 1024), (8256, 512)):
         scores, lengths = _batch(s, k, gen)
@@ -186,9 +186,10 @@ def test_a_row_just_past_a_power_of_two_takes_a_tail_tile() -> None:
         ties[::7] = 1.0  # ties at the k-th key on both sides of the boundary
         scores = torch.cat([scores, tail_top[None], ties[None]])
         lengths = torch.cat([lengths, torch.tensor([s, s - 3], dtype=torch.int32)])
-        cfg = launch_config(s)
-        assert cfg["tail"] > 0
-        wide = {"block": cfg["block"] * 2, "tail": 0, "num_warps": tile_warps(cfg["block"] * 2)}
+        block = 1 << (s.bit_length() - 1)
+        cfg = {"block": block, "tail": 64 if s - block <= 64 else 1024, "num_warps": tile_warps(block)}
+        assert cfg == launch_config(s) or block < 8192
+        wide = {"block": block * 2, "tail": 0, "num_warps": tile_warps(block * 2)}
         pt = _table(scores.shape[0], s, gen)
         got = indexer_topk(scores.to(DEV), lengths.to(DEV), k, pt.to(DEV), 64, config=cfg)
         want = indexer_topk(scores.to(DEV), lengths.to(DEV), k, pt.to(DEV), 64, config=wide)

@@ -35,6 +35,7 @@ MIN_BLOCK = 256  # keep every thread of 4+ warps owning at least one key; shorte
 # each against its best padded tile; tune-topk-tail-half.json: 12288 (4096) 27.0 -> 23.0 (and the others again:
 # 25.9 -> 17.8, 25.5 -> 19.1, 26.5 -> 20.9). Wider tails were not measured.
 TAIL_FRACTION = 1 / 2
+TAIL_MIN_BLOCK = 8192  # tails were measured on 8192-key tiles only: narrower rows keep one padded tile
 MIN_TAIL = 64
 
 
@@ -173,11 +174,12 @@ def _row_topk_kernel(scores_ptr, stride_s, len_ptr, raw_ptr, page_ptr, pt_ptr, s
 
 def launch_config(s: int) -> dict[str, int]:
     """BLOCK: the row padded to a power of two; warps: ~32 keys a thread (4 warps at least, 16 at most). A row a
-    little past a power of two (at most TAIL_FRACTION of it more, as the indexer's 129 pages x 64 = 8256 scores at 32K
-    context) is held as that power of two and a short power-of-two TAIL tile instead of a tile twice as wide."""
+    little past a power of two of at least TAIL_MIN_BLOCK keys (at most TAIL_FRACTION of it more, as the indexer's
+    129 pages x 64 = 8256 scores at 32K context) is held as that power of two and a short power-of-two TAIL tile
+    instead of a tile twice as wide."""
     block = max(triton.next_power_of_2(max(s, 1)), MIN_BLOCK)
     lower, tail = block // 2, 0
-    if lower >= MIN_BLOCK and 0 < s - lower <= lower * TAIL_FRACTION:
+    if lower >= TAIL_MIN_BLOCK and 0 < s - lower <= lower * TAIL_FRACTION:
         block, tail = lower, max(triton.next_power_of_2(s - lower), MIN_TAIL)
     return {"block": block, "tail": tail, "num_warps": tile_warps(block)}
 

@@ -91,8 +91,8 @@ def test_a_bound_call_adds_little_over_the_reference(op: str) -> None:
 
 def test_an_unvalidated_call_finds_the_kernel_of_its_case_by_the_case_key() -> None:
     """sparse_attention_decode's unvalidated calls look their kernel up by the op's case key (OpDefinition.key): for
-    every argument set, the kernel called is the one its case selects, and calls whose cases differ (one row or
-    more, SWA-only or not, a short or a long extra list, the cache's FP8 flavour) never share an entry."""
+    every argument set, the entry its key finds is the kernel its case selects, and calls whose cases differ (one
+    row or more, SWA-only or not, a short or a long extra list, the cache's FP8 flavour) never share an entry."""
     from dsv4hal.ops.sparse_attention import case_decode, key_decode, sparse_attention_decode
 
     assert sparse_attention_decode.key is key_decode

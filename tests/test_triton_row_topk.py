@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dsv4hal
 from dsv4hal.conformance.cases_indexer_topk import check_topk
@@ -195,6 +197,31 @@ def test_a_row_just_past_a_power_of_two_takes_a_tail_tile() -> None:
         want = indexer_topk(scores.to(DEV), lengths.to(DEV), k, pt.to(DEV), 64, config=wide)
         check_rows(got, scores, lengths, pt, k)
         assert torch.equal(got[0].cpu(), want[0].cpu()) and torch.equal(got[1].cpu(), want[1].cpu())
+
+
+@settings(max_examples=30, deadline=None, database=None, derandomize=True)
+@given(block_log=st.integers(9, 11), tail_log=st.integers(6, 9), extra=st.integers(1, 512),
+       k=st.sampled_from([512, 1024]), levels=st.integers(1, 9), cut=st.integers(0, 640), seed=st.integers(0, 2**16))
+def test_a_tail_tile_at_any_split_keeps_the_contract(block_log: int, tail_log: int, extra: int, k: int, levels: int,
+                                                     cut: int, seed: int) -> None:
+    """Property: for a row held as a tile of 2^block_log keys and a forced tail, whatever the split of the keys, the
+    ties (scores drawn from a few levels), where the length ends (past the tile, inside it, at most k) and k, the
+    outputs are the contract's and the same as one padded tile's."""
+    from dsv4hal.kernels.triton.topk_row import tile_warps
+
+    block, tail = 1 << block_log, 1 << tail_log
+    s = block + min(extra, tail)
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, levels, (3, s), generator=gen).float()
+    scores[1] = torch.randn(s, generator=gen)
+    lengths = torch.tensor([s, max(s - cut, 0), min(block, s)], dtype=torch.int32)
+    pt = _table(3, s, gen)
+    tailed = {"block": block, "tail": tail, "num_warps": tile_warps(block)}
+    padded = {"block": 2 * block, "tail": 0, "num_warps": tile_warps(2 * block)}
+    got = indexer_topk(scores.to(DEV), lengths.to(DEV), k, pt.to(DEV), 64, config=tailed)
+    check_rows(got, scores, lengths, pt, k)
+    want = indexer_topk(scores.to(DEV), lengths.to(DEV), k, pt.to(DEV), 64, config=padded)
+    assert torch.equal(got[0].cpu(), want[0].cpu()) and torch.equal(got[1].cpu(), want[1].cpu())
 
 
 @pytest.fixture(scope="module")

@@ -159,11 +159,10 @@ def _topk_inputs(b: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, to
 def _row_layouts(n: int) -> dict[str, dict[str, int]]:
     """The row kernel's tilings of a row of n: one power-of-two tile (padded), and where n is no power of two, the
     power of two below it and a power-of-two tail (whatever launch_config would choose)."""
-    block = max(triton.next_power_of_2(n), topk_row.MIN_BLOCK)
-    layouts = {"padded": {"block": block, "tail": 0}}
-    lower = block // 2
-    if lower < n < block and lower >= topk_row.MIN_BLOCK:
-        layouts["tail"] = {"block": lower, "tail": max(triton.next_power_of_2(n - lower), topk_row.MIN_TAIL)}
+    layouts = {"padded": {"block": max(triton.next_power_of_2(n), topk_row.MIN_BLOCK), "tail": 0}}
+    split = topk_row.split_tiles(n)
+    if split is not None:
+        layouts["tail"] = {"block": split[0], "tail": split[1]}
     return layouts
 
 

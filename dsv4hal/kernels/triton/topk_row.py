@@ -177,11 +177,20 @@ def launch_config(s: int) -> dict[str, int]:
     little past a power of two of at least TAIL_MIN_BLOCK keys (at most TAIL_FRACTION of it more, as the indexer's
     129 pages x 64 = 8256 scores at 32K context) is held as that power of two and a short power-of-two TAIL tile
     instead of a tile twice as wide."""
-    block = max(triton.next_power_of_2(max(s, 1)), MIN_BLOCK)
-    lower, tail = block // 2, 0
-    if lower >= TAIL_MIN_BLOCK and 0 < s - lower <= lower * TAIL_FRACTION:
-        block, tail = lower, max(triton.next_power_of_2(s - lower), MIN_TAIL)
+    block, tail = max(triton.next_power_of_2(max(s, 1)), MIN_BLOCK), 0
+    split = split_tiles(s)
+    if split is not None and split[0] >= TAIL_MIN_BLOCK and s - split[0] <= split[0] * TAIL_FRACTION:
+        block, tail = split
     return {"block": block, "tail": tail, "num_warps": tile_warps(block)}
+
+
+def split_tiles(s: int) -> tuple[int, int] | None:
+    """A row of s keys as two tiles: (the power of two below s, the power-of-two tail holding the rest), or None where
+    s is a power of two or the first tile would be below MIN_BLOCK. Whether to split is launch_config's choice."""
+    lower = triton.next_power_of_2(max(s, 1)) // 2
+    if lower < MIN_BLOCK or s == 2 * lower:
+        return None
+    return lower, max(triton.next_power_of_2(s - lower), MIN_TAIL)
 
 
 def tile_warps(block: int) -> int:

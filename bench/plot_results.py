@@ -22,6 +22,14 @@ libraries.
     (the same for sweep-mx-moe-decode-v4/v5 and ab-mx-moe-decode-runs8/-runs16/-fused-all)
     python3 bench/plot_results.py pdl bench/results/h200/ab-pdl.json bench/results/h200/ab-pdl.png
     python3 bench/plot_results.py parts bench/results/h200/host-parts.json bench/results/h200/host-parts.png
+    python3 bench/plot_results.py pertoken bench/results/h200/sweep-moe-per-token.json \
+        bench/results/h200/sweep-moe-per-token.png   # (and -few)
+    python3 bench/plot_results.py alignprefill bench/results/h200/sweep-moe-align-prefill.json \
+        bench/results/h200/sweep-moe-align-prefill.png
+    python3 bench/plot_results.py swiglureal bench/results/h200/sweep-moe-swiglu-real.json \
+        bench/results/h200/sweep-moe-swiglu-real.png
+    python3 bench/plot_results.py fp8call bench/results/h200/sweep-moe-fp8-call.json \
+        bench/results/h200/sweep-moe-fp8-call.png
     python3 bench/plot_results.py conformance A.json,B.json,... out.png   # reports of one catalog split over runs
     python3 bench/plot_results.py demos A.json,B.json,... out.png         # demo runs side by side, op by op"""
 
@@ -187,6 +195,88 @@ def parts(data: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def pertoken(data: dict[str, Any], path: str) -> None:
+    """bench/sweep_moe_quant.py --per-token: each part's median over its rounds a token count (the spread as error
+    bars), the gather pass and the call apart."""
+    rows = data["per_token"]
+    groups = [g for g in ("gather", "call") if any(r["part"].startswith(g) for r in rows)]
+    fig, axes = plt.subplots(1, len(groups), figsize=(7 * len(groups), 4.5), squeeze=False)
+    for ax, g in zip(axes[0], groups, strict=True):
+        parts_ = sorted({r["part"] for r in rows if r["part"].startswith(g)})
+        tokens = sorted({r["T"] for r in rows})
+        width = 0.8 / len(parts_)
+        for i, part in enumerate(parts_):
+            us = [[r["us"] for r in rows if r["T"] == t and r["part"] == part] for t in tokens]
+            med = [_median(u) for u in us]
+            err = [[m - min(u) for m, u in zip(med, us)], [max(u) - m for m, u in zip(med, us)]]
+            ax.bar([j + i * width for j in range(len(tokens))], med, width, yerr=err, label=part)
+        ax.set_xticks([j + 0.4 for j in range(len(tokens))], [f"T={t}" for t in tokens])
+        ax.set_ylabel("us (CUDA graph; median, min-max of rounds)")
+        ax.set_title(f"FP8 MoE {g}: one launch against per token + copy (same bytes)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def alignprefill(data: dict[str, Any], path: str) -> None:
+    """bench/sweep_moe_align.py --prefill: the two launches' time over their program count, a line a token count."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row in data["rows"]:
+        progs = [int(m) for m in row["us"]]
+        ax.plot(progs, list(row["us"].values()), marker="o", label=f"T={row['tokens']} ({row['routes']} routes)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("programs (MAX_PROGRAMS)")
+    ax.set_ylabel("us (CUDA graph)")
+    ax.set_title(f"{data['command']}\nE={data['experts']}, blocks of {data['block']}", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def swiglureal(data: dict[str, Any], path: str) -> None:
+    """bench/sweep_moe_quant.py --real-swiglu: the SwiGLU pass a setting on GEMM1's output and on randn; the call
+    with DeepGEMM's PDL off and on, a bar a round."""
+    rows = data["real_swiglu"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    sw = [r for r in rows if r["part"].startswith("swiglu")]
+    labels = sorted({(tuple(r["tile"]), r["warps"]) for r in sw})
+    for i, src in enumerate(("real", "randn")):
+        us = [next(r["us"] for r in sw if src in r["part"] and (tuple(r["tile"]), r["warps"]) == lab)
+              for lab in labels]
+        axes[0].bar([j + i * 0.4 for j in range(len(labels))], us, 0.4, label=f"{src} input")
+    axes[0].set_xticks([j + 0.2 for j in range(len(labels))], [f"{a}x{b} w{w}" for (a, b), w in labels],
+                       rotation=60, fontsize=7)
+    axes[0].set_ylabel("us (CUDA graph)")
+    axes[0].set_title("SwiGLU + quantize pass, T = 4096 (default 4x4 w4)", fontsize=9)
+    axes[0].legend(fontsize=7)
+    calls = [r for r in rows if r["part"].startswith("call")]
+    axes[1].bar(range(len(calls)), [r["us"] for r in calls],
+                color=["C1" if r["part"].endswith("on") else "C0" for r in calls])
+    axes[1].set_xticks(range(len(calls)), [f"{r['part'].split('PDL ')[1]} r{r['round']}" for r in calls], fontsize=7)
+    axes[1].set_ylabel("us (CUDA graph)")
+    axes[1].set_title("the whole FP8 psum call, DeepGEMM PDL off (blue) / on (orange)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def fp8call(data: dict[str, Any], path: str) -> None:
+    """bench/sweep_moe_quant.py --call-only: the call and each of its launches alone."""
+    rows = [r for r in data["call"] if "us" in r]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.barh(range(len(rows)), [r["us"] for r in rows])
+    ax.set_yticks(range(len(rows)), [f"T={r['T']} {r['part']}" for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("us (CUDA graph)")
+    ax.set_title("FP8 MoE through DeepGEMM's psum layout, V4-Flash", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def conformance(reports: list[tuple[str, Any]], path: str) -> None:
     """Conformance reports (`dsv4hal conformance --json`) drawn as one: the cells run per op, stacked by status (a
     report's cells of other ops, deselected by its --ops, are left out)."""
@@ -241,4 +331,5 @@ if __name__ == "__main__":
         {"conformance": conformance, "demos": demos}[kind](many, dst)
     else:
         {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply, "mxmoe": mxmoe, "pdl": pdl,
-         "parts": parts}[kind](json.loads(open(src).read()), dst)
+         "parts": parts, "pertoken": pertoken, "alignprefill": alignprefill, "swiglureal": swiglureal,
+         "fp8call": fp8call}[kind](json.loads(open(src).read()), dst)

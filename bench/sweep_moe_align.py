@@ -3,6 +3,9 @@ several programs, for the route counts of decode (E = 256 experts, blocks of 8 r
 alignment). Every result is first checked to be identical to the torch version; the time is a CUDA graph replay.
 
     python3 bench/sweep_moe_align.py --json out/sweep-moe-align.json
+
+--prefill: prefill route counts (T = 512 to 4096 tokens, top-6, blocks of 128: DeepGEMM's FP8 alignment) over the
+two launches' program counts (MAX_PROGRAMS), each checked against the torch version.
 """
 
 from __future__ import annotations
@@ -21,29 +24,55 @@ ROUTES = (6, 48, 96, 192, 384, 512)
 ONE_PROGRAM_UP_TO = (0, 64, 128, 256, FUSED_MAX_ROUTES)  # fused_max_routes: 0 = always two launches
 
 
+def _settings(ids: torch.Tensor, e: int, block: int, keyword: str, values: tuple[int, ...]) -> dict:
+    """{"us": {value: time}, "same": {value: identical to the torch version}} of align_routes_triton with each value
+    of one keyword."""
+    want = align_routes(ids, e, block, impl="torch")
+    out: dict = {"us": {}, "same": {}}
+    for v in values:
+        got = align_routes_triton(ids, e, block, **{keyword: v})
+        out["same"][v] = all(torch.equal(getattr(got, a), getattr(want, a)) for a in
+                             ("sorted_routes", "block_expert", "num_padded", "row_of_route", "expert_end"))
+        out["us"][v] = graph_us(lambda v=v: align_routes_triton(ids, e, block, **{keyword: v}))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
+    ap.add_argument("--prefill", action="store_true", help="prefill route counts over MAX_PROGRAMS (see above)")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if args.prefill:
+        return prefill(args.json, gen)
     e, k, block = 256, 6, 8
     out: dict = {"command": "python3 bench/sweep_moe_align.py --json ...", "device": torch.cuda.get_device_name(),
                  "experts": e, "block": block, "rows": []}
     for n in ROUTES:
         ids = torch.rand(n // k, e, device="cuda", generator=gen).argsort(1)[:, :k].to(torch.int32)
-        want = align_routes(ids, e, block, impl="torch")
-        row: dict = {"routes": n, "us": {}, "same": {}}
-        for f in ONE_PROGRAM_UP_TO:
-            got = align_routes_triton(ids, e, block, fused_max_routes=f)
-            row["same"][f] = all(torch.equal(getattr(got, a), getattr(want, a)) for a in
-                                 ("sorted_routes", "block_expert", "num_padded", "row_of_route", "expert_end"))
-            row["us"][f] = graph_us(lambda f=f, ids=ids: align_routes_triton(ids, e, block, fused_max_routes=f))
+        row: dict = {"routes": n, **_settings(ids, e, block, "fused_max_routes", ONE_PROGRAM_UP_TO)}
         out["rows"].append(row)
         print(f"routes {n}: " + ", ".join(f"one program up to {f}: {us:.1f} us{'' if row['same'][f] else ' DIFFERS'}"
                                           for f, us in row["us"].items()), flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))
 
+
+def prefill(path: str, gen: torch.Generator) -> None:
+    e, k, block = 256, 6, 128
+    out: dict = {"command": "python3 bench/sweep_moe_align.py --prefill --json ...",
+                 "device": torch.cuda.get_device_name(), "experts": e, "block": block, "top_k": k, "rows": []}
+    for t in (512, 1024, 4096):
+        ids = torch.rand(t, e, device="cuda", generator=gen).argsort(1)[:, :k].to(torch.int32)
+        row: dict = {"tokens": t, "routes": t * k, **_settings(ids, e, block, "max_programs", PROGRAMS)}
+        out["rows"].append(row)
+        print(f"T {t}: " + ", ".join(f"{m} programs: {us:.1f} us{'' if row['same'][m] else ' DIFFERS'}"
+                                     for m, us in row["us"].items()), flush=True)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(out, indent=1))
+
+
+PROGRAMS = (8, 16, 32, 64, 128, 256)
 
 if __name__ == "__main__":
     main()

@@ -10,7 +10,14 @@ and written, scales) over the time give each setting's share of copy bandwidth.
 the call with other expected_m_for_psum_layout values (the rows an expert is expected to get, which picks
 DeepGEMM's GEMM config; dsv4hal passes ceil(T*k/E)), every output compared with the default's.
 
-    python3 bench/sweep_moe_quant.py --json out.json [--tokens 4096] [--grid second] [--call]"""
+--real-swiglu: the SwiGLU pass on GEMM1's real output against randn rows, over tiles and warps, and the whole call
+with DeepGEMM's programmatic dependent launch off and on.
+
+--per-token: the gather pass in one launch (each route's row quantized) against two (each token quantized once,
+then copied to its routes' rows; moe_quant.PER_TOKEN_MIN_TOKENS picks between them) at every --tokens, alone and,
+with --call, inside the whole FP8 psum call, rounds alternating; bytes and outputs compared.
+
+    python3 bench/sweep_moe_quant.py --json out.json [--tokens 4096] [--grid second] [--call] [--per-token]"""
 
 from __future__ import annotations
 
@@ -117,6 +124,113 @@ def call_rows(t: int, gen: torch.Generator) -> list[dict]:
     return rows
 
 
+def per_token_rows(t: int, gen: torch.Generator, call: bool, rounds: int = 3) -> list[dict]:
+    """The gather pass one way and the other at T tokens (and the whole FP8 psum call with each), alternating."""
+    ids = torch.rand(t, EXPERTS, generator=gen, device="cuda").argsort(1)[:, :TOP_K].to(torch.int32)
+    routes = align_routes(ids, EXPERTS, ALIGN)
+    p = t * TOP_K
+    x = torch.randn(t, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
+    valid = routes.sorted_routes < p
+
+    def gather(per_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize_routed_rows(x, routes.sorted_routes, p, TOP_K, HIDDEN, gather=True,
+                                    block_expert=routes.block_expert, per_token=per_token)
+
+    (q0, s0), (q1, s1) = gather(False), gather(True)
+    equal = bool(torch.equal(q0[valid], q1[valid]) and torch.equal(s0[valid], s1[valid]))
+    rows: list[dict] = []
+    fns = {"gather, one launch": lambda: gather(False), "gather, per token + copy": lambda: gather(True)}
+    if call:
+        import dsv4hal
+        from dsv4hal.bench.common import bound_op
+        from dsv4hal.conformance.cases_moe import _expert_weights, _experts_params
+
+        op = bound_op(dsv4hal.select_platform(), "moe_experts", "deepgemm_fp8_psum_sm90")
+        prepared = op.prepare_weights(_expert_weights(_experts_params("flash", t, "fp8_block"),
+                                                      torch.device("cuda"), gen))
+        tw = torch.rand(t, TOP_K, generator=gen, device="cuda") + 0.5
+        saved = moe_quant.PER_TOKEN_MIN_TOKENS
+
+        def with_min(m: int) -> torch.Tensor:
+            moe_quant.PER_TOKEN_MIN_TOKENS = m
+            try:
+                return op(x, ids, tw, prepared)
+            finally:
+                moe_quant.PER_TOKEN_MIN_TOKENS = saved
+
+        equal = equal and bool(torch.equal(with_min(1 << 30), with_min(0)))
+        fns["call, one launch"] = lambda: with_min(1 << 30)
+        fns["call, per token + copy"] = lambda: with_min(0)
+    for r in range(rounds):
+        for name, fn in fns.items():
+            rows.append({"T": t, "part": name, "round": r, "equal": equal,
+                         "us": graph_us(fn, inner=5, reps=15)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def real_swiglu_rows(t: int, gen: torch.Generator) -> list[dict]:
+    """The SwiGLU pass at T tokens on GEMM1's real output against randn rows of the same shape, over tiles and
+    warps (bytes compared with the default's on the same input); then the whole FP8 psum call with DeepGEMM's PDL
+    (deep_gemm.set_pdl) off and on, rounds alternating."""
+    import deep_gemm
+
+    import dsv4hal
+    from dsv4hal.bench.common import bound_op
+    from dsv4hal.conformance.cases_moe import _expert_weights, _experts_params
+    from dsv4hal.kernels.grouped_fp8_moe import psum_expected_m
+
+    op = bound_op(dsv4hal.select_platform(), "moe_experts", "deepgemm_fp8_psum_sm90")
+    prepared = op.prepare_weights(_expert_weights(_experts_params("flash", t, "fp8_block"), torch.device("cuda"),
+                                                  gen))
+    w = prepared.payload
+    x = torch.randn(t, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
+    ids = torch.rand(t, EXPERTS, generator=gen, device="cuda").argsort(1)[:, :TOP_K].to(torch.int32)
+    tw = torch.rand(t, TOP_K, generator=gen, device="cuda") + 0.5
+    n = t * TOP_K
+    routes = align_routes(ids, EXPERTS, w.alignment)
+    a1, s1 = quantize_routed_rows(x, routes.sorted_routes, n, TOP_K, HIDDEN, gather=True,
+                                  block_expert=routes.block_expert)
+    m = routes.sorted_routes.numel()
+    real = torch.empty(m, 2 * INTER, dtype=torch.bfloat16, device="cuda")
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a1.view(torch.float8_e4m3fn), s1), (w.w13, w.w13_scale), real,
+                                               routes.expert_end, use_psum_layout=True,
+                                               expected_m_for_psum_layout=psum_expected_m(n, EXPERTS))
+    valid = routes.sorted_routes < n
+    rand = torch.randn(m, 2 * INTER, generator=gen, device="cuda").to(torch.bfloat16)
+    stats = {"real_abs_max": float(real[valid].float().abs().max()), "real_std": float(real[valid].float().std())}
+    rows: list[dict] = [{"T": t, "part": "GEMM1 output", **stats}]
+    default = row_tile(m, n, INTER, ALIGN)
+    for name, src in (("real", real), ("randn", rand)):
+        want = quantize_routed_rows(src, routes.sorted_routes, n, TOP_K, INTER, gather=False, swiglu_limit=10.0)
+        for tile in ((4, 4), (2, 8), (1, 16), (8, 2), (4, 8), (2, 16)):
+            for warps in (4, 8):
+                def run(tile: tuple[int, int] = tile, warps: int = warps, src: torch.Tensor = src) -> object:
+                    return quantize_routed_rows(src, routes.sorted_routes, n, TOP_K, INTER, gather=False,
+                                                swiglu_limit=10.0, tile=tile, warps=warps)
+                q, sf = run()
+                rows.append({"T": t, "part": f"swiglu pass, {name} input", "tile": list(tile), "warps": warps,
+                             "default": tile == default and warps == 4,
+                             "equal": bool(torch.equal(q[valid], want[0][valid])
+                                           and torch.equal(sf[valid], want[1][valid])),
+                             "us": graph_us(run, inner=5, reps=15)})
+                print(json.dumps(rows[-1]), flush=True)
+    want = op(x, ids, tw, prepared)
+    saved = deep_gemm.get_pdl()
+    try:
+        for r in range(3):
+            for pdl in (False, True):
+                deep_gemm.set_pdl(pdl)
+                got = op(x, ids, tw, prepared)
+                rows.append({"T": t, "part": f"call, DeepGEMM PDL {'on' if pdl else 'off'}", "round": r,
+                             "equal": bool(torch.equal(got, want)),
+                             "us": graph_us(lambda: op(x, ids, tw, prepared), inner=5, reps=15)})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        deep_gemm.set_pdl(saved)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True)
@@ -124,10 +238,22 @@ def main() -> None:
     ap.add_argument("--grid", choices=tuple(GRIDS), default="first")
     ap.add_argument("--call", action="store_true", help="also the whole FP8 call, its launches, expected_m")
     ap.add_argument("--call-only", action="store_true", help="the --call rows only (no quantizer grid)")
+    ap.add_argument("--per-token", action="store_true", help="the gather pass one launch against two (see above)")
+    ap.add_argument("--real-swiglu", action="store_true",
+                    help="the SwiGLU pass on GEMM1's real output against randn, tiles and warps; PDL in the call")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     copy = copy_bandwidth()
     out: dict = {"device": torch.cuda.get_device_name(), "copy_GBps": copy / 1e9, "rows": []}
+    if args.real_swiglu:
+        out["real_swiglu"] = real_swiglu_rows(int(args.tokens.split(",")[0]), gen)
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        return
+    if args.per_token:
+        for t in (int(v) for v in args.tokens.split(",")):
+            out["per_token"] = out.get("per_token", []) + per_token_rows(t, gen, args.call)
+            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        return
     for t in (int(v) for v in args.tokens.split(",")):
         ids = torch.rand(t, EXPERTS, generator=gen, device="cuda").topk(TOP_K, dim=1).indices.to(torch.int32)
         routes = align_routes(ids, EXPERTS, ALIGN)

@@ -190,6 +190,44 @@ def test_layout_written_by_the_gather_pass(t: int, k: int, e: int) -> None:
         {n: launched[1][n] for n in ("grid", "BLOCK_R", "BLOCK_G")}
 
 
+@pytest.mark.parametrize("layout", [False, True])
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize(("t", "top_k", "k"), [(1, 6, 128), (9, 2, 384), (37, 3, 4352)])
+def test_per_token_gather_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch, t: int, top_k: int, k: int,
+                                               pow2: bool, layout: bool) -> None:
+    """The gather pass in two launches (each token quantized once, its codes and scales copied to its routes' rows)
+    writes the bytes of the one-launch pass: codes, scales, padding rows (left alone, or zero with scale 1 under
+    pow2), dropped routes and the per-row layout. K = 4352 takes the copy past one COPY_WORDS step with a ragged
+    tail; rows of no multiple of COPY_ROWS."""
+    gen = torch.Generator().manual_seed(t * k + int(pow2))
+    x = (torch.randn(t, k, generator=gen) * 8)
+    x[0, :128] = 0  # an all-zero group: amax floored
+    x[-1, -128:] *= 1e-6
+    x = x.bfloat16().to(DEV)
+    ids = torch.randint(0, 5, (t, top_k), generator=gen, dtype=torch.int32)
+    ids[0, 0] = -1  # dropped
+    routes = align_routes(ids.to(DEV), 5, 8)
+    rows, p = routes.sorted_routes.numel(), t * top_k
+    outs = []
+    for per_token in (False, True):
+        _sentinel_empty(monkeypatch)
+        lay = torch.full((rows,), 77, dtype=torch.int32, device=DEV) if layout else None
+        q, sf = mq.quantize_routed_rows(x, routes.sorted_routes, p, top_k, k, gather=True, pow2_scales=pow2,
+                                        layout=lay, block_expert=routes.block_expert, per_token=per_token)
+        outs.append((_bytes(q), _bytes(sf.t()), None if lay is None else lay.cpu()))
+        monkeypatch.undo()
+    (q1, s1, l1), (q2, s2, l2) = outs
+    assert torch.equal(q1, q2) and torch.equal(s1, s2)
+    if layout:
+        assert torch.equal(l1, l2)
+    padding = (routes.sorted_routes >= p).cpu()
+    assert bool(padding.any()) and bool((q2[padding] == (0 if pow2 else SENTINEL)).all())
+    assert not bool((q2[~padding] == SENTINEL).all(dim=1).any())  # every route's row written
+    with pytest.raises(ValueError, match="gather pass only"):
+        mq.quantize_routed_rows(x, routes.sorted_routes, p, top_k, k, gather=False, swiglu_limit=10.0,
+                                per_token=True)
+
+
 def test_row_tile() -> None:
     """Decode rows are sparse (a route or two at a block's start): one row, many groups; prefill: MAX_BLOCK_R rows."""
     assert mq.row_tile(768, 6, 4096) == (1, 16)  # T=1, top-6 of 256 experts, H=4096
@@ -249,14 +287,19 @@ NO_KERNEL = {"aten.empty.memory_format", "aten.view.default", "aten.view.dtype",
              "aten.detach.default"}
 
 
+@pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("psum", [False, True])
 @pytest.mark.parametrize("t", [1, 30])
-def test_one_call_launches(monkeypatch: pytest.MonkeyPatch, t: int, psum: bool) -> None:
+def test_one_call_launches(monkeypatch: pytest.MonkeyPatch, t: int, psum: bool, per_token: bool) -> None:
     """align (one launch up to 512 routes), two quantize passes (the first writes grouped_layout), two GEMMs and
     the combine: no torch kernel between them (the layout took three: lt, clone of the repeat, where). With the
-    psum layout the GEMMs get align's expert_end and an expected M computed from the shapes."""
+    psum layout the GEMMs get align's expert_end and an expected M computed from the shapes. From
+    PER_TOKEN_MIN_TOKENS tokens (here lowered to t) the gather pass is a token pass and a copy, still no torch
+    kernel."""
     counts: dict[str, int] = {}
-    for mod, name in ((tma, "_align_kernel"), (mq, "_quant_rows_kernel"), (mc, "_combine_kernel")):
+    monkeypatch.setattr(mq, "PER_TOKEN_MIN_TOKENS", t if per_token else t + 1)
+    for mod, name in ((tma, "_align_kernel"), (mq, "_quant_rows_kernel"), (mq, "_gather_codes_kernel"),
+                      (mc, "_combine_kernel")):
         monkeypatch.setattr(mod, name, _Launches(getattr(mod, name), counts, name))
     monkeypatch.setattr(gm, "align_routes", functools.partial(align_routes, impl="triton"))  # the GPU's path
     layouts: list[torch.Tensor] = []
@@ -276,7 +319,8 @@ def test_one_call_launches(monkeypatch: pytest.MonkeyPatch, t: int, psum: bool) 
     with _Ops() as mode:
         y = gm.grouped_fp8_moe(gemm, x, ids, tw, _Weights(), 10.0, psum=psum)
     assert y.shape == (t, 256)
-    assert counts == {"_align_kernel": 1, "_quant_rows_kernel": 2, "_combine_kernel": 1, "gemm": 2}
+    assert counts == {"_align_kernel": 1, "_quant_rows_kernel": 2, "_combine_kernel": 1, "gemm": 2,
+                      **({"_gather_codes_kernel": 1} if per_token else {})}
     assert set(mode.ops) <= NO_KERNEL, sorted(set(mode.ops) - NO_KERNEL)
     assert layouts[-1] is layouts[-2] and layouts[-1].dtype == torch.int32
     if psum:

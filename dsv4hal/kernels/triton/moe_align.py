@@ -125,8 +125,9 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, row_ptr
 
 
 def align_routes_triton(topk_ids: torch.Tensor, num_experts: int, block: int,
-                        fused_max_routes: int = FUSED_MAX_ROUTES) -> AlignedRoutes:
-    """align_routes (dsv4hal.kernels.moe_align) in one or two Triton launches; identical results."""
+                        fused_max_routes: int = FUSED_MAX_ROUTES, max_programs: int | None = None) -> AlignedRoutes:
+    """align_routes (dsv4hal.kernels.moe_align) in one or two Triton launches; identical results.
+    max_programs: the two launches' programs at most (default MAX_PROGRAMS)."""
     dev = topk_ids.device
     numel = topk_ids.numel()
     nb = route_blocks(numel, num_experts, block)
@@ -142,7 +143,7 @@ def align_routes_triton(topk_ids: torch.Tensor, num_experts: int, block: int,
     flat = topk_ids.reshape(-1)
     block_e = triton.next_power_of_2(max(num_experts, 1))
     nsub = triton.cdiv(numel, C)
-    nc = 1 if numel <= fused_max_routes else min(nsub, MAX_PROGRAMS)
+    nc = 1 if numel <= fused_max_routes else min(nsub, max_programs or MAX_PROGRAMS)
     per_prog = triton.cdiv(nsub, nc) * C
     nc = triton.cdiv(numel, per_prog)  # no empty programs
     hist = torch.empty(nc * block_e if nc > 1 else 1, dtype=torch.int32, device=dev)

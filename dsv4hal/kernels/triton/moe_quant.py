@@ -11,7 +11,11 @@ A program quantizes a tile of BLOCK_R rows x BLOCK_G 128-groups at a time (BLOCK
 many rows when routes are dense (prefill: 16-byte accesses, few programs), many groups of one row when they are
 sparse (decode: a row's K/128 groups in a few steps instead of K/128 dependent ones). The GATHER pass can also
 write DeepGEMM's per-row grouped_layout (the row's expert, -1 for padding), which saves the torch ops that built
-it from block_expert; the LAYOUT flag turns that store off (DeepGEMM's psum layout needs no per-row layout)."""
+it from block_expert; the LAYOUT flag turns that store off (DeepGEMM's psum layout needs no per-row layout).
+
+Many tokens (prefill): the GATHER source is quantized once a token (DIRECT) and each route's row then copies its
+token's codes and scales (_gather_codes_kernel): a token's k routes share one quantization instead of k, the same
+bytes, since a row's codes depend on its source row only."""
 
 from __future__ import annotations
 
@@ -30,6 +34,14 @@ TILE = 16  # (row, group) pairs a program quantizes at once: 2048 elements, 16 a
 # instructions (libdevice expf and an IEEE division an element, torch's roundings), not by bandwidth (0.62 of copy).
 MAX_BLOCK_R = 4
 DENSE_STAGES = 3  # the pipeline stages of tiles of several rows; a decode tile (one row) keeps one
+# From this many tokens the GATHER source is quantized a token, then copied to its routes' rows (two launches);
+# fewer tokens quantize each route's row directly (one launch). H200, V4-Flash, top-6, CUDA graphs, 3 rounds
+# (sweep-moe-per-token-few.json, sweep-moe-per-token.json): one launch -> two, us: T = 1 3.6 -> 5.9-6.4, 8 6.0-6.1
+# -> 6.8-6.9, 16 9.6-9.7 -> 7.6-7.7, 32 17.1-17.2 -> 9.5-9.6, 64 21.6-22.3 -> 10.1-10.9, 1024 22.4-25.2 ->
+# 18.8-19.3, 4096 64.0-118.6 -> 59.0-71.5; the same bytes.
+PER_TOKEN_MIN_TOKENS = 16
+COPY_ROWS = 4  # rows a program of the copy pass moves
+COPY_WORDS = 1024  # 4-byte words of codes a step of the copy pass moves a row (4 KiB)
 
 
 # sizes that change with T are not specialised on (K and the strides are: their divisibility vectorises accesses)
@@ -37,14 +49,18 @@ DENSE_STAGES = 3  # the pipeline stages of tiles of several rows; a decode tile 
 def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, layout_ptr, block_expert_ptr,
                        rows, num_routes, top_k, K, align, limit, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
                        GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr,
-                       LAYOUT: tl.constexpr, HW_FP8: tl.constexpr, STAGES: tl.constexpr):
+                       LAYOUT: tl.constexpr, HW_FP8: tl.constexpr, STAGES: tl.constexpr, DIRECT: tl.constexpr):
     # pair i of the tile: row r0 + i // BLOCK_G, group g0 + i % BLOCK_G (a row's BLOCK_G pairs share its loads)
     i = tl.arange(0, BLOCK_R * BLOCK_G)
     r = tl.program_id(0) * BLOCK_R + i // BLOCK_G
     lane = i % BLOCK_G
     in_rows = r < rows
-    route = tl.load(sorted_ptr + r, mask=in_rows, other=num_routes)
-    valid = route < num_routes
+    if DIRECT:  # row r is source row r (a token, quantized once for all its routes): no sorted rows
+        route = r
+        valid = in_rows
+    else:
+        route = tl.load(sorted_ptr + r, mask=in_rows, other=num_routes)
+        valid = route < num_routes
     if LAYOUT:  # every row, tail included: DeepGEMM reads the expert of a block's first row, skips -1 sub-blocks
         first = in_rows & (lane == 0)
         expert = tl.load(block_expert_ptr + r // align, mask=first & valid, other=-1)
@@ -81,6 +97,38 @@ def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf
         tl.store(sf_ptr + g * stride_sf_g + r, scale, mask=store)
 
 
+@triton.jit(do_not_specialize=["rows", "num_routes", "tokens"])
+def _gather_codes_kernel(qt_ptr, sft_ptr, tokens, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, layout_ptr,
+                         block_expert_ptr, rows, num_routes, top_k, W, NG, align, BLOCK_R: tl.constexpr,
+                         BLOCK_W: tl.constexpr, BLOCK_G: tl.constexpr, POW2: tl.constexpr, LAYOUT: tl.constexpr):
+    """Row r of the sorted routes <- the codes (W 4-byte words) and NG scales of its route's token, quantized by
+    the DIRECT pass: qt [tokens, W] int32, sft [NG, tokens] MN-major. Padding rows as _quant_rows_kernel leaves
+    them: untouched, or with POW2 zero codes and scale 1; LAYOUT as there."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    in_rows = r < rows
+    route = tl.load(sorted_ptr + r, mask=in_rows, other=num_routes)
+    valid = route < num_routes
+    if LAYOUT:
+        expert = tl.load(block_expert_ptr + r // align, mask=in_rows & valid, other=-1)
+        tl.store(layout_ptr + r, tl.where(valid, expert, -1), mask=in_rows)
+    write = in_rows if POW2 else valid
+    if tl.max(write.to(tl.int32), axis=0) == 0:
+        return
+    token = tl.where(valid, route // top_k, 0).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)
+    gm = write[:, None] & (g < NG)[None, :]
+    scale = tl.load(sft_ptr + g[None, :] * tokens + token[:, None], mask=valid[:, None] & gm, other=1.0)
+    tl.store(sf_ptr + g[None, :] * stride_sf_g + r[:, None], scale, mask=gm)
+    src = qt_ptr + token * W
+    dst = q_ptr + r.to(tl.int64) * W
+    w = tl.arange(0, BLOCK_W)
+    for w0 in range(0, W, BLOCK_W):
+        c = w0 + w
+        cm = (c < W)[None, :]
+        words = tl.load(src[:, None] + c[None, :], mask=valid[:, None] & cm, other=0)
+        tl.store(dst[:, None] + c[None, :], words, mask=write[:, None] & cm)
+
+
 def row_tile(num_rows: int, num_routes: int, k_dim: int, block: int = 128) -> tuple[int, int]:
     """-> (BLOCK_R, BLOCK_G) for num_rows sorted rows holding num_routes routes.
 
@@ -98,8 +146,8 @@ def row_tile(num_rows: int, num_routes: int, k_dim: int, block: int = 128) -> tu
 def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_routes: int, top_k: int, k_dim: int,
                          *, gather: bool, swiglu_limit: float | None = None, pow2_scales: bool = False,
                          layout: torch.Tensor | None = None, block_expert: torch.Tensor | None = None,
-                         tile: tuple[int, int] | None = None, warps: int = 4, stages: int | None = None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+                         tile: tuple[int, int] | None = None, warps: int = 4, stages: int | None = None,
+                         per_token: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (codes uint8 [rows, K] (view as float8_e4m3fn), scales fp32 [rows, K/128] with strides (1, rows)).
 
     rows = sorted_routes.numel() (a multiple of 4, so the MN-major scales are TMA-aligned); padding rows
@@ -108,7 +156,9 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
     [rows, 2K]. block_expert int32 [rows / block] (AlignedRoutes'): gives row_tile the block; with layout int32
     [rows] (which needs it) also filled with each row's expert, -1 for padding rows (DeepGEMM's per-row
     grouped_layout). tile: (BLOCK_R, BLOCK_G), else row_tile's; warps, stages: the launch's (stages > 1 pipelines
-    the loads of a row's 128-groups; default DENSE_STAGES for tiles of several rows, else 1)."""
+    the loads of a row's 128-groups; default DENSE_STAGES for tiles of several rows, else 1).
+    per_token (gather only; default: from PER_TOKEN_MIN_TOKENS tokens, a shape-only choice): quantize each token
+    once and copy its codes to its routes' rows, two launches and the same bytes."""
     if k_dim % GROUP:
         raise ValueError(f"quantize_routed_rows: K={k_dim} is not a multiple of {GROUP}")
     rows = sorted_routes.numel()
@@ -122,6 +172,14 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
         if layout is not None and (layout.shape != (rows,) or layout.dtype != torch.int32):
             raise ValueError(f"quantize_routed_rows: layout must be int32 [{rows}]")
         align = rows // max(nb, 1)
+    tokens = src.shape[0]
+    if per_token is None:
+        per_token = gather and tokens >= PER_TOKEN_MIN_TOKENS
+    if per_token and rows:
+        if not gather:
+            raise ValueError("quantize_routed_rows: per_token applies to the gather pass only")
+        return _per_token_then_copy(src, sorted_routes, num_routes, top_k, k_dim, pow2_scales, layout, block_expert,
+                                    align, warps)
     q = torch.empty(rows, k_dim, dtype=torch.uint8, device=src.device)
     sf = torch.empty(k_dim // GROUP, rows, dtype=torch.float32, device=src.device)
     if rows:
@@ -133,5 +191,32 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
             src, src.stride(0), sorted_routes, q, sf, sf.stride(0), layout if has_layout else sorted_routes,
             block_expert if has_layout else sorted_routes, rows, num_routes, top_k, k_dim, align, limit,
             BLOCK_R=block_r, BLOCK_G=block_g, GATHER=gather, SWIGLU=swiglu_limit is not None, CLAMP=clamp,
-            POW2=pow2_scales, LAYOUT=has_layout, HW_FP8=hardware_fp8(src.device), STAGES=stages, num_warps=warps)
+            POW2=pow2_scales, LAYOUT=has_layout, HW_FP8=hardware_fp8(src.device), STAGES=stages, num_warps=warps,
+            DIRECT=False)
+    return q, sf.t()
+
+
+def _per_token_then_copy(x: torch.Tensor, sorted_routes: torch.Tensor, num_routes: int, top_k: int, k_dim: int,
+                         pow2_scales: bool, layout: torch.Tensor | None, block_expert: torch.Tensor | None,
+                         align: int, warps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gather pass in two launches: x's T rows quantized (DIRECT), then each sorted row copies its token's."""
+    tokens, rows, dev = x.shape[0], sorted_routes.numel(), x.device
+    qt = torch.empty(tokens, k_dim, dtype=torch.uint8, device=dev)
+    sft = torch.empty(k_dim // GROUP, tokens, dtype=torch.float32, device=dev)
+    if tokens:
+        block_r, block_g = row_tile(tokens, tokens, k_dim, GROUP)  # every row dense
+        _quant_rows_kernel[(triton.cdiv(tokens, block_r),)](
+            x, x.stride(0), sorted_routes, qt, sft, sft.stride(0), sorted_routes, sorted_routes, tokens, tokens, 1,
+            k_dim, GROUP, 0.0, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=False, SWIGLU=False, CLAMP=False,
+            POW2=pow2_scales, LAYOUT=False, HW_FP8=hardware_fp8(dev), STAGES=DENSE_STAGES if block_r > 1 else 1,
+            num_warps=warps, DIRECT=True)
+    q = torch.empty(rows, k_dim, dtype=torch.uint8, device=dev)
+    sf = torch.empty(k_dim // GROUP, rows, dtype=torch.float32, device=dev)
+    has_layout = layout is not None
+    ng = k_dim // GROUP
+    _gather_codes_kernel[(triton.cdiv(rows, COPY_ROWS),)](
+        qt.view(torch.int32), sft, tokens, sorted_routes, q.view(torch.int32), sf, sf.stride(0),
+        layout if has_layout else sorted_routes, block_expert if has_layout else sorted_routes, rows, num_routes,
+        top_k, k_dim // 4, ng, align, BLOCK_R=COPY_ROWS, BLOCK_W=min(COPY_WORDS, triton.next_power_of_2(k_dim // 4)),
+        BLOCK_G=triton.next_power_of_2(ng), POW2=pow2_scales, LAYOUT=has_layout, num_warps=warps)
     return q, sf.t()

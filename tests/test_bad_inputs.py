@@ -526,3 +526,22 @@ def test_overrides_keep_working_with_fault_free_registry() -> None:
 def test_reference_page_transform_with_an_empty_table() -> None:
     raw = torch.tensor([[0, 5, -1]], dtype=torch.int32)
     assert ref_topk.page_transform(raw, torch.zeros(1, 0, dtype=torch.int32)).tolist() == [[-1, -1, -1]]
+
+
+def test_checked_topk_ignores_scores_past_each_length_and_refuses_them_within(checked, triton_checked) -> None:  # noqa: ANN001
+    """indexer_logits leaves -inf past a row's length, and top-k ignores whatever lies there (spec 4.3): checked
+    mode accepts -inf and NaN past the length, and refuses either within it."""
+    args = {**_topk(), "lengths": torch.tensor([600, 650], dtype=torch.int32, device=DEV)}
+    scores = args["scores"].clone()
+    scores[0, 600:] = float("-inf")
+    scores[1, 650:] = float("nan")
+    want = ref_topk.indexer_topk(**{**args, "scores": scores})
+    for p in (checked, triton_checked):
+        raw, pages = p.ops.indexer_topk(**{**args, "scores": scores})
+        assert torch.equal(raw.sort(1).values.cpu(), want[0].sort(1).values.cpu())
+        for bad in (float("-inf"), float("nan")):
+            inside = scores.clone()
+            inside[1, 10] = bad
+            with pytest.raises(InvalidArgumentError, match="within each row's length") as e:
+                p.ops.indexer_topk(**{**args, "scores": inside})
+            assert e.value.argument.startswith("scores")

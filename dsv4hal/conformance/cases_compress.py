@@ -92,6 +92,7 @@ CASES_DECODE: list[CaseSpec] = [
     _decode_case("c4_indexer_decode", 4, 128, (3, 50, 51, 1023), hadamard=True),
     _decode_case("c4_main_decode_ring16", 4, 512, (15, 20, 23), ring=16),
     _decode_case("c128_main_decode", 128, 512, (127, 255, 300, 383)),
+    _decode_case("c128_main_decode_ring256", 128, 512, (127, 255, 300, 511), ring=256),  # spec decode's C128 ring
     # the demo's batch (64) at V4-Flash's 32K and V4-Pro's 1M context
     _decode_case("flash_c4_main_decode_b64", 4, 512, _batch_positions(64, 32768, 4), gpu_only=True),
     _decode_case("flash_c4_indexer_decode_b64", 4, 128, _batch_positions(64, 32768, 4), hadamard=True,

@@ -110,6 +110,10 @@ def _experts_cases() -> list[CaseSpec]:
                               _experts_params("flash-mini", 8, fmt, w13_gain=CLAMP_GAIN)))
         cases.append(CaseSpec(OP_EXPERTS, f"flash-mini-{fmt}-T64-epmask",
                               _experts_params("flash-mini", 64, fmt, masked_fraction=MASKED_FRACTION)))
+        # every negative id is a dropped route (the contract), not only -1: other ranks' experts as any negative
+        cases.append(CaseSpec(OP_EXPERTS, f"flash-mini-{fmt}-T64-epmask-any-negative",
+                              _experts_params("flash-mini", 64, fmt, masked_fraction=MASKED_FRACTION,
+                                              dropped_ids="any-negative")))
     cases.append(CaseSpec(OP_EXPERTS, "flash-mini-fp8_block-e4m3fnuz-T8",
                           _experts_params("flash-mini", 8, "fp8_block", fp8="e4m3fnuz")))
     # just past the decode class (ops.moe.DECODE_MAX_TOKENS): weights prepared for prefill, every format and flavour
@@ -282,7 +286,11 @@ def _routing(p: dict[str, Any], gen: torch.Generator) -> tuple[torch.Tensor, tor
     raw = _rand(gen, t, k) + 0.5
     weights = raw / raw.sum(1, keepdim=True) * 1.5
     if p["masked_fraction"]:
-        ids = torch.where(_rand(gen, t, k) < p["masked_fraction"], torch.full_like(ids, -1), ids)
+        dropped = torch.full_like(ids, -1)
+        if p.get("dropped_ids") == "any-negative":  # -1, -2, -E and int32's minimum, in turn
+            choices = torch.tensor([-1, -2, -e, -(2**31)], dtype=ids.dtype)
+            dropped = choices[torch.arange(ids.numel()).view(ids.shape) % 4]
+        ids = torch.where(_rand(gen, t, k) < p["masked_fraction"], dropped, ids)
     return ids.to(torch.int32), weights
 
 

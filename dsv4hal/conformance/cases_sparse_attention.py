@@ -72,13 +72,20 @@ def _catalog() -> list[CaseSpec]:
     c += _spec("c4/decode-beyond-topk", 4, ((2200, 1), (2300, 1)), decode_only=True)
     c += _spec("c128/extend-prefix128", 128, ((128, 16),))
     c += _spec("c128/decode-prefix128", 128, ((128, 1), (700, 1)), decode_only=True)
+    # before the first compressed entries: C4 rows with 0-2 entries (a lone -1 entry counted as length 1), C128
+    # rows with 0 or 1, and an extend that starts with none
+    c += _spec("c4/decode-few-compressed", 4, ((2, 1), (5, 1), (9, 1)), decode_only=True)
+    c += _spec("c4/extend-from-empty", 4, ((0, 10),))
+    c += _spec("c128/decode-few-compressed", 128, ((5, 1), (200, 1)), decode_only=True)
     # edge cases
     c += _spec("edge/sink+inf", 4, ((64, 4),), sink="+inf")
     c += _spec("edge/sink-inf", 4, ((64, 4),), sink="-inf")
+    c += _spec("edge/sink-default", 4, ((64, 4),), sink="default")  # SGLang's default sink: -1e30, a no-op
     c += _spec("edge/empty-rows", 0, ((40, 4),), edge="empty")
     c += _spec("edge/all-indices-invalid", 4, ((64, 4),), edge="all_invalid")
     c += _spec("edge/lengths-shorter-than-widths", 4, ((300, 4),), edge="short")
     c += _spec("edge/h128-topk1024", 4, ((4200, 2),), h_q=128, topk=1024, decode_only=True)
+    c += _spec("edge/h128-topk1024-extend", 4, ((4200, 6),), h_q=128, topk=1024)  # V4-Pro heads in prefill too
     # e4m3fnuz caches (gfx942): converted from an e4m3fn cache (lossless), and written natively
     c += _spec("fnuz/converted-swa-extend", 0, ((64, 16),), fp8="e4m3fnuz", convert_from="e4m3fn")
     c += _spec("fnuz/converted-c4-decode", 4, ((64, 1), (2300, 1)), fp8="e4m3fnuz", convert_from="e4m3fn",
@@ -97,6 +104,7 @@ def _catalog() -> list[CaseSpec]:
                decode_only=True, gpu_only=True)
     c += _spec("v4-pro/c4-8k-T64", 4, flash8k, h_q=128, topk=1024, decode_only=True, gpu_only=True)
     c += _spec("v4-flash/extend-c4-2k", 4, ((2048, 256),), gpu_only=True)
+    c += _spec("v4-pro/extend-c4-2k", 4, ((2048, 256),), h_q=128, topk=1024, gpu_only=True)
     # one row, and the other shape classes `dsv4hal tune` measures apart (ops.sparse_attention.EXTRA_SHORT_MAX):
     # a decode bucket without a sample would leave a lock unable to decide real calls of that class
     pro = {"h_q": 128, "topk": 1024}

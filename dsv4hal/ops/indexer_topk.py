@@ -10,9 +10,11 @@ indexer_topk(scores, lengths, k, page_table=None, page_size=64) -> (raw, pages)
                 indices of the k largest scores among [0, n_b), in any order, ties at the threshold
                 broken arbitrarily; pages int32 [B, k] = page_table[b, i // page_size] * page_size
                 + i % page_size for raw i >= 0, -1 elsewhere (None when page_table is None).
-Checked mode reads the inputs: finite scores, lengths in [0, S], and for every row the pages its candidates
-use (page_table[b, :ceil(n_b / page_size)]) present and >= 0, and no page id below -1 (a page id is an
-index: -1 marks an unused table entry, which a used page cannot be; other negatives are invalid).
+Scores past a row's length are never read as candidates: any value there (garbage, 0, -inf as indexer_logits
+writes, NaN) is ignored.
+Checked mode reads the inputs: finite scores in each row's [0, n_b), lengths in [0, S], and for every row the
+pages its candidates use (page_table[b, :ceil(n_b / page_size)]) present and >= 0, and no page id below -1 (a
+page id is an index: -1 marks an unused table entry, which a used page cannot be; other negatives are invalid).
 Unchecked, such inputs give unspecified indices, never a read outside the buffers.
 """
 
@@ -46,10 +48,12 @@ def validate(scores, lengths, k, page_table=None, page_size=64, *, checked: bool
     check_alloc(OP, "scores (output size)", b * (k * 4 * (1 if page_table is None else 2) + 16 + 1024),
                 scores.device)
     if checked:
-        check_finite(OP, "scores", scores)
         if lengths.numel() and bool(((lengths < 0) | (lengths > s)).any()):
             raise InvalidArgumentError(OP, "lengths", f"values in [0, {s}] (the score width)",
                                        f"min {int(lengths.min())}, max {int(lengths.max())}")
+        # a row's candidates only: past its length the indexer leaves -inf (or anything), which top-k ignores
+        candidates = torch.arange(s, device=scores.device)[None, :] < lengths[:, None]
+        check_finite(OP, "scores (within each row's length)", scores[candidates])
         if page_table is not None and lengths.numel():
             used = (lengths.long() + page_size - 1) // page_size  # pages each row's candidates use
             check_page_table_rows(OP, page_table, used, "a row's candidates use")
@@ -80,6 +84,7 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table
             -1 elsewhere; None when page_table is None.
 
     Rejected (InvalidArgumentError): other dtypes, shapes or devices, k not 512/1024, page_size not a power of
-    two. Checked mode also refuses non-finite scores, lengths outside [0, S], and a used page id < 0 or any page
-    id < -1; unchecked, such inputs give unspecified indices, never an out-of-bounds read.
+    two. Checked mode also refuses non-finite scores within a row's length (past it anything is ignored, such as
+    indexer_logits' -inf), lengths outside [0, S], and a used page id < 0 or any page id < -1; unchecked, such
+    inputs give unspecified indices, never an out-of-bounds read.
     """

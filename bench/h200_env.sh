@@ -97,7 +97,7 @@ conform_all() {  # TIMEOUT PREFIX: the whole conformance catalog (auto selection
   local limit=$1 prefix=$2
   local groups=(moe_experts
                 sparse_attention_decode,indexer_logits,mhc_post_pre,compress,compress_decode,sparse_attention_prefill
-                mhc_pre,mhc_post,mhc_head,indexer_topk,dequant_gather,pack_store,indexer_store,moe_route,build_attention_metadata,decode_step)
+                mhc_pre,mhc_post,mhc_head,indexer_topk,dequant_gather,pack_store,indexer_store,indexer_q_prep,moe_route,build_attention_metadata,decode_step)
   local names=(moe attention rest) all listed i
   all=$(python3 -c "from dsv4hal.conformance.runner import load_catalog as c
 print(' '.join(sorted({s.op for s, _ in c()} | {'decode_step'})))")

@@ -195,6 +195,19 @@ def _(q, weights, cache, fp8, context_lens, block_table, platform):  # noqa: ANN
     return weights.new_empty(q.shape[0], block_table.shape[1] * PAGE_SIZE)
 
 
+@custom_op(f"{NAMESPACE}::indexer_q_prep", mutates_args=())
+def _indexer_q_prep(q: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    positions: torch.Tensor, fp8: str, platform: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _dense(_op(platform, "indexer_q_prep")(q, weights, cos, sin, positions, fp8))
+
+
+@_indexer_q_prep.register_fake
+def _(q, weights, cos, sin, positions, fp8, platform):  # noqa: ANN001, ANN202
+    from dsv4hal.formats.fp8 import fp8_dtype
+
+    return q.new_empty(q.shape, dtype=fp8_dtype(fp8)), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
 @custom_op(f"{NAMESPACE}::indexer_store", mutates_args=("cache",))
 def _indexer_store(k: torch.Tensor, loc: torch.Tensor, cache: torch.Tensor, fp8: str, scale: str,
                    platform: int) -> None:
@@ -379,6 +392,11 @@ def _flat_compress_decode(h: int, kv_score: torch.Tensor, state: torch.Tensor, s
 def _flat_indexer_logits(h: int, q: torch.Tensor, weights: torch.Tensor, cache: IndexerPagedCache,
                          context_lens: torch.Tensor, block_table: torch.Tensor) -> Flat:
     return "indexer_logits", (q, weights, cache.data, cache.fp8, context_lens, block_table, h)
+
+
+def _flat_indexer_q_prep(h: int, q: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         positions: torch.Tensor, fp8: str = "e4m3fn") -> Flat:
+    return "indexer_q_prep", (q, weights, cos, sin, positions, fp8, h)
 
 
 def _flat_indexer_store(h: int, k: torch.Tensor, loc: torch.Tensor, cache: IndexerPagedCache,

@@ -352,6 +352,7 @@ class Ops:
         compress = _typed(_compress.compress)
         compress_decode = _typed(_compress.compress_decode)
         indexer_logits = _typed(_indexer_logits.indexer_logits)
+        indexer_q_prep = _typed(_indexer_logits.indexer_q_prep)
         indexer_store = _typed(_indexer_store.indexer_store)
         moe_route = _typed(_moe.moe_route)
         moe_experts = _typed(_moe.moe_experts)

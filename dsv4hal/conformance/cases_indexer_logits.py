@@ -1,15 +1,21 @@
-"""Conformance catalog for `indexer_logits` (FP8 paged indexer cache, spec 4.2 step 5) with a float64 oracle.
+"""Conformance catalog for `indexer_logits` (FP8 paged indexer cache, spec 4.2 step 5) and `indexer_q_prep` (steps
+2-3), each with a float64 oracle.
 
-The fixture writes every slot of the cache from fp32 keys with `write_rows`; the oracle uses the exact
-dequantized values of those same fp32 keys (`exact_dequant`), never bytes read back from the cache, and
-walks the block table one token at a time."""
+indexer_logits: the fixture writes every slot of the cache from fp32 keys with `write_rows`; the oracle uses the
+exact dequantized values of those same fp32 keys (`exact_dequant`), never bytes read back from the cache, and
+walks the block table one token at a time.
+indexer_q_prep: the oracle rotates and transforms q in float64 (its own RoPE pairs and Sylvester matrix, no code
+shared with the reference), takes the float64 scale, and the codes are checked as values (code * scale against
+the float64 head, within half an FP8 step) and the folded weights against the float64 product."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from dsv4hal.conformance.types import CaseSpec, Fixture, Tolerance, compare_close
-from dsv4hal.formats.fp8 import fp8_dtype
+from dsv4hal.formats.fp8 import FP8_MAX, fp8_dtype, fp8_to_float
 from dsv4hal.formats.indexer_cache import (
     INDEX_DIM,
     PAGE_SIZE,
@@ -20,6 +26,7 @@ from dsv4hal.formats.indexer_cache import (
 )
 
 OP = "indexer_logits"
+Q_PREP_OP = "indexer_q_prep"
 HEADS = 64
 WEIGHT_FOLD = INDEX_DIM**-0.5 * HEADS**-0.5  # 128^-0.5 * 64^-0.5, folded into the head weights (spec 4.2)
 SPARE_PAGES = 3  # pages no token uses, so a kernel reading the wrong page reads real but wrong data
@@ -36,6 +43,13 @@ TOLERANCES: dict[str, Tolerance] = {
     ),
 }
 ACCUMULATION = 2.0**-11  # relative to the sum of absolute products (see the tolerance's reason)
+TOLERANCES[Q_PREP_OP] = Tolerance(
+    atol=0.0, rtol=1e-5,
+    reason="codes: code * scale within half an FP8 step of the float64 head (2^-4 |h|, or 2^-10 / 2^-11 of the "
+    "scale for e4m3fn / e4m3fnuz subnormals) plus 1e-5 of the head's amax, since an fp32 head rounds differently "
+    "from float64 near a rounding boundary; weights: rtol 1e-5 (fp32 RoPE, Hadamard, amax and two products, "
+    "~1e-7 each). A missing or misplaced RoPE, Hadamard or scale errs by O(1)",
+)
 
 
 def _case(name: str, contexts: tuple[int, ...], fp8: str = "e4m3fn", gpu_only: bool = False,
@@ -135,6 +149,8 @@ def _queries(num_tokens: int, fp8: str, gen: torch.Generator) -> tuple[torch.Ten
 
 
 def build(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture:
+    if spec.op == Q_PREP_OP:
+        return _build_q_prep(spec, device, gen)
     contexts, fp8, pairs = tuple(spec.params["contexts"]), spec.params["fp8"], bool(spec.params.get("pairs"))
     blocks = _blocks(contexts, pairs)
     num_pages = sum(blocks[::2] if pairs else blocks) + SPARE_PAGES
@@ -153,3 +169,99 @@ def build(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture
     return Fixture(args=args, expected=expected, tolerance=TOLERANCES[OP],
                    compare=lambda got, exp: compare_close(got, exp, TOLERANCES[OP], slack))
 
+
+
+# ---------------------------------------------------------------- indexer_q_prep
+
+def _q_prep_case(name: str, t: int, dtype: str = "bfloat16", fp8: str = "e4m3fn", max_pos: int = 4096,
+                 gpu_only: bool = False, **extra: object) -> CaseSpec:
+    params: dict[str, object] = {"T": t, "dtype": dtype, "fp8": fp8, "max_pos": max_pos, **extra}
+    return CaseSpec(op=Q_PREP_OP, name=name, params=params, gpu_only=gpu_only)
+
+
+CASES_Q_PREP: list[CaseSpec] = [
+    _q_prep_case("t1", 1),
+    _q_prep_case("t7_fp32_bf16_weights", 7, dtype="float32", weights="bfloat16"),
+    _q_prep_case("t5_fnuz", 5, fp8="e4m3fnuz"),
+    _q_prep_case("t6_edges", 6, edges=True),  # zero heads (amax floor), one huge entry among tiny ones
+    _q_prep_case("t6_edges_fnuz", 6, fp8="e4m3fnuz", edges=True),
+    _q_prep_case("t9_strided_weights", 9, weights_stride=80),
+    _q_prep_case("t0", 0),
+    _q_prep_case("flash_t64_decode_128k", 64, max_pos=131072, gpu_only=True),
+    _q_prep_case("flash_t4096_prefill", 4096, max_pos=8192, gpu_only=True),
+]
+
+
+def _sylvester64(n: int) -> torch.Tensor:
+    """float64 [n, n] Sylvester Hadamard matrix by Kronecker products, scaled n^-0.5."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(n)
+
+
+def q_prep_oracle(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+                  ) -> torch.Tensor:
+    """float64 [T, 64, 128]: RoPE on each head's last 64 dims (pairs (2i, 2i+1), angle of pair i at the position),
+    then the orthonormal Sylvester Hadamard transform."""
+    h = q.cpu().to(torch.float64).clone()
+    pos = positions.cpu().long()
+    c = cos.cpu().to(torch.float64)[pos][:, None, :]  # [T, 1, 32]
+    s_ = sin.cpu().to(torch.float64)[pos][:, None, :]
+    re, im = h[..., 64::2].clone(), h[..., 65::2].clone()
+    h[..., 64::2] = re * c - im * s_
+    h[..., 65::2] = re * s_ + im * c
+    return h @ _sylvester64(INDEX_DIM).t()
+
+
+def _compare_q_prep(got: tuple[torch.Tensor, torch.Tensor], expected: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                    fp8: str) -> tuple[float, bool, str]:
+    q8, w = got
+    head, qs, w_exp = expected
+    if q8.dtype != fp8_dtype(fp8) or tuple(q8.shape) != tuple(head.shape):
+        want = f"{fp8_dtype(fp8)} {tuple(head.shape)}"
+        return float("inf"), False, f"q: expected {want}, got {q8.dtype} {tuple(q8.shape)}"
+    value = fp8_to_float(q8.detach().cpu().view(torch.uint8), fp8).to(torch.float64) * qs[..., None]
+    sub = 2.0 ** (-10 if fp8 == "e4m3fn" else -11)  # half the subnormal step, in units of the scale
+    amax = head.abs().amax(-1, keepdim=True)
+    bound = torch.maximum(2.0**-4 * head.abs(), sub * qs[..., None]) + 1e-5 * amax
+    err = (value - head).abs()
+    if torch.isnan(value).any():
+        return float("nan"), False, "NaN in q"
+    worst_q = float((err / bound).max()) if err.numel() else 0.0
+    werr, wok, wd = compare_close(w, w_exp, TOLERANCES[Q_PREP_OP])
+    ok = worst_q <= 1.0 and wok
+    detail = [] if worst_q <= 1.0 else [f"q: {int((err > bound).sum())} codes beyond half an FP8 step (worst "
+                                        f"{worst_q:.3g}x the bound)"]
+    return max(worst_q, werr), ok, "; ".join(detail + ([f"weights: {wd}"] if not wok else []))
+
+
+def _build_q_prep(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture:
+    from dsv4hal.reference.rope import DSV4_YARN, make_rope_table
+
+    p = spec.params
+    t, fp8, max_pos = int(p["T"]), str(p["fp8"]), int(p["max_pos"])
+    q = torch.randn(t, HEADS, INDEX_DIM, generator=gen) * torch.exp(torch.randn(t, HEADS, 1, generator=gen))
+    if p.get("edges") and t:
+        q[0, :3] = 0.0  # amax floored at 1e-4
+        q[1, 5] *= 1e-3
+        q[1, 5, 7] = 1e4  # one huge entry: the others land in FP8 subnormals or zero
+        q[2, 9] *= 1e-8  # amax below the floor after the transform
+    q = q.to(getattr(torch, str(p["dtype"])))
+    weights = torch.randn(t, HEADS, generator=gen).to(getattr(torch, str(p.get("weights", "float32"))))
+    positions = torch.randint(0, max_pos, (t,), generator=gen, dtype=torch.int32)
+    if t:
+        positions[0] = max_pos - 1
+    cos, sin = make_rope_table(max_pos, 10000.0, DSV4_YARN)
+    head = q_prep_oracle(q.float(), cos, sin, positions)
+    qs = head.abs().amax(-1).clamp_min(1e-4) / FP8_MAX[fp8]
+    w_exp = weights.to(torch.float64) * WEIGHT_FOLD * qs
+    w_dev = weights.to(device)
+    if p.get("weights_stride"):  # a view of a wider buffer: row stride past 64, unit stride along heads
+        wide = torch.zeros(t, int(p["weights_stride"]), dtype=weights.dtype, device=device)
+        wide[:, :HEADS] = w_dev
+        w_dev = wide[:, :HEADS]
+    args = {"q": q.to(device), "weights": w_dev, "cos": cos.to(device), "sin": sin.to(device),
+            "positions": positions.to(device), "fp8": fp8}
+    return Fixture(args=args, expected=(head, qs, w_exp), tolerance=TOLERANCES[Q_PREP_OP],
+                   compare=lambda got, exp: _compare_q_prep(got, exp, fp8))

@@ -11,10 +11,9 @@ import torch
 
 import dsv4hal
 from dsv4hal.demo.config import C4_TOPK, D_HEAD, PAGE, RATIOS, ROPE, DemoConfig
-from dsv4hal.demo.engine_helpers import apply_rope, hadamard_transform, make_rope_table
+from dsv4hal.demo.engine_helpers import apply_rope, make_rope_table
 from dsv4hal.demo.timers import OpTimer
 from dsv4hal.formats.compressor_state import new_state
-from dsv4hal.formats.fp8 import FP8_MAX, fp8_dtype
 from dsv4hal.formats.indexer_cache import INDEX_DIM, IndexerPagedCache
 from dsv4hal.formats.v4_cache import PAGE_SIZE_BY_RATIO, V4PagedCache
 
@@ -218,10 +217,9 @@ class DemoModel:
                  meta: Any, timer: OpTimer) -> torch.Tensor:
         t = a.shape[0]
         q = _linear_f32(q_lora, w["wq_idx"]).view(t, INDEX_HEADS, INDEX_DIM)
-        q = hadamard_transform(_rope_(q, self.cos[pos][:, None], self.sin[pos][:, None]))
-        qs = q.abs().amax(-1).clamp_min(1e-4) / FP8_MAX[self.p.info.fp8]
-        q8 = (q / qs[..., None]).to(fp8_dtype(self.p.info.fp8))
-        weights = (_linear_f32(a, w["w_proj"]) * INDEX_DIM ** -0.5 * INDEX_HEADS ** -0.5 * qs).contiguous()
+        with timer("indexer_q_prep"):  # RoPE, Hadamard, per-head FP8 and the folded weights: one op
+            q8, weights = self.ops.indexer_q_prep(q, _linear_f32(a, w["w_proj"]), self.cos, self.sin,
+                                                  pos.to(torch.int32), self.p.info.fp8)
         table = self.page_table[req]
         with timer("indexer_logits"):
             scores = self.ops.indexer_logits(q8, weights, w["idx_cache"], meta.c4_lengths_raw, table)

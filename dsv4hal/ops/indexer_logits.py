@@ -14,6 +14,18 @@ Output: logit[t, j] = sum_h weights[t, h] * relu(<q[t, h], k_j> * ks_j) for j < 
 and may hold anything (e.g. -1).
 Checked mode reads context_lens, block_table and the float inputs (a device sync): 0 <= ctx <= P*64, every
 used block-table entry in [0, cache pages), q and weights finite.
+
+indexer_q_prep(q, weights, cos, sin, positions, fp8="e4m3fn") -> (q_fp8 [T, 64, 128], weights fp32 [T, 64])
+    What indexer_logits takes, from the indexer's two projections (spec 4.2 steps 2-3; SGLang's
+    fused_q_indexer_rope_hadamard_quant with the weight folding):
+    q: bf16 or fp32 [T, 64, 128] contiguous, q_lora @ wq_b_idx per head; weights: bf16 or fp32 [T, 64], x @
+        weights_proj^T; cos, sin: fp32 [max_pos, 32], the layer's RoPE table; positions: int32 [T] < max_pos;
+        fp8: the indexer cache's flavour, "e4m3fn" or "e4m3fnuz".
+    In fp32: RoPE on the last 64 dims of each head (interleaved pairs, dsv4hal.reference.rope.apply_rope) at
+    positions[t], then the Walsh-Hadamard transform over the 128 dims (Sylvester order, scaled by 128^-0.5);
+    per (token, head) qs = max(amax, 1e-4) / FP8_MAX (448, or 240 for e4m3fnuz; an IEEE division);
+    q_fp8 = fp8(clamp(q / qs, +-FP8_MAX)) to nearest even; weights_out = weights * 128^-0.5 * 64^-0.5 * qs.
+    Checked mode reads positions (in [0, max_pos)) and the float inputs (finite).
 """
 
 from __future__ import annotations
@@ -21,13 +33,15 @@ from __future__ import annotations
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.formats.fp8 import fp8_dtype
+from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
 from dsv4hal.formats.indexer_cache import INDEX_DIM, PAGE_SIZE, IndexerPagedCache
-from dsv4hal.ops.checks import check_finite, check_same_device, check_tensor, describe
+from dsv4hal.ops.checks import check_choice, check_finite, check_same_device, check_tensor, describe
 from dsv4hal.ops.signatures import define
 
 OP = "indexer_logits"
+Q_PREP_OP = "indexer_q_prep"
 INDEX_HEADS = 64
+ROPE_PAIRS = 32  # RoPE on the last 64 dims of a head: 32 (re, im) pairs
 
 
 def _check_cache(cache: object) -> IndexerPagedCache:
@@ -111,4 +125,64 @@ def indexer_logits(q: torch.Tensor, weights: torch.Tensor, cache: IndexerPagedCa
 
     Rejected (InvalidArgumentError): other dtypes, shapes or devices. Checked mode also refuses context lengths
     outside [0, P * 64], used block-table entries outside the cache, and non-finite q or weights.
+    """
+
+
+def validate_q_prep(q: object, weights: object, cos: object, sin: object, positions: object, fp8: object = "e4m3fn",
+                    *, checked: bool = False) -> None:
+    """Raise InvalidArgumentError unless the arguments meet the indexer_q_prep contract (module docstring)."""
+    op = Q_PREP_OP
+    q = check_tensor(op, "q", q, dtype=(torch.bfloat16, torch.float32), shape=(None, INDEX_HEADS, INDEX_DIM),
+                     contiguous=True)
+    t = q.shape[0]
+    tensors = {
+        "weights": check_tensor(op, "weights", weights, dtype=(torch.float32, torch.bfloat16),
+                                shape=(t, INDEX_HEADS), unit_stride=True),
+        "cos": check_tensor(op, "cos", cos, dtype=torch.float32, shape=(None, ROPE_PAIRS), unit_stride=True),
+        "sin": check_tensor(op, "sin", sin, dtype=torch.float32, shape=(None, ROPE_PAIRS), unit_stride=True),
+        "positions": check_tensor(op, "positions", positions, dtype=torch.int32, shape=(t,), contiguous=True),
+    }
+    if tensors["sin"].shape != tensors["cos"].shape:
+        raise InvalidArgumentError(op, "sin", f"the shape of cos {tuple(tensors['cos'].shape)}", describe(sin))
+    check_same_device(op, tensors, q.device, "q")
+    check_choice(op, "fp8", fp8, FP8_FLAVORS)
+    if checked:
+        pos, max_pos = tensors["positions"], tensors["cos"].shape[0]
+        if t and bool(((pos < 0) | (pos >= max_pos)).any()):
+            raise InvalidArgumentError(op, "positions", f"values in [0, {max_pos}) (the RoPE table)",
+                                       f"{int(pos.min())}...{int(pos.max())}",
+                                       remedy="build the table with max_pos beyond the longest request")
+        check_finite(op, "q", q)
+        for name in ("weights", "cos", "sin"):
+            check_finite(op, name, tensors[name])
+
+
+def case_q_prep(q: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                fp8: str = "e4m3fn") -> dict[str, object]:
+    """Hashable features for kernel selection: the FP8 flavour written and the dtype read."""
+    return {"fp8": fp8, "dtype": str(q.dtype).removeprefix("torch.")}
+
+
+@define(validate=validate_q_prep, case=case_q_prep)
+def indexer_q_prep(q: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   positions: torch.Tensor, fp8: str = "e4m3fn") -> tuple[torch.Tensor, torch.Tensor]:
+    """The lightning indexer's query preparation: RoPE, Hadamard and per-head FP8 quantization of q, and the q
+    scale folded into the head weights (spec 4.2 steps 2-3), so that the outputs go to indexer_logits as they are.
+
+    Arguments:
+        q: (T, 64, 128), torch.bfloat16 or torch.float32, contiguous: q_lora @ wq_b_idx, per head.
+        weights: (T, 64), torch.float32 or torch.bfloat16, unit stride along heads: x @ weights_proj^T.
+        cos: (max_pos, 32), torch.float32: the layer's RoPE table (YaRN or not is the caller's choice).
+        sin: (max_pos, 32), torch.float32: same shape as cos.
+        positions: (T,), torch.int32: each token's position, < max_pos.
+        fp8: "e4m3fn" or "e4m3fnuz": the FP8 flavour of the indexer cache the logits will read.
+
+    Returns:
+        q_fp8: (T, 64, 128), float8_e4m3fn or float8_e4m3fnuz: fp8(clamp(h / qs, +-FP8_MAX)), h the head after
+            RoPE on its last 64 dims at positions[t] and the Walsh-Hadamard transform (scaled 128^-0.5), qs =
+            max(amax(h), 1e-4) / FP8_MAX per (token, head).
+        weights: (T, 64), torch.float32: weights * 128^-0.5 * 64^-0.5 * qs.
+
+    Rejected (InvalidArgumentError): other dtypes, shapes, layouts or devices, an unknown fp8 flavour. Checked
+    mode also refuses positions outside the RoPE table and non-finite q, weights, cos or sin.
     """

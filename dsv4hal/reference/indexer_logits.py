@@ -1,4 +1,5 @@
-"""Pure-PyTorch C4 indexer logits over the paged FP8 indexer cache (spec 4.2 step 5, FP8 path).
+"""Pure-PyTorch C4 indexer logits over the paged FP8 indexer cache (spec 4.2 step 5, FP8 path), and the query
+preparation before it (indexer_q_prep, steps 2-3: RoPE, Hadamard, per-head FP8 quantization, weight folding).
 
 The DeepGEMM fp8_paged_mqa_logits contract: the fp8 values of q and k are widened exactly to fp32, the dot
 products accumulate in fp32, the per-token key scale multiplies the dot product before the ReLU, and the
@@ -10,8 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from dsv4hal.formats.fp8 import fp8_to_float
-from dsv4hal.formats.indexer_cache import PAGE_SIZE, IndexerPagedCache
+from dsv4hal.formats.fp8 import fp8_dtype, fp8_to_float
+from dsv4hal.formats.indexer_cache import INDEX_DIM, PAGE_SIZE, IndexerPagedCache, quantize_rows
+from dsv4hal.reference.compress import hadamard_transform
+from dsv4hal.reference.rope import apply_rope
+
+INDEX_HEADS = 64
+WEIGHT_FOLD = INDEX_DIM**-0.5 * INDEX_HEADS**-0.5  # 128^-0.5 * 64^-0.5 (spec 4.2 step 3)
 
 
 def gather_context(cache: IndexerPagedCache, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,3 +48,14 @@ def indexer_logits(
     logits = torch.einsum("th,thj->tj", weights.float(), scores)
     j = torch.arange(p * PAGE_SIZE, device=q.device)
     return logits.masked_fill(j[None, :] >= context_lens.long()[:, None], float("-inf"))
+
+
+def indexer_q_prep(q: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   positions: torch.Tensor, fp8: str = "e4m3fn") -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, 64, 128] -> (RoPE'd, Hadamard-transformed, per-head FP8-quantized q; weights * fold * q scale)."""
+    t = q.shape[0]
+    pos = positions.long()
+    h = hadamard_transform(apply_rope(q.float(), cos[pos][:, None], sin[pos][:, None]))
+    raw, qs = quantize_rows(h.reshape(-1, INDEX_DIM), fp8)  # scale max(amax, 1e-4) / FP8_MAX, an IEEE division
+    q_fp8 = raw.view(fp8_dtype(fp8)).view(t, INDEX_HEADS, INDEX_DIM)
+    return q_fp8, weights.float() * WEIGHT_FOLD * qs.view(t, INDEX_HEADS)

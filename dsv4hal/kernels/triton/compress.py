@@ -43,12 +43,24 @@ def _sylvester(N: tl.constexpr, LOG: tl.constexpr):
 
 
 @triton.jit
-def _hadamard128(y):
+def hadamard128(y):
     """Orthonormal Walsh-Hadamard of a [128] vector: index i = 16a + b, so H_128[i, k] = H_8[a, c] * H_16[b, d]."""
     x = tl.reshape(y, [8, 16])
     z = tl.sum(x[:, :, None] * _sylvester(16, 4)[None, :, :], axis=1)  # z[a, d] = sum_b x[a, b] H16[b, d]
     o = tl.sum(_sylvester(8, 3)[:, :, None] * z[:, None, :], axis=0)  # o[c, d] = sum_a H8[a, c] z[a, d]
     return tl.reshape(o, [128]) * 0.08838834764831845  # 128 ** -0.5
+
+
+@triton.jit
+def rope_last64(y, cos_row_ptr, sin_row_ptr, HD: tl.constexpr):
+    """y [HD] fp32 with RoPE on its last 64 dims (32 interleaved (re, im) pairs, as reference.rope.apply_rope);
+    cos/sin_row_ptr point at the position's 32 table values."""
+    re, im = tl.split(tl.reshape(y, [HD // 2, 2]))
+    k = tl.arange(0, HD // 2) - (HD // 2 - _ROPE_PAIRS)  # rope pair index; negative: NoPE
+    rope = k >= 0
+    cs = tl.load(cos_row_ptr + k, mask=rope, other=1.0)
+    sn = tl.load(sin_row_ptr + k, mask=rope, other=0.0)
+    return tl.reshape(tl.join(re * cs - im * sn, re * sn + im * cs), [HD])
 
 
 @triton.jit
@@ -140,14 +152,9 @@ def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, cu_ptr, n_req, slots
             acc = acc * alpha + pexp * kv_n
         c = acc / l_i
         y = c * tl.rsqrt(tl.sum(c * c, axis=0) / HD + eps) * tl.load(w_ptr + d)
-        re, im = tl.split(tl.reshape(y, [HD // 2, 2]))
-        k = tl.arange(0, HD // 2) - (HD // 2 - _ROPE_PAIRS)  # rope pair index; negative: NoPE
-        rope = k >= 0
-        cs = tl.load(cos_ptr + first * stride_rope + k, mask=rope, other=1.0)
-        sn = tl.load(sin_ptr + first * stride_rope + k, mask=rope, other=0.0)
-        y = tl.reshape(tl.join(re * cs - im * sn, re * sn + im * cs), [HD])
+        y = rope_last64(y, cos_ptr + first * stride_rope, sin_ptr + first * stride_rope, HD)
         if HADAMARD:
-            y = _hadamard128(y)
+            y = hadamard128(y)
         tl.store(out_ptr + out_row * HD + d, y)
     else:
         tl.store(out_ptr + out_row * HD + d, tl.zeros([HD], dtype=tl.float32))

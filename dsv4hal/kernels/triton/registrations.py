@@ -105,6 +105,11 @@ def register(registry: Registry) -> None:
                                    target=f"{_MOD}.indexer_logits:indexer_logits", layout="indexer-132",
                                    description="one program per (token, run of pages): each page read once for all "
                                                "64 heads, FP8 dot, ReLU, weighted head sum", **common))
+    registry.add_kernel(KernelImpl(op="indexer_q_prep", name="triton_indexer_q_prep",
+                                   target=f"{_MOD}.indexer_q_prep:indexer_q_prep",
+                                   description="a program per 4 heads of a token: the compressor's RoPE and "
+                                               "Hadamard, per-head FP8 scale and codes, folded head weights",
+                                   **common))
     registry.add_kernel(KernelImpl(op="indexer_store", name="triton_indexer_store",
                                    target=f"{_MOD}.indexer_store:indexer_store", layout="indexer-132",
                                    description="8 rows a program: amax/pow2 scale, integer FP8 codec, masked "

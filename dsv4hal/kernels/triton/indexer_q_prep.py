@@ -1,0 +1,53 @@
+"""Portable Triton indexer_q_prep (spec 4.2 steps 2-3): one launch from the indexer's two projections to what
+indexer_logits reads.
+
+A program takes BLOCK_H heads of one token, one head at a time as a [128] fp32 vector: RoPE on its last 64 dims at
+the token's position and the Walsh-Hadamard transform (the compressor's own functions, so the two agree), the
+per-head scale max(amax, 1e-4) / FP8_MAX and the codes (IEEE divisions, as the reference's tensor divisions),
+and the head's weight times 128^-0.5 * 64^-0.5 * scale. Fixed grid, no host sync: CUDA-graph safe."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4hal.formats.fp8 import FP8_MAX, fp8_dtype
+from dsv4hal.kernels.triton.compress import hadamard128, rope_last64
+from dsv4hal.kernels.triton.fp8_codec import fp8_bits, hardware_fp8
+
+HEADS, DIM = 64, 128
+BLOCK_H = 4  # heads a program prepares, one after another
+WEIGHT_FOLD = DIM**-0.5 * HEADS**-0.5  # 128^-0.5 * 64^-0.5 (spec 4.2 step 3)
+
+
+@triton.jit
+def _q_prep_kernel(q_ptr, w_ptr, stride_w, cos_ptr, stride_cos, sin_ptr, stride_sin, pos_ptr, q8_ptr, w_out_ptr,
+                   fp8_max, fold, BLOCK_H: tl.constexpr, FNUZ: tl.constexpr, HW: tl.constexpr):
+    t = tl.program_id(0)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, 128)
+    for i in tl.static_range(BLOCK_H):
+        h = tl.program_id(1) * BLOCK_H + i
+        row = (t * 64 + h).to(tl.int64) * 128
+        y = tl.load(q_ptr + row + d).to(tl.float32)
+        y = hadamard128(rope_last64(y, cos_ptr + pos * stride_cos, sin_ptr + pos * stride_sin, 128))
+        qs = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-4), fp8_max)
+        v = tl.minimum(tl.maximum(tl.math.div_rn(y, qs), -fp8_max), fp8_max)
+        tl.store(q8_ptr + row + d, fp8_bits(v, FNUZ, HW))
+        w = tl.load(w_ptr + t.to(tl.int64) * stride_w + h).to(tl.float32)
+        tl.store(w_out_ptr + t * 64 + h, w * fold * qs)
+
+
+def indexer_q_prep(q: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   positions: torch.Tensor, fp8: str = "e4m3fn") -> tuple[torch.Tensor, torch.Tensor]:
+    """The contract's indexer_q_prep (dsv4hal.ops.indexer_logits)."""
+    t = q.shape[0]
+    q8 = torch.empty(t, HEADS, DIM, dtype=torch.uint8, device=q.device)
+    w_out = torch.empty(t, HEADS, dtype=torch.float32, device=q.device)
+    if t:
+        _q_prep_kernel[(t, HEADS // BLOCK_H)](
+            q, weights, weights.stride(0), cos, cos.stride(0), sin, sin.stride(0), positions, q8, w_out, FP8_MAX[fp8],
+            WEIGHT_FOLD,
+            BLOCK_H=BLOCK_H, FNUZ=fp8 == "e4m3fnuz", HW=hardware_fp8(q.device), num_warps=2)
+    return q8.view(fp8_dtype(fp8)), w_out

@@ -16,8 +16,9 @@
 #   R=$OUT bash bench/run_h200_session20.sh final    # the whole conformance catalog (auto selection, eager and graph;
 #                                                    # indexer_q_prep and the new cases in it) as three reports side
 #                                                    # by side, a 1-minute soak
-#   R=$OUT bash bench/run_h200_session20.sh last     # GPU tests of indexer_q_prep, checked top-k, the quantizers and
-#                                                    # the custom ops; the yardstick demo with indexer_q_prep
+#   R=$OUT bash bench/run_h200_session20.sh last     # GPU tests of indexer_q_prep, the compressor, checked top-k and
+#                                                    # the custom ops; their conformance; the yardstick demo with
+#                                                    # indexer_q_prep; a 1-minute soak
 set -uo pipefail
 part=${1:?moe, bench, swiglu, final or last}
 source bench/h200_env.sh
@@ -65,11 +66,16 @@ if [[ $part == swiglu ]]; then
   } 2>&1 | tee "$R/log-swiglu20.txt"
 fi
 if [[ $part == last ]]; then
-  { stamp "GPU tests: indexer_q_prep, checked top-k, the FP8 quantizers, the custom ops"
-    gpu_tests 200 last tests/test_indexer_q_prep.py tests/test_bad_inputs.py tests/test_moe_quant_rows.py \
-      tests/test_custom_ops.py tests/test_typed_surface.py
+  { stamp "GPU tests: indexer_q_prep, the compressor (its Hadamard now the butterfly), checked top-k, custom ops"
+    gpu_tests 200 last tests/test_indexer_q_prep.py tests/test_triton_compress.py tests/test_compress_decode.py \
+      tests/test_bad_inputs.py tests/test_custom_ops.py
     grep -E "^E  " /tmp/pytest-last.log | head -8 | cut -c1-600
+    stamp "conformance: indexer_q_prep, compress, compress_decode (eager and graph)"
+    conform 150 conformance-cuda_sm90-q-prep-compress indexer_q_prep,compress,compress_decode
     stamp "demo (as selected; indexer_q_prep now an op)"; demo_flash 150 demo-flash
+    stamp "soak, 1 minute"
+    timeout 110 $D soak --minutes 1 --json "$R/soak-1min.json" > /tmp/soak.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/soak.log | tail -3 | cut -c1-300
   } 2>&1 | tee "$R/log-last20.txt"
 fi
 if [[ $part == final ]]; then

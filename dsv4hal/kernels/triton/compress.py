@@ -32,15 +32,19 @@ _NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
+def _butterfly(y, H: tl.constexpr):
+    """One stage of hadamard128: each pair (a, b) = (y[i], y[i + H]) of a 2H-wide block becomes (a + b, a - b)."""
+    a, b = tl.split(tl.permute(tl.reshape(y, [64 // H, 2, H]), (0, 2, 1)))  # [blocks, H] halves
+    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [128])
+
+
+@triton.jit
 def hadamard128(y):
     """Orthonormal Walsh-Hadamard of a [128] fp32 vector in the reference's butterfly order (reference.compress.
-    hadamard_transform): stage h = 1, 2, ..., 64 maps each pair (a, b) = (y[i], y[i + h]) of a 2h-wide block to
-    (a + b, a - b), then the vector is scaled by 128^-0.5. The same fp32 roundings in the same order, so a kernel
-    that also keeps the reference's other roundings gives its bits (896 adds)."""
-    for s in tl.static_range(7):
-        h: tl.constexpr = 1 << s
-        a, b = tl.split(tl.permute(tl.reshape(y, [64 // h, 2, h]), (0, 2, 1)))  # [blocks, h] halves
-        y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [128])
+    hadamard_transform): stages H = 1, 2, ..., 64, then the vector scaled by 128^-0.5. The same fp32 roundings in
+    the same order, so a kernel that also keeps the reference's other roundings gives its bits (896 adds)."""
+    y = _butterfly(_butterfly(_butterfly(_butterfly(y, 1), 2), 4), 8)
+    y = _butterfly(_butterfly(_butterfly(y, 16), 32), 64)
     return y * 0.08838834764831845  # 128 ** -0.5
 
 

@@ -1,0 +1,58 @@
+"""Compile Triton kernels for sm_90 on any machine, GPU or not (Triton's frontend, its NVIDIA passes and ptxas), and
+report what the PTX holds: the interpreter that runs the kernels in CI accepts code the compiler refuses (a constexpr
+assigned in a static_range loop passed every interpreter test and failed to compile on the H200) and fuses nothing.
+
+    TRITON_INTERPRET=0 python3 -m dsv4hal.kernels.triton.sm90_compile_check   # one JSON line a kernel setting
+
+Must run with TRITON_INTERPRET unset or 0 (interpreted kernels cannot be compiled). Used by
+tests/test_triton_sm90_compile.py."""
+
+from __future__ import annotations
+
+import json
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+SM90 = GPUTarget("cuda", 90, 32)
+
+
+def compile_sm90(fn: object, types: dict[str, str], constexprs: dict[str, object], **options: object) -> dict:
+    """{"ptx_fma": number of fp32 FMAs, "cubin_bytes"} of fn compiled for sm_90, or {"error": ...}."""
+    sig = {**types, **{k: "constexpr" for k in constexprs}}
+    try:
+        k = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=SM90, options=options)
+    except Exception as exc:  # reported, not raised: the caller asserts on it with the message
+        return {"error": f"{type(exc).__name__}: {str(exc)[-600:]}"}
+    return {"ptx_fma": k.asm["ptx"].count("fma.rn.f32"), "cubin_bytes": len(k.asm["cubin"])}
+
+
+def checks() -> list[dict]:
+    from dsv4hal.kernels.triton import compress
+    from dsv4hal.kernels.triton.indexer_q_prep import BLOCK_H, _q_prep_kernel
+
+    out = []
+    q_types = {"q_ptr": "*bf16", "w_ptr": "*fp32", "stride_w": "i32", "cos_ptr": "*fp32", "stride_cos": "i32",
+               "sin_ptr": "*fp32", "stride_sin": "i32", "pos_ptr": "*i32", "q8_ptr": "*u8", "w_out_ptr": "*fp32",
+               "fp8_max": "fp32", "fold": "fp32"}
+    for fnuz in (False, True):
+        for fusion in (False, True):
+            const = {"BLOCK_H": BLOCK_H, "FNUZ": fnuz, "HW": not fnuz}
+            out.append({"kernel": "indexer_q_prep", "fnuz": fnuz, "fp_fusion": fusion,
+                        **compile_sm90(_q_prep_kernel, q_types, const, num_warps=2, enable_fp_fusion=fusion)})
+    c_types = {"ks_ptr": "*fp32", "stride_ks": "i32", "ring_ptr": "*fp32", "ring_len": "i32", "cu_ptr": "*i32",
+               "n_req": "i32", "slots_ptr": "*i32", "pos_ptr": "*i32", "ape_ptr": "*fp32", "w_ptr": "*fp32",
+               "cos_ptr": "*fp32", "sin_ptr": "*fp32", "stride_rope": "i32", "out_ptr": "*fp32", "eps": "fp32"}
+    for ratio, decode in ((4, True), (4, False), (128, False)):
+        window, block_r, warps, stages = compress._config(ratio, 128, decode)
+        const = {"RATIO": ratio, "WINDOW": window, "HD": 128, "COFF": 2 if ratio == 4 else 1, "DECODE": decode,
+                 "HADAMARD": True, "BLOCK_R": block_r, "BLOCK_B": 256, "STAGES": stages}
+        out.append({"kernel": "compress (hadamard)", "ratio": ratio, "decode": decode,
+                    **compile_sm90(compress._compress_kernel, c_types, const, num_warps=warps)})
+    return out
+
+
+if __name__ == "__main__":
+    for row in checks():
+        print(json.dumps(row))

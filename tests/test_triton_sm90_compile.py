@@ -1,8 +1,8 @@
 """Triton kernels compiled for sm_90 here, without a GPU (dsv4hal.kernels.triton.sm90_compile_check, in a process
 without the interpreter): the interpreter CI runs the kernels in accepts code the compiler refuses (a constexpr
 assigned in a static_range loop passed every interpreter test and failed on the H200), and fuses nothing. Covered:
-the kernels the Hadamard butterfly runs in, and that indexer_q_prep's launch leaves no FMA contraction (its bits
-are the reference's)."""
+the compressor with its Hadamard transform, indexer_q_prep with its butterfly, and that indexer_q_prep's launch
+leaves no FMA contraction (its bits are the reference's)."""
 
 from __future__ import annotations
 

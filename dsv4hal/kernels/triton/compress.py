@@ -2,8 +2,9 @@
 
 One program per compressed row. It reads the window's kv and score halves once (HBM), adds the positional
 bias, pools with a per-channel online softmax over chunks of window rows, then RMSNorm, RoPE on the last 64
-dims at the group's first position and, for the indexer (hd 128), the Walsh-Hadamard transform (the reference's
-butterfly, 896 adds), and writes the row once.
+dims at the group's first position and, for the indexer (hd 128), the Walsh-Hadamard transform, and writes
+the row once. The Hadamard transform uses H_128 = H_8 (x) H_16 on the row viewed as [8, 16] (3K FMAs instead
+of 16K).
 
 Decode: program b copies its kv_score row into its ring (state[slot, pos % ring], in place, as the contract
 says); when its token closes a group it pools the window, taking the newest row from kv_score and the older ones
@@ -32,20 +33,26 @@ _NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
-def _butterfly(y, H: tl.constexpr):
-    """One stage of hadamard128: each pair (a, b) = (y[i], y[i + H]) of a 2H-wide block becomes (a + b, a - b)."""
-    a, b = tl.split(tl.permute(tl.reshape(y, [64 // H, 2, H]), (0, 2, 1)))  # [blocks, H] halves
-    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [128])
+def _sylvester(N: tl.constexpr, LOG: tl.constexpr):
+    """[N, N] +-1 Sylvester Hadamard matrix: (-1)^popcount(i & j)."""
+    v = tl.arange(0, N)[:, None] & tl.arange(0, N)[None, :]
+    parity = tl.zeros([N, N], dtype=tl.int32)
+    for bit in tl.static_range(LOG):
+        parity = parity ^ ((v >> bit) & 1)
+    return 1.0 - 2.0 * parity.to(tl.float32)
 
 
 @triton.jit
 def hadamard128(y):
-    """Orthonormal Walsh-Hadamard of a [128] fp32 vector in the reference's butterfly order (reference.compress.
-    hadamard_transform): stages H = 1, 2, ..., 64, then the vector scaled by 128^-0.5. The same fp32 roundings in
-    the same order, so a kernel that also keeps the reference's other roundings gives its bits (896 adds)."""
-    y = _butterfly(_butterfly(_butterfly(_butterfly(y, 1), 2), 4), 8)
-    y = _butterfly(_butterfly(_butterfly(y, 16), 32), 64)
-    return y * 0.08838834764831845  # 128 ** -0.5
+    """Orthonormal Walsh-Hadamard of a [128] vector: index i = 16a + b, so H_128[i, k] = H_8[a, c] * H_16[b, d].
+    Its sums run in another order than the reference's butterfly (compared within the compressor's tolerance);
+    the decode and prefill forms give the same bits with it. A butterfly here made the H200's compiler contract
+    RoPE's products into the first stage's adds differently in the two forms (decode != prefill bit for bit):
+    indexer_q_prep, which needs the reference's bits, keeps its own butterfly and compiles without contraction."""
+    x = tl.reshape(y, [8, 16])
+    z = tl.sum(x[:, :, None] * _sylvester(16, 4)[None, :, :], axis=1)  # z[a, d] = sum_b x[a, b] H16[b, d]
+    o = tl.sum(_sylvester(8, 3)[:, :, None] * z[:, None, :], axis=0)  # o[c, d] = sum_a H8[a, c] z[a, d]
+    return tl.reshape(o, [128]) * 0.08838834764831845  # 128 ** -0.5
 
 
 @triton.jit

@@ -2,7 +2,8 @@
 indexer_logits reads.
 
 A program takes BLOCK_H heads of one token, one head at a time as a [128] fp32 vector: RoPE on its last 64 dims at
-the token's position and the Walsh-Hadamard transform (the compressor's own functions), the per-head scale
+the token's position (the compressor's function) and the Walsh-Hadamard transform in the reference's butterfly
+order, the per-head scale
 max(amax, 1e-4) / FP8_MAX and the codes (IEEE divisions, as the reference's tensor divisions), and the head's
 weight times 128^-0.5 * 64^-0.5 * scale. Every fp32 rounding is the reference's, in its order (the launch turns
 off FMA contraction, which would fuse RoPE's products into its sums): the outputs equal the reference's bit for
@@ -15,12 +16,30 @@ import triton
 import triton.language as tl
 
 from dsv4hal.formats.fp8 import FP8_MAX, fp8_dtype
-from dsv4hal.kernels.triton.compress import hadamard128, rope_last64
+from dsv4hal.kernels.triton.compress import rope_last64
 from dsv4hal.kernels.triton.fp8_codec import fp8_bits, hardware_fp8
 
 HEADS, DIM = 64, 128
 BLOCK_H = 4  # heads a program prepares, one after another
 WEIGHT_FOLD = DIM**-0.5 * HEADS**-0.5  # 128^-0.5 * 64^-0.5 (spec 4.2 step 3)
+
+
+@triton.jit
+def _butterfly(y, H: tl.constexpr):
+    """One Hadamard stage: each pair (a, b) = (y[i], y[i + H]) of a 2H-wide block becomes (a + b, a - b)."""
+    a, b = tl.split(tl.permute(tl.reshape(y, [64 // H, 2, H]), (0, 2, 1)))  # [blocks, H] halves
+    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [128])
+
+
+@triton.jit
+def hadamard128_exact(y):
+    """Orthonormal Walsh-Hadamard of a [128] fp32 vector in the reference's butterfly order (reference.compress.
+    hadamard_transform): stages H = 1, 2, ..., 64 (seven calls: a constexpr assigned in a loop compiles only under
+    the interpreter), then the scale 128^-0.5; the reference's fp32 roundings in its order (896 adds). The
+    compressor keeps its H_8 x H_16 form (compress.hadamard128), compared within its tolerance."""
+    y = _butterfly(_butterfly(_butterfly(_butterfly(y, 1), 2), 4), 8)
+    y = _butterfly(_butterfly(_butterfly(y, 16), 32), 64)
+    return y * 0.08838834764831845  # 128 ** -0.5
 
 
 @triton.jit
@@ -33,7 +52,7 @@ def _q_prep_kernel(q_ptr, w_ptr, stride_w, cos_ptr, stride_cos, sin_ptr, stride_
         h = tl.program_id(1) * BLOCK_H + i
         row = (t * 64 + h).to(tl.int64) * 128
         y = tl.load(q_ptr + row + d).to(tl.float32)
-        y = hadamard128(rope_last64(y, cos_ptr + pos * stride_cos, sin_ptr + pos * stride_sin, 128))
+        y = hadamard128_exact(rope_last64(y, cos_ptr + pos * stride_cos, sin_ptr + pos * stride_sin, 128))
         qs = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-4), fp8_max)
         v = tl.minimum(tl.maximum(tl.math.div_rn(y, qs), -fp8_max), fp8_max)
         tl.store(q8_ptr + row + d, fp8_bits(v, FNUZ, HW))

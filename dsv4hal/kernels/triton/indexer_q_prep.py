@@ -3,11 +3,10 @@ indexer_logits reads.
 
 A program takes BLOCK_H heads of one token, one head at a time as a [128] fp32 vector: RoPE on its last 64 dims at
 the token's position (the compressor's function) and the Walsh-Hadamard transform in the reference's butterfly
-order, the per-head scale
-max(amax, 1e-4) / FP8_MAX and the codes (IEEE divisions, as the reference's tensor divisions), and the head's
-weight times 128^-0.5 * 64^-0.5 * scale. Every fp32 rounding is the reference's, in its order (the launch turns
-off FMA contraction, which would fuse RoPE's products into its sums): the outputs equal the reference's bit for
-bit. Fixed grid, no host sync: CUDA-graph safe."""
+order, the per-head scale max(amax, 1e-4) / FP8_MAX and the codes (IEEE divisions, as the reference's tensor
+divisions), and the head's weight times 128^-0.5 * 64^-0.5 * scale. Every fp32 rounding is the reference's, in its
+order (the launch turns off FMA contraction, which would fuse RoPE's products into its sums): the outputs equal the
+reference's bit for bit. Fixed grid, no host sync: CUDA-graph safe."""
 
 from __future__ import annotations
 
@@ -69,7 +68,6 @@ def indexer_q_prep(q: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, si
     if t:
         _q_prep_kernel[(t, HEADS // BLOCK_H)](
             q, weights, weights.stride(0), cos, cos.stride(0), sin, sin.stride(0), positions, q8, w_out, FP8_MAX[fp8],
-            WEIGHT_FOLD,
-            BLOCK_H=BLOCK_H, FNUZ=fp8 == "e4m3fnuz", HW=hardware_fp8(q.device), num_warps=2,
-            enable_fp_fusion=False)
+            WEIGHT_FOLD, BLOCK_H=BLOCK_H, FNUZ=fp8 == "e4m3fnuz", HW=hardware_fp8(q.device), num_warps=2,
+            enable_fp_fusion=False)  # no FMA contraction: RoPE's products rounded apart, as the reference's
     return q8.view(fp8_dtype(fp8)), w_out

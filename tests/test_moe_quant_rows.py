@@ -175,11 +175,11 @@ def test_layout_written_by_the_gather_pass(t: int, k: int, e: int) -> None:
             return launch
 
     mq._quant_rows_kernel = Spy()
-    try:
+    try:  # the one-launch pass (per_token=False): the per-token pass writes the layout in its copy launch
         q2, sf2 = mq.quantize_routed_rows(x, routes.sorted_routes, p, k, 128, gather=True,
-                                          block_expert=routes.block_expert)
+                                          block_expert=routes.block_expert, per_token=False)
         mq.quantize_routed_rows(x, routes.sorted_routes, p, k, 128, gather=True, layout=layout,
-                                block_expert=routes.block_expert)
+                                block_expert=routes.block_expert, per_token=False)
     finally:
         mq._quant_rows_kernel = kernel
     valid = (routes.sorted_routes < p).cpu()

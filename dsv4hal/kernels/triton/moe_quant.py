@@ -155,8 +155,8 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
     as SM100's UE8M0 packing needs) written as zeros with scale 1. src: x [T, K] (gather) or GEMM1's output
     [rows, 2K]. block_expert int32 [rows / block] (AlignedRoutes'): gives row_tile the block; with layout int32
     [rows] (which needs it) also filled with each row's expert, -1 for padding rows (DeepGEMM's per-row
-    grouped_layout). tile: (BLOCK_R, BLOCK_G), else row_tile's; warps, stages: the launch's (stages > 1 pipelines
-    the loads of a row's 128-groups; default DENSE_STAGES for tiles of several rows, else 1).
+    grouped_layout). tile (the one-launch pass's): (BLOCK_R, BLOCK_G), else row_tile's; warps, stages: the launch's
+    (stages > 1 pipelines the loads of a row's 128-groups; default DENSE_STAGES for tiles of several rows, else 1).
     per_token (gather only; default: from PER_TOKEN_MIN_TOKENS tokens, a shape-only choice): quantize each token
     once and copy its codes to its routes' rows, two launches and the same bytes."""
     if k_dim % GROUP:

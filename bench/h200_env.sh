@@ -92,6 +92,11 @@ profile_decode() {  # TIMEOUT: the MXFP4 decode call kernel by kernel into $R/pr
     > /tmp/prof.log 2>&1
   echo "rc=$?"; grep -v Warn /tmp/prof.log | tail -4 | cut -c1-1500
 }
+soak_1min() {  # TIMEOUT: dsv4hal soak --minutes 1 into $R/soak-1min.json, its last lines
+  stamp "soak, 1 minute"
+  timeout "$1" $D soak --minutes 1 --json "$R/soak-1min.json" > /tmp/soak.log 2>&1
+  echo "rc=$?"; grep -v Warn /tmp/soak.log | tail -4 | cut -c1-300
+}
 conform_all() {  # TIMEOUT PREFIX: the whole conformance catalog (auto selection, eager and graph) as three reports
                  # run side by side ($R/PREFIX-moe, -attention, -rest .json; the markdown in $R/PREFIX.md), their tails
   local limit=$1 prefix=$2

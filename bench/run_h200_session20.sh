@@ -73,15 +73,11 @@ if [[ $part == last ]]; then
     stamp "conformance: indexer_q_prep, compress, compress_decode (eager and graph)"
     conform 150 conformance-cuda_sm90-q-prep-compress indexer_q_prep,compress,compress_decode
     stamp "demo (as selected; indexer_q_prep now an op)"; demo_flash 150 demo-flash
-    stamp "soak, 1 minute"
-    timeout 110 $D soak --minutes 1 --json "$R/soak-1min.json" > /tmp/soak.log 2>&1
-    echo "rc=$?"; grep -v Warn /tmp/soak.log | tail -3 | cut -c1-300
+    soak_1min 110
   } 2>&1 | tee "$R/log-last20.txt"
 fi
 if [[ $part == final ]]; then
   { conform_all 380 conformance-cuda_sm90-final
-    stamp "soak, 1 minute"
-    timeout 110 $D soak --minutes 1 --json "$R/soak-1min.json" > /tmp/soak.log 2>&1
-    echo "rc=$?"; grep -v Warn /tmp/soak.log | tail -6 | cut -c1-300
+    soak_1min 110
   } 2>&1 | tee "$R/log-final20.txt"
 fi

@@ -45,24 +45,37 @@ def settings(grid: str) -> list[dict]:
     return [{"tile": t, "warps": w, "stages": s} for t, w, s in itertools.product(tiles, warps, stages)]
 
 
+def fp8_call(t: int, gen: torch.Generator) -> tuple:
+    """(the bound moe_experts op with deepgemm_fp8_psum_sm90 forced, its prepared V4-Flash FP8 weights, and
+    fp8_inputs): the FP8 psum call at T tokens the sweeps below time."""
+    import dsv4hal
+    from dsv4hal.bench.common import bound_op
+    from dsv4hal.conformance.cases_moe import _expert_weights, _experts_params
+
+    op = bound_op(dsv4hal.select_platform(), "moe_experts", "deepgemm_fp8_psum_sm90")
+    prepared = op.prepare_weights(_expert_weights(_experts_params("flash", t, "fp8_block"), torch.device("cuda"),
+                                                  gen))
+    return (op, prepared, *fp8_inputs(t, gen))
+
+
+def fp8_inputs(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x bf16 [T, H], distinct top-6 expert ids per token, routing weights in [0.5, 1.5)."""
+    x = torch.randn(t, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
+    ids = torch.rand(t, EXPERTS, generator=gen, device="cuda").argsort(1)[:, :TOP_K].to(torch.int32)
+    tw = torch.rand(t, TOP_K, generator=gen, device="cuda") + 0.5
+    return x, ids, tw
+
+
 def call_rows(t: int, gen: torch.Generator) -> list[dict]:
     """The FP8 psum call at T tokens: whole, its launches alone, and with other expected_m values. The launches are
     grouped_fp8_moe's steps called one by one (that function runs them in one go), so each can be timed alone."""
     import deep_gemm
 
-    import dsv4hal
-    from dsv4hal.bench.common import bound_op
-    from dsv4hal.conformance.cases_moe import _expert_weights, _experts_params
     from dsv4hal.kernels.grouped_fp8_moe import grouped_fp8_moe, psum_expected_m
     from dsv4hal.kernels.triton.moe_combine import combine_routes
 
-    p = _experts_params("flash", t, "fp8_block")
-    op = bound_op(dsv4hal.select_platform(), "moe_experts", "deepgemm_fp8_psum_sm90")
-    prepared = op.prepare_weights(_expert_weights(p, torch.device("cuda"), gen))
+    op, prepared, x, ids, tw = fp8_call(t, gen)
     w = prepared.payload  # DeepGemmWeights
-    x = torch.randn(t, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
-    ids = torch.rand(t, EXPERTS, generator=gen, device="cuda").argsort(1)[:, :TOP_K].to(torch.int32)
-    tw = torch.rand(t, TOP_K, generator=gen, device="cuda") + 0.5
     n = t * TOP_K
     rows: list[dict] = [{"T": t, "part": "call", "us": graph_us(lambda: op(x, ids, tw, prepared), inner=5, reps=15)}]
     want = op(x, ids, tw, prepared)
@@ -126,10 +139,9 @@ def call_rows(t: int, gen: torch.Generator) -> list[dict]:
 
 def per_token_rows(t: int, gen: torch.Generator, call: bool, rounds: int = 3) -> list[dict]:
     """The gather pass one way and the other at T tokens (and the whole FP8 psum call with each), alternating."""
-    ids = torch.rand(t, EXPERTS, generator=gen, device="cuda").argsort(1)[:, :TOP_K].to(torch.int32)
+    op, prepared, x, ids, tw = fp8_call(t, gen) if call else (None, None, *fp8_inputs(t, gen))
     routes = align_routes(ids, EXPERTS, ALIGN)
     p = t * TOP_K
-    x = torch.randn(t, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
     valid = routes.sorted_routes < p
 
     def gather(per_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,14 +153,6 @@ def per_token_rows(t: int, gen: torch.Generator, call: bool, rounds: int = 3) ->
     rows: list[dict] = []
     fns = {"gather, one launch": lambda: gather(False), "gather, per token + copy": lambda: gather(True)}
     if call:
-        import dsv4hal
-        from dsv4hal.bench.common import bound_op
-        from dsv4hal.conformance.cases_moe import _expert_weights, _experts_params
-
-        op = bound_op(dsv4hal.select_platform(), "moe_experts", "deepgemm_fp8_psum_sm90")
-        prepared = op.prepare_weights(_expert_weights(_experts_params("flash", t, "fp8_block"),
-                                                      torch.device("cuda"), gen))
-        tw = torch.rand(t, TOP_K, generator=gen, device="cuda") + 0.5
         saved = moe_quant.PER_TOKEN_MIN_TOKENS
 
         def with_min(m: int) -> torch.Tensor:
@@ -175,18 +179,10 @@ def real_swiglu_rows(t: int, gen: torch.Generator) -> list[dict]:
     (deep_gemm.set_pdl) off and on, rounds alternating."""
     import deep_gemm
 
-    import dsv4hal
-    from dsv4hal.bench.common import bound_op
-    from dsv4hal.conformance.cases_moe import _expert_weights, _experts_params
     from dsv4hal.kernels.grouped_fp8_moe import psum_expected_m
 
-    op = bound_op(dsv4hal.select_platform(), "moe_experts", "deepgemm_fp8_psum_sm90")
-    prepared = op.prepare_weights(_expert_weights(_experts_params("flash", t, "fp8_block"), torch.device("cuda"),
-                                                  gen))
+    op, prepared, x, ids, tw = fp8_call(t, gen)
     w = prepared.payload
-    x = torch.randn(t, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
-    ids = torch.rand(t, EXPERTS, generator=gen, device="cuda").argsort(1)[:, :TOP_K].to(torch.int32)
-    tw = torch.rand(t, TOP_K, generator=gen, device="cuda") + 0.5
     n = t * TOP_K
     routes = align_routes(ids, EXPERTS, w.alignment)
     a1, s1 = quantize_routed_rows(x, routes.sorted_routes, n, TOP_K, HIDDEN, gather=True,

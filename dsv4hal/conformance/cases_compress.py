@@ -152,7 +152,8 @@ def _pool(rows: torch.Tensor, ape: torch.Tensor, groups: list, hd: int, base: in
     return (weights / weights.sum(dim=1, keepdim=True) * kv).sum(dim=1)
 
 
-def _sylvester(n: int) -> torch.Tensor:
+def sylvester(n: int) -> torch.Tensor:
+    """float64 [n, n] +-1 Sylvester Hadamard matrix by Kronecker products (the oracles' own, no kernel code)."""
     h = torch.ones(1, 1, dtype=torch.float64)
     while h.shape[0] < n:
         h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
@@ -166,7 +167,7 @@ def _finish(c: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch
     c = c / torch.sqrt((c * c).mean(dim=1, keepdim=True) + eps) * weight
     z = torch.complex(c[:, hd - 64 :: 2], c[:, hd - 63 :: 2]) * torch.complex(cos[pos], sin[pos])
     c[:, hd - 64 :: 2], c[:, hd - 63 :: 2] = z.real, z.imag
-    return c @ _sylvester(hd).t() / math.sqrt(hd) if hadamard else c
+    return c @ sylvester(hd).t() / math.sqrt(hd) if hadamard else c
 
 
 def oracle(kv_score: torch.Tensor, lengths: tuple[int, ...], ape: torch.Tensor, weight: torch.Tensor,

@@ -4,9 +4,10 @@
 indexer_logits: the fixture writes every slot of the cache from fp32 keys with `write_rows`; the oracle uses the
 exact dequantized values of those same fp32 keys (`exact_dequant`), never bytes read back from the cache, and
 walks the block table one token at a time.
-indexer_q_prep: the oracle rotates and transforms q in float64 (its own RoPE pairs and Sylvester matrix, no code
-shared with the reference), takes the float64 scale, and the codes are checked as values (code * scale against
-the float64 head, within half an FP8 step) and the folded weights against the float64 product."""
+indexer_q_prep: the oracle rotates and transforms q in float64 (its own RoPE pairs, the compressor oracle's
+Sylvester matrix; no code shared with the reference), takes the float64 scale, and the codes are checked as values
+(code * scale against the float64 head, within half an FP8 step) and the folded weights against the float64
+product."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import math
 
 import torch
 
+from dsv4hal.conformance.cases_compress import sylvester
 from dsv4hal.conformance.types import CaseSpec, Fixture, Tolerance, compare_close
 from dsv4hal.formats.fp8 import FP8_MAX, fp8_dtype, fp8_to_float
 from dsv4hal.formats.indexer_cache import (
@@ -24,11 +26,10 @@ from dsv4hal.formats.indexer_cache import (
     quantize_rows,
     write_rows,
 )
+from dsv4hal.ops.indexer_logits import INDEX_HEADS, WEIGHT_FOLD
 
 OP = "indexer_logits"
 Q_PREP_OP = "indexer_q_prep"
-HEADS = 64
-WEIGHT_FOLD = INDEX_DIM**-0.5 * HEADS**-0.5  # 128^-0.5 * 64^-0.5, folded into the head weights (spec 4.2)
 SPARE_PAGES = 3  # pages no token uses, so a kernel reading the wrong page reads real but wrong data
 
 TOLERANCES: dict[str, Tolerance] = {
@@ -141,10 +142,10 @@ def _block_table(contexts: tuple[int, ...], num_pages: int, gen: torch.Generator
 
 def _queries(num_tokens: int, fp8: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(q fp8 [T, 64, 128], weights fp32 [T, 64]) quantized per (token, head) as the indexer q prep does."""
-    q = torch.randn(num_tokens * HEADS, INDEX_DIM, generator=gen)
+    q = torch.randn(num_tokens * INDEX_HEADS, INDEX_DIM, generator=gen)
     raw, qs = quantize_rows(q, fp8)  # same rule as the keys: max(amax, 1e-4) / FP8_MAX per (token, head)
-    q8 = raw.view(fp8_dtype(fp8)).view(num_tokens, HEADS, INDEX_DIM)
-    weights = torch.randn(num_tokens, HEADS, generator=gen) * qs.view(num_tokens, HEADS) * WEIGHT_FOLD
+    q8 = raw.view(fp8_dtype(fp8)).view(num_tokens, INDEX_HEADS, INDEX_DIM)
+    weights = torch.randn(num_tokens, INDEX_HEADS, generator=gen) * qs.view(num_tokens, INDEX_HEADS) * WEIGHT_FOLD
     return q8, weights
 
 
@@ -192,14 +193,6 @@ CASES_Q_PREP: list[CaseSpec] = [
 ]
 
 
-def _sylvester64(n: int) -> torch.Tensor:
-    """float64 [n, n] Sylvester Hadamard matrix by Kronecker products, scaled n^-0.5."""
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / math.sqrt(n)
-
-
 def q_prep_oracle(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
                   ) -> torch.Tensor:
     """float64 [T, 64, 128]: RoPE on each head's last 64 dims (pairs (2i, 2i+1), angle of pair i at the position),
@@ -211,7 +204,7 @@ def q_prep_oracle(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positio
     re, im = h[..., 64::2].clone(), h[..., 65::2].clone()
     h[..., 64::2] = re * c - im * s_
     h[..., 65::2] = re * s_ + im * c
-    return h @ _sylvester64(INDEX_DIM).t()
+    return h @ sylvester(INDEX_DIM).t() / math.sqrt(INDEX_DIM)
 
 
 def _compare_q_prep(got: tuple[torch.Tensor, torch.Tensor], expected: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -241,14 +234,14 @@ def _build_q_prep(spec: CaseSpec, device: torch.device, gen: torch.Generator) ->
 
     p = spec.params
     t, fp8, max_pos = int(p["T"]), str(p["fp8"]), int(p["max_pos"])
-    q = torch.randn(t, HEADS, INDEX_DIM, generator=gen) * torch.exp(torch.randn(t, HEADS, 1, generator=gen))
+    q = torch.randn(t, INDEX_HEADS, INDEX_DIM, generator=gen) * torch.exp(torch.randn(t, INDEX_HEADS, 1, generator=gen))
     if p.get("edges") and t:
         q[0, :3] = 0.0  # amax floored at 1e-4
         q[1, 5] *= 1e-3
         q[1, 5, 7] = 1e4  # one huge entry: the others land in FP8 subnormals or zero
         q[2, 9] *= 1e-8  # amax below the floor after the transform
     q = q.to(getattr(torch, str(p["dtype"])))
-    weights = torch.randn(t, HEADS, generator=gen).to(getattr(torch, str(p.get("weights", "float32"))))
+    weights = torch.randn(t, INDEX_HEADS, generator=gen).to(getattr(torch, str(p.get("weights", "float32"))))
     positions = torch.randint(0, max_pos, (t,), generator=gen, dtype=torch.int32)
     if t:
         positions[0] = max_pos - 1
@@ -259,8 +252,8 @@ def _build_q_prep(spec: CaseSpec, device: torch.device, gen: torch.Generator) ->
     w_dev = weights.to(device)
     if p.get("weights_stride"):  # a view of a wider buffer: row stride past 64, unit stride along heads
         wide = torch.zeros(t, int(p["weights_stride"]), dtype=weights.dtype, device=device)
-        wide[:, :HEADS] = w_dev
-        w_dev = wide[:, :HEADS]
+        wide[:, :INDEX_HEADS] = w_dev
+        w_dev = wide[:, :INDEX_HEADS]
     args = {"q": q.to(device), "weights": w_dev, "cos": cos.to(device), "sin": sin.to(device),
             "positions": positions.to(device), "fp8": fp8}
     return Fixture(args=args, expected=(head, qs, w_exp), tolerance=TOLERANCES[Q_PREP_OP],

@@ -12,8 +12,8 @@ the graph step can be compared with the sum of its ops and with each op's bandwi
 skips the prefill compute and fills the caches and compressor rings with random rows through pack_store
 (a long context at full size in seconds); decode then runs exactly as after a real prefill.
 
-Modules: `config` (dimensions), `model` (weights, caches, forward pass, random fill), `engine_helpers` (RoPE,
-Hadamard: the engine-side math borrowed from dsv4hal's references, and only there), `tape`
+Modules: `config` (dimensions), `model` (weights, caches, forward pass, random fill), `engine_helpers` (RoPE:
+the engine-side math borrowed from dsv4hal's references, and only there), `tape`
 (record and replay op calls), `timers`, `floors` (bandwidth floors from the byte formats), `plots`, `runner`
 (run_demo: prefill and eager or CUDA-graph decode), `cpu_comparison`, `command` (`dsv4hal demo`)."""
 

@@ -37,7 +37,8 @@ def floor_bytes(name: str, args: tuple, kwargs: dict, out: Any) -> float:
         return dense + nbytes(q) + nbytes(weights) + int(lens.sum()) * indexer_cache.TOKEN_BYTES
     if name == "indexer_q_prep":  # q, weights and positions in, codes and weights out, a RoPE row a token
         q, weights, cos = args[0], args[1], args[2]
-        return dense + nbytes(q) + nbytes(weights) + nbytes(args[4]) + 2 * q.shape[0] * cos.shape[1] * 4
+        rope_rows = 2 * q.shape[0] * cos.shape[1] * cos.element_size()  # cos and sin at each token's position
+        return dense + nbytes(q) + nbytes(weights) + nbytes(args[4]) + rope_rows
     if name == "pack_store":
         kv = args[0]
         return nbytes(kv) + kv.shape[0] * v4_cache.TOKEN_BYTES

@@ -41,6 +41,7 @@ from dsv4hal.ops.signatures import define
 OP = "indexer_logits"
 Q_PREP_OP = "indexer_q_prep"
 INDEX_HEADS = 64
+WEIGHT_FOLD = INDEX_DIM**-0.5 * INDEX_HEADS**-0.5  # 128^-0.5 * 64^-0.5, folded into the head weights (spec 4.2)
 ROPE_PAIRS = 32  # RoPE on the last 64 dims of a head: 32 (re, im) pairs
 
 

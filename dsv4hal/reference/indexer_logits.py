@@ -13,11 +13,9 @@ import torch
 
 from dsv4hal.formats.fp8 import fp8_dtype, fp8_to_float
 from dsv4hal.formats.indexer_cache import INDEX_DIM, PAGE_SIZE, IndexerPagedCache, quantize_rows
+from dsv4hal.ops.indexer_logits import INDEX_HEADS, WEIGHT_FOLD
 from dsv4hal.reference.compress import hadamard_transform
 from dsv4hal.reference.rope import apply_rope
-
-INDEX_HEADS = 64
-WEIGHT_FOLD = INDEX_DIM**-0.5 * INDEX_HEADS**-0.5  # 128^-0.5 * 64^-0.5 (spec 4.2 step 3)
 
 
 def gather_context(cache: IndexerPagedCache, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,10 +17,9 @@ import triton.language as tl
 from dsv4hal.formats.fp8 import FP8_MAX, fp8_dtype
 from dsv4hal.kernels.triton.compress import rope_last64
 from dsv4hal.kernels.triton.fp8_codec import fp8_bits, hardware_fp8
+from dsv4hal.ops.indexer_logits import INDEX_DIM, INDEX_HEADS, WEIGHT_FOLD
 
-HEADS, DIM = 64, 128
 BLOCK_H = 4  # heads a program prepares, one after another
-WEIGHT_FOLD = DIM**-0.5 * HEADS**-0.5  # 128^-0.5 * 64^-0.5 (spec 4.2 step 3)
 
 
 @triton.jit
@@ -63,10 +62,10 @@ def indexer_q_prep(q: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, si
                    positions: torch.Tensor, fp8: str = "e4m3fn") -> tuple[torch.Tensor, torch.Tensor]:
     """The contract's indexer_q_prep (dsv4hal.ops.indexer_logits)."""
     t = q.shape[0]
-    q8 = torch.empty(t, HEADS, DIM, dtype=torch.uint8, device=q.device)
-    w_out = torch.empty(t, HEADS, dtype=torch.float32, device=q.device)
+    q8 = torch.empty(t, INDEX_HEADS, INDEX_DIM, dtype=torch.uint8, device=q.device)
+    w_out = torch.empty(t, INDEX_HEADS, dtype=torch.float32, device=q.device)
     if t:
-        _q_prep_kernel[(t, HEADS // BLOCK_H)](
+        _q_prep_kernel[(t, INDEX_HEADS // BLOCK_H)](
             q, weights, weights.stride(0), cos, cos.stride(0), sin, sin.stride(0), positions, q8, w_out, FP8_MAX[fp8],
             WEIGHT_FOLD, BLOCK_H=BLOCK_H, FNUZ=fp8 == "e4m3fnuz", HW=hardware_fp8(q.device), num_warps=2,
             enable_fp_fusion=False)  # no FMA contraction: RoPE's products rounded apart, as the reference's

@@ -30,6 +30,10 @@ libraries.
         bench/results/h200/sweep-moe-swiglu-real.png
     python3 bench/plot_results.py fp8call bench/results/h200/sweep-moe-fp8-call.json \
         bench/results/h200/sweep-moe-fp8-call.png
+    python3 bench/plot_results.py fastswiglu bench/results/h200/sweep-moe-fast-swiglu.json \
+        bench/results/h200/sweep-moe-fast-swiglu.png
+    python3 bench/plot_results.py scatter bench/results/h200/sweep-moe-scatter-grid.json \
+        bench/results/h200/sweep-moe-scatter-grid.png
     python3 bench/plot_results.py conformance A.json,B.json,... out.png   # reports of one catalog split over runs
     python3 bench/plot_results.py demos A.json,B.json,... out.png         # demo runs side by side, op by op"""
 
@@ -277,6 +281,44 @@ def fp8call(data: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def fastswiglu(data: dict[str, Any], path: str) -> None:
+    """bench/sweep_moe_quant.py --fast-swiglu: each part's median over its rounds (min-max as error bars), the passes
+    and the whole call apart; the codes' comparison in the title."""
+    rows = [r for r in data["fast_swiglu"] if "us" in r]
+    diff = next(r for r in data["fast_swiglu"] if "codes_differing" in r)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    for ax, calls in zip(axes, (False, True), strict=True):
+        names = list(dict.fromkeys(r["part"] for r in rows if r["part"].startswith("call") == calls))
+        us = [[r["us"] for r in rows if r["part"] == n] for n in names]
+        med = [_median(u) for u in us]
+        ax.barh(range(len(names)), med, xerr=[[m - min(u) for m, u in zip(med, us)],
+                                             [max(u) - m for m, u in zip(med, us)]])
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("us (CUDA graph; median, min-max of rounds)")
+    axes[0].set_title(f"T = {rows[0]['T']}: fast SwiGLU codes differing {diff['codes_differing']} of {diff['codes']}",
+                      fontsize=9)
+    axes[1].set_title("the whole FP8 psum call (spread between calls wider than the passes' gain)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def scatter(data: dict[str, Any], path: str) -> None:
+    """bench/sweep_moe_quant.py --scatter-grid: the scatter's time a (BLOCK_T, BLOCK_G) tile and warps, a panel a T."""
+    rows = data["scatter"]
+    tokens = sorted({r["T"] for r in rows})
+    fig, axes = plt.subplots(1, len(tokens), figsize=(6 * len(tokens), 4.2), squeeze=False)
+    for ax, t in zip(axes[0], tokens, strict=True):
+        sel = [r for r in rows if r["T"] == t]
+        ax.bar(range(len(sel)), [r["us"] for r in sel], color=["C1" if r["default"] else "C0" for r in sel])
+        ax.set_xticks(range(len(sel)), [f"{a}x{b} w{r['warps']}" for r in sel for a, b in [r["tile"]]],
+                      rotation=60, fontsize=7)
+        ax.set_ylabel("us (CUDA graph)")
+        ax.set_title(f"gather pass, scatter from tokens, T = {t} (orange: the sweep's default then)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def conformance(reports: list[tuple[str, Any]], path: str) -> None:
     """Conformance reports (`dsv4hal conformance --json`) drawn as one: the cells run per op, stacked by status (a
     report's cells of other ops, deselected by its --ops, are left out)."""
@@ -332,4 +374,4 @@ if __name__ == "__main__":
     else:
         {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply, "mxmoe": mxmoe, "pdl": pdl,
          "parts": parts, "pertoken": pertoken, "alignprefill": alignprefill, "swiglureal": swiglureal,
-         "fp8call": fp8call}[kind](json.loads(open(src).read()), dst)
+         "fp8call": fp8call, "fastswiglu": fastswiglu, "scatter": scatter}[kind](json.loads(open(src).read()), dst)

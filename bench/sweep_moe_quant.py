@@ -13,6 +13,10 @@ DeepGEMM's GEMM config; dsv4hal passes ceil(T*k/E)), every output compared with 
 --real-swiglu: the SwiGLU pass on GEMM1's real output against randn rows, over tiles and warps, and the whole call
 with DeepGEMM's programmatic dependent launch off and on.
 
+--fast-swiglu: the SwiGLU pass with torch's exact roundings against the approximate exp and division (codes compared),
+the gather pass as per token + copy against the scatter from the tokens' side, and the whole FP8 psum call before and
+after each change, rounds alternating. --scatter-grid: the scatter over tiles and warps.
+
 --per-token: the gather pass in one launch (each route's row quantized) against two (each token quantized once,
 then copied to its routes' rows; moe_quant.PER_TOKEN_MIN_TOKENS picks between them) at every --tokens, alone and,
 with --call, inside the whole FP8 psum call, rounds alternating; bytes and outputs compared.
@@ -173,10 +177,9 @@ def per_token_rows(t: int, gen: torch.Generator, call: bool, rounds: int = 3) ->
     return rows
 
 
-def real_swiglu_rows(t: int, gen: torch.Generator) -> list[dict]:
-    """The SwiGLU pass at T tokens on GEMM1's real output against randn rows of the same shape, over tiles and
-    warps (bytes compared with the default's on the same input); then the whole FP8 psum call with DeepGEMM's PDL
-    (deep_gemm.set_pdl) off and on, rounds alternating."""
+def gemm1_output(t: int, gen: torch.Generator) -> tuple:
+    """(op, prepared, x, ids, tw, routes, GEMM1's real output [rows, 2I] bf16, the rows holding routes): the FP8
+    psum call's inputs at T tokens (fp8_call) and GEMM1 run on them through DeepGEMM's psum layout."""
     import deep_gemm
 
     from dsv4hal.kernels.grouped_fp8_moe import psum_expected_m
@@ -187,12 +190,21 @@ def real_swiglu_rows(t: int, gen: torch.Generator) -> list[dict]:
     routes = align_routes(ids, EXPERTS, w.alignment)
     a1, s1 = quantize_routed_rows(x, routes.sorted_routes, n, TOP_K, HIDDEN, gather=True,
                                   block_expert=routes.block_expert)
-    m = routes.sorted_routes.numel()
-    real = torch.empty(m, 2 * INTER, dtype=torch.bfloat16, device="cuda")
-    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a1.view(torch.float8_e4m3fn), s1), (w.w13, w.w13_scale), real,
+    d1 = torch.empty(routes.sorted_routes.numel(), 2 * INTER, dtype=torch.bfloat16, device="cuda")
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a1.view(torch.float8_e4m3fn), s1), (w.w13, w.w13_scale), d1,
                                                routes.expert_end, use_psum_layout=True,
                                                expected_m_for_psum_layout=psum_expected_m(n, EXPERTS))
-    valid = routes.sorted_routes < n
+    return op, prepared, x, ids, tw, routes, d1, routes.sorted_routes < n
+
+
+def real_swiglu_rows(t: int, gen: torch.Generator) -> list[dict]:
+    """The SwiGLU pass at T tokens on GEMM1's real output against randn rows of the same shape, over tiles and
+    warps (bytes compared with the default's on the same input); then the whole FP8 psum call with DeepGEMM's PDL
+    (deep_gemm.set_pdl) off and on, rounds alternating."""
+    import deep_gemm
+
+    op, prepared, x, ids, tw, routes, real, valid = gemm1_output(t, gen)
+    n, m = t * TOP_K, real.shape[0]
     rand = torch.randn(m, 2 * INTER, generator=gen, device="cuda").to(torch.bfloat16)
     stats = {"real_abs_max": float(real[valid].float().abs().max()), "real_std": float(real[valid].float().std())}
     rows: list[dict] = [{"T": t, "part": "GEMM1 output", **stats}]
@@ -227,6 +239,112 @@ def real_swiglu_rows(t: int, gen: torch.Generator) -> list[dict]:
     return rows
 
 
+def fast_swiglu_rows(t: int, gen: torch.Generator, rounds: int = 3) -> list[dict]:
+    """The SwiGLU pass with torch's exact roundings (fast=False) against the approximate exp and division
+    (moe_quant.FAST_SWIGLU) on GEMM1's real output at T tokens, rounds alternating: time, and how the codes differ
+    (share of codes, largest difference in FP8 steps of the exact code's binade, scales). Then the gather pass two
+    ways alone (each token quantized, then copied to its routes' rows; or stored straight into them from the tokens'
+    side, row_of_route: bytes compared), its token quantization alone, and the whole FP8 psum call as before (exact
+    SwiGLU, copy), with the scatter, and with both changes (outputs' relative L2 difference against before)."""
+    from dsv4hal.kernels import grouped_fp8_moe
+
+    op, prepared, x, ids, tw, routes, d1, valid = gemm1_output(t, gen)
+    n = t * TOP_K
+
+    def swiglu(fast: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize_routed_rows(d1, routes.sorted_routes, n, TOP_K, INTER, gather=False, swiglu_limit=10.0,
+                                    fast=fast)
+
+    (qe, se), (qf, sf) = swiglu(False), swiglu(True)
+    qe, se, qf, sf = qe[valid], se[valid], qf[valid], sf[valid]
+    deq_e = qe.view(torch.float8_e4m3fn).float() * se.repeat_interleave(GROUP, 1)
+    deq_f = qf.view(torch.float8_e4m3fn).float() * sf.repeat_interleave(GROUP, 1)
+    unit = se.repeat_interleave(GROUP, 1)
+    step = unit * torch.exp2((deq_e.abs() / unit).clamp(min=2.0 ** -6).log2().floor() - 3)
+    diff = {"codes": qe.numel(), "codes_differing": int((qe != qf).sum()),
+            "share_differing": float((qe != qf).float().mean()),
+            "max_steps": float(((deq_f - deq_e).abs() / step).max()),
+            "scales_differing": int((se != sf).sum()), "scales": se.numel(),
+            "max_scale_rel": float(((sf - se).abs() / se).max()),
+            "nan": int(deq_f.isnan().sum() + deq_e.isnan().sum())}
+    rows: list[dict] = [{"T": t, "part": "swiglu pass, fast against exact codes", **diff}]
+    print(json.dumps(rows[-1]), flush=True)
+    qt = torch.empty(t, HIDDEN, dtype=torch.uint8, device="cuda")
+    fns = {"swiglu pass, exact (torch's roundings)": lambda: swiglu(False),
+           "swiglu pass, fast (approximate exp, division)": lambda: swiglu(True),
+           "gather pass (per token + copy)": lambda: quantize_routed_rows(
+               x, routes.sorted_routes, n, TOP_K, HIDDEN, gather=True, block_expert=routes.block_expert),
+           "gather pass (scatter from tokens, one launch)": lambda: quantize_routed_rows(
+               x, routes.sorted_routes, n, TOP_K, HIDDEN, gather=True, block_expert=routes.block_expert,
+               row_of_route=routes.row_of_route),
+           "gather pass, tokens quantized only (direct)": lambda: quantize_routed_rows(
+               x, torch.arange(t, device="cuda", dtype=torch.int32), t, 1, HIDDEN, gather=False, per_token=False),
+           "read x, write T rows of codes (torch copy, for scale)": lambda: qt.copy_(x.view(torch.uint8)[:, :HIDDEN])}
+    gq = [quantize_routed_rows(x, routes.sorted_routes, n, TOP_K, HIDDEN, gather=True,
+                               block_expert=routes.block_expert, row_of_route=rr) for rr in (None, routes.row_of_route)]
+    rows.append({"T": t, "part": "gather pass, scatter against copy",
+                 "equal": bool(torch.equal(gq[0][0][valid], gq[1][0][valid])
+                               and torch.equal(gq[0][1][valid], gq[1][1][valid]))})
+    print(json.dumps(rows[-1]), flush=True)
+    saved = moe_quant.FAST_SWIGLU
+    quant = grouped_fp8_moe.quantize_routed_rows
+
+    def copy_gather(*a: object, **k: object) -> tuple[torch.Tensor, torch.Tensor]:
+        return quant(*a, **{**k, "row_of_route": None})
+
+    def call(fast: bool, scatter: bool = True) -> torch.Tensor:
+        moe_quant.FAST_SWIGLU = fast
+        grouped_fp8_moe.quantize_routed_rows = quant if scatter else copy_gather
+        try:
+            return op(x, ids, tw, prepared)
+        finally:
+            moe_quant.FAST_SWIGLU = saved
+            grouped_fp8_moe.quantize_routed_rows = quant
+
+    ye, yf = call(False, False), call(True)
+    rel = float((yf.float() - ye.float()).norm() / ye.float().norm())
+    rows.append({"T": t, "part": "call, scatter gather and exact swiglu against copy gather",
+                 "equal": bool(torch.equal(call(False), ye))})
+    fns["call, exact swiglu, copy gather (before)"] = lambda: call(False, False)
+    fns["call, exact swiglu, scatter gather"] = lambda: call(False)
+    fns["call, fast swiglu, scatter gather (now)"] = lambda: call(True)
+    for r in range(rounds):
+        for name, fn in fns.items():
+            rows.append({"T": t, "part": name, "round": r, "us": graph_us(fn, inner=5, reps=15)})
+            if name.startswith("call"):
+                rows[-1]["rel_l2_fast_vs_exact"] = rel
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def scatter_grid_rows(t: int, gen: torch.Generator) -> list[dict]:
+    """The gather pass's scatter from the tokens' side at T tokens over (BLOCK_T, BLOCK_G) tiles and warps, every
+    setting's bytes compared with the default's (rows of routes)."""
+    x, ids, _ = fp8_inputs(t, gen)
+    routes = align_routes(ids, EXPERTS, ALIGN)
+    n = t * TOP_K
+    valid = routes.sorted_routes < n
+
+    def run(tile: tuple[int, int] | None = None, warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize_routed_rows(x, routes.sorted_routes, n, TOP_K, HIDDEN, gather=True,
+                                    block_expert=routes.block_expert, row_of_route=routes.row_of_route, tile=tile,
+                                    warps=warps)
+
+    want = run()
+    default = row_tile(t, t, HIDDEN, GROUP)
+    rows = []
+    for tile in ((4, 4), (2, 8), (1, 16), (8, 2), (1, 32), (2, 16)):
+        for warps in (4, 8):
+            q, sf = run(tile, warps)
+            rows.append({"T": t, "part": "scatter", "tile": list(tile), "warps": warps,
+                         "default": tile == default and warps == 4,
+                         "equal": bool(torch.equal(q[valid], want[0][valid])
+                                       and torch.equal(sf[valid], want[1][valid])),
+                         "us": graph_us(lambda tile=tile, warps=warps: run(tile, warps), inner=5, reps=15)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True)
@@ -235,12 +353,23 @@ def main() -> None:
     ap.add_argument("--call", action="store_true", help="also the whole FP8 call, its launches, expected_m")
     ap.add_argument("--call-only", action="store_true", help="the --call rows only (no quantizer grid)")
     ap.add_argument("--per-token", action="store_true", help="the gather pass one launch against two (see above)")
+    ap.add_argument("--fast-swiglu", action="store_true",
+                    help="the SwiGLU pass exact against fast on GEMM1's output, gather launches, the call both ways")
+    ap.add_argument("--scatter-grid", action="store_true", help="the gather pass's scatter over tiles and warps")
     ap.add_argument("--real-swiglu", action="store_true",
                     help="the SwiGLU pass on GEMM1's real output against randn, tiles and warps; PDL in the call")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     copy = copy_bandwidth()
     out: dict = {"device": torch.cuda.get_device_name(), "copy_GBps": copy / 1e9, "rows": []}
+    if args.scatter_grid:
+        out["scatter"] = [r for v in args.tokens.split(",") for r in scatter_grid_rows(int(v), gen)]
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        return
+    if args.fast_swiglu:
+        out["fast_swiglu"] = fast_swiglu_rows(int(args.tokens.split(",")[0]), gen)
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        return
     if args.real_swiglu:
         out["real_swiglu"] = real_swiglu_rows(int(args.tokens.split(",")[0]), gen)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

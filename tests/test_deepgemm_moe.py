@@ -121,6 +121,26 @@ def test_matches_the_oracle(fake_dg: FakeDeepGemm, t: int, k: int, gain: float, 
     assert [(c["n"], c["k"]) for c in fake_dg.calls] == [(2 * I, H), (H, I)]
 
 
+@on_the_cpu
+@pytest.mark.parametrize("psum", [False, True])
+@pytest.mark.parametrize("t", [7, 40])  # the gather pass in one launch, and per token + copy
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on the NaN (the interpreter)
+def test_a_nan_input_is_a_nan_output_row(fake_dg: FakeDeepGemm, t: int, psum: bool) -> None:
+    """The quantizers' amax skips NaNs, so a NaN activation must reach the GEMM as FP8's NaN code, not as a finite
+    one (before: min/max clamps turned it into -448): the token's output row is NaN, every other row as without it."""
+    w = deepgemm_moe.prepare_weights(_weights())
+    x, ids, tw = _routing(t, 3, False)
+    x[3, 17] = float("nan")
+    run = deepgemm_moe.moe_experts_psum if psum else deepgemm_moe.moe_experts
+    y = run(x, ids, tw, w)
+    assert bool(y[3].isnan().all())
+    others = torch.ones(t, dtype=torch.bool)
+    others[3] = False
+    assert bool(torch.isfinite(y[others]).all())
+    x[3, 17] = 0.0
+    assert torch.equal(run(x, ids, tw, w)[others], y[others])
+
+
 def _nan_empty(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fresh float and byte buffers hold NaN (0xFF bytes) until written: a row read without being written shows
     in the output."""

@@ -121,7 +121,7 @@ def test_bytes_match_the_one_row_kernel(monkeypatch: pytest.MonkeyPatch, source:
     want_q, want_sf = _one_row(src, sorted_routes, p, top_k, k, source == "gather", limit, pow2)
     _sentinel_empty(monkeypatch)
     q, sf = mq.quantize_routed_rows(src, sorted_routes, p, top_k, k, gather=source == "gather", swiglu_limit=limit,
-                                    pow2_scales=pow2, tile=tile)
+                                    pow2_scales=pow2, tile=tile, fast=False)
     assert sf.shape == (rows, 3) and sf.stride() == (1, rows)
     assert torch.equal(_bytes(q), _bytes(want_q))
     assert torch.equal(_bytes(sf.t()), _bytes(want_sf.t()))
@@ -139,8 +139,42 @@ def test_strided_gemm1_rows_and_wide_k(monkeypatch: pytest.MonkeyPatch) -> None:
     want_q, want_sf = _one_row(src, sorted_routes, p, 1, k, False, 10.0, False)
     _sentinel_empty(monkeypatch)
     for tile in ((1, 16), (2, 4), (4, 4)):
-        q, sf = mq.quantize_routed_rows(src, sorted_routes, p, 1, k, gather=False, swiglu_limit=10.0, tile=tile)
+        q, sf = mq.quantize_routed_rows(src, sorted_routes, p, 1, k, gather=False, swiglu_limit=10.0, tile=tile,
+                                        fast=False)
         assert torch.equal(_bytes(q), _bytes(want_q)) and torch.equal(_bytes(sf.t()), _bytes(want_sf.t()))
+
+
+@pytest.mark.parametrize("limit", [10.0, math.inf])
+def test_fast_swiglu_within_one_fp8_step_of_the_exact_form(limit: float) -> None:
+    """The SwiGLU pass's default (FAST_SWIGLU: approximate exp and division) against torch's roundings (fast=False):
+    scales within one bf16 ulp (amax is a bf16 value), dequantized values within one FP8 step of the exact form's,
+    differing codes rare, and a NaN in GEMM1's output FP8's NaN in both (not quantized to a finite code). On the
+    CPU interpreter both forms use numpy's exp and division, so the bounds bite on a GPU."""
+    rows, k, p = 96, 1024, 80
+    gen = torch.Generator().manual_seed(11)
+    src = torch.randn(rows, 2 * k, generator=gen) * torch.logspace(-3, 1.5, 2 * k)[torch.randperm(2 * k, generator=gen)]
+    src[5, 300] = float("nan")  # gate of row 5, group 2
+    src = src.bfloat16().to(DEV)
+    sorted_routes = torch.cat([torch.randperm(p, generator=gen), torch.full((rows - p,), p)]).to(torch.int32).to(DEV)
+    assert mq.FAST_SWIGLU
+    fast = mq.quantize_routed_rows(src, sorted_routes, p, 1, k, gather=False, swiglu_limit=limit)
+    exact = mq.quantize_routed_rows(src, sorted_routes, p, 1, k, gather=False, swiglu_limit=limit, fast=False)
+    valid = (sorted_routes < p).cpu()
+    (qf, sf), (qe, se) = ((q.cpu()[valid], s.cpu()[valid]) for q, s in (fast, exact))
+    assert not bool(se.isnan().any()) and not bool(sf.isnan().any())  # amax skips the NaN: scales stay finite
+    assert bool(((sf - se).abs() <= se * 2.0 ** -7).all())
+    scale_e, scale_f = se.repeat_interleave(128, dim=1), sf.repeat_interleave(128, dim=1)
+    deq_f = qf.view(torch.float8_e4m3fn).float() * scale_f
+    deq_e = qe.view(torch.float8_e4m3fn).float() * scale_e
+    nan = torch.zeros_like(deq_e, dtype=torch.bool)
+    nan[5, 300] = True  # rows 0..p-1 hold routes, so sorted row 5 is valid row 5; gate column 300 -> output 300
+    for deq in (deq_e, deq_f):  # the NaN is carried as FP8's NaN, nothing else is NaN
+        assert torch.equal(deq.isnan(), nan)
+    ok = ~nan
+    # one e4m3 step at the exact code's binade (subnormals: 2^-9 of the scale)
+    step = scale_e * 2.0 ** (deq_e.abs() / scale_e).clamp(min=2.0 ** -6).log2().floor() * 2.0 ** -3
+    assert bool(((deq_f - deq_e).abs()[ok] <= step[ok] * 1.01 + scale_e[ok] * 2.0 ** -6).all())
+    assert float((qf != qe)[ok].float().mean()) < 1e-3
 
 
 @pytest.mark.parametrize(("t", "k", "e"), [(1, 6, 16), (5, 3, 8), (40, 4, 4)])
@@ -209,23 +243,43 @@ def test_per_token_gather_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch, 
     routes = align_routes(ids.to(DEV), 5, 8)
     rows, p = routes.sorted_routes.numel(), t * top_k
     outs = []
-    for per_token in (False, True):
+    launched: list[str] = []
+    for per_token, row_of_route in ((False, None), (True, None), (True, routes.row_of_route)):
         _sentinel_empty(monkeypatch)
+        for name in ("_quant_rows_kernel", "_gather_codes_kernel", "_quant_scatter_kernel"):
+            monkeypatch.setattr(mq, name, _Spy(getattr(mq, name), launched, name))
         lay = torch.full((rows,), 77, dtype=torch.int32, device=DEV) if layout else None
         q, sf = mq.quantize_routed_rows(x, routes.sorted_routes, p, top_k, k, gather=True, pow2_scales=pow2,
-                                        layout=lay, block_expert=routes.block_expert, per_token=per_token)
+                                        layout=lay, block_expert=routes.block_expert, per_token=per_token,
+                                        row_of_route=row_of_route)
         outs.append((_bytes(q), _bytes(sf.t()), None if lay is None else lay.cpu()))
         monkeypatch.undo()
-    (q1, s1, l1), (q2, s2, l2) = outs
-    assert torch.equal(q1, q2) and torch.equal(s1, s2)
-    if layout:
-        assert torch.equal(l1, l2)
-    padding = (routes.sorted_routes >= p).cpu()
-    assert bool(padding.any()) and bool((q2[padding] == (0 if pow2 else SENTINEL)).all())
-    assert not bool((q2[~padding] == SENTINEL).all(dim=1).any())  # every route's row written
+    # the scatter launch serves the last call unless padding rows must be written (pow2 zeros, the per-row layout)
+    scatter = not pow2 and not layout
+    assert launched.count("_quant_scatter_kernel") == int(scatter)
+    assert launched.count("_gather_codes_kernel") == 2 - int(scatter)
+    for q2, s2, l2 in outs[1:]:
+        q1, s1, l1 = outs[0]
+        assert torch.equal(q1, q2) and torch.equal(s1, s2)
+        if layout:
+            assert torch.equal(l1, l2)
+        padding = (routes.sorted_routes >= p).cpu()
+        assert bool(padding.any()) and bool((q2[padding] == (0 if pow2 else SENTINEL)).all())
+        assert not bool((q2[~padding] == SENTINEL).all(dim=1).any())  # every route's row written
     with pytest.raises(ValueError, match="gather pass only"):
         mq.quantize_routed_rows(x, routes.sorted_routes, p, top_k, k, gather=False, swiglu_limit=10.0,
                                 per_token=True)
+
+
+class _Spy:
+    """A Triton kernel's stand-in that records its launches by name and launches the kernel."""
+
+    def __init__(self, kernel: Any, log: list[str], name: str) -> None:
+        self.kernel, self.log, self.name = kernel, log, name
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        self.log.append(self.name)
+        return self.kernel[grid]
 
 
 def test_row_tile() -> None:
@@ -294,12 +348,12 @@ def test_one_call_launches(monkeypatch: pytest.MonkeyPatch, t: int, psum: bool, 
     """align (one launch up to 512 routes), two quantize passes (the first writes grouped_layout), two GEMMs and
     the combine: no torch kernel between them (the layout took three: lt, clone of the repeat, where). With the
     psum layout the GEMMs get align's expert_end and an expected M computed from the shapes. From
-    PER_TOKEN_MIN_TOKENS tokens (here lowered to t) the gather pass is a token pass and a copy, still no torch
-    kernel."""
+    PER_TOKEN_MIN_TOKENS tokens (here lowered to t) the gather pass quantizes each token once: straight into its
+    routes' rows (psum) or as a token pass and a copy (per-row layout), still no torch kernel."""
     counts: dict[str, int] = {}
     monkeypatch.setattr(mq, "PER_TOKEN_MIN_TOKENS", t if per_token else t + 1)
     for mod, name in ((tma, "_align_kernel"), (mq, "_quant_rows_kernel"), (mq, "_gather_codes_kernel"),
-                      (mc, "_combine_kernel")):
+                      (mq, "_quant_scatter_kernel"), (mc, "_combine_kernel")):
         monkeypatch.setattr(mod, name, _Launches(getattr(mod, name), counts, name))
     monkeypatch.setattr(gm, "align_routes", functools.partial(align_routes, impl="triton"))  # the GPU's path
     layouts: list[torch.Tensor] = []
@@ -319,8 +373,11 @@ def test_one_call_launches(monkeypatch: pytest.MonkeyPatch, t: int, psum: bool, 
     with _Ops() as mode:
         y = gm.grouped_fp8_moe(gemm, x, ids, tw, _Weights(), 10.0, psum=psum)
     assert y.shape == (t, 256)
-    assert counts == {"_align_kernel": 1, "_quant_rows_kernel": 2, "_combine_kernel": 1, "gemm": 2,
-                      **({"_gather_codes_kernel": 1} if per_token else {})}
+    # per token: with the psum layout the tokens' codes go straight to their rows (no padding row is written),
+    # with the per-row layout a token pass and a copy that writes the layout
+    gather = ({"_quant_scatter_kernel": 1, "_quant_rows_kernel": 1} if psum else
+              {"_quant_rows_kernel": 2, "_gather_codes_kernel": 1}) if per_token else {"_quant_rows_kernel": 2}
+    assert counts == {"_align_kernel": 1, "_combine_kernel": 1, "gemm": 2, **gather}
     assert set(mode.ops) <= NO_KERNEL, sorted(set(mode.ops) - NO_KERNEL)
     assert layouts[-1] is layouts[-2] and layouts[-1].dtype == torch.int32
     if psum:

@@ -64,6 +64,7 @@ FORMATS = ("mxfp4", "fp8_block")
 CLAMP_GAIN = 20.0  # scales w13 so |g|, |u| ~ N(0, 20): most pre-activations exceed the limit of 10
 BIAS_STD = 0.2  # comparable to the spread of sqrt(softplus(N(0,1))), so the bias changes selections
 MASKED_FRACTION = 0.3
+NAN_TOKENS = ((3, 17), (5, 200))  # (token, column) of x set to NaN in the nan-token cases
 
 
 def _shape_kind(shape: str) -> str:
@@ -125,6 +126,15 @@ def _experts_cases() -> list[CaseSpec]:
                           _experts_params("flash-mini", 8, "fp8_block", pow2_scales=True)))
     cases.append(CaseSpec(OP_EXPERTS, "flash-clamp-mxfp4-T64",
                           _experts_params("flash", 64, "mxfp4", w13_gain=CLAMP_GAIN), gpu_only=True))
+    # a NaN in a token's activations is that token's NaN output row, never a finite one: FP8 paths quantize rows
+    # with a max that skips NaNs, so the NaN must be carried as FP8's NaN (decode, prefill, the full-size prefill's
+    # per-token gather pass)
+    for fmt in FORMATS:
+        for t in (8, 80):
+            cases.append(CaseSpec(OP_EXPERTS, f"flash-mini-{fmt}-T{t}-nan-token",
+                                  _experts_params("flash-mini", t, fmt, nan_tokens=NAN_TOKENS)))
+    cases.append(CaseSpec(OP_EXPERTS, "flash-fp8_block-T4096-nan-token",
+                          _experts_params("flash", 4096, "fp8_block", nan_tokens=NAN_TOKENS), gpu_only=True))
     return cases
 
 
@@ -306,21 +316,38 @@ def compare_experts(got: Any, expected: torch.Tensor, tol: Tolerance) -> tuple[f
     return err, True, ""
 
 
+def compare_experts_nan_rows(got: Any, expected: torch.Tensor, tol: Tolerance) -> tuple[float, bool, str]:
+    """The output's NaNs exactly where the oracle's are (the rows of tokens with a NaN input), compare_experts on
+    the other rows."""
+    want_nan, got_nan = expected.isnan().cpu(), got.detach().isnan().cpu()
+    if not torch.equal(want_nan, got_nan):
+        want_rows = want_nan.any(1).nonzero()[:, 0].tolist()
+        got_rows = got_nan.any(1).nonzero()[:, 0].tolist()
+        return float("nan"), False, (f"NaN rows {got_rows} ({int(got_nan.sum())} NaNs), expected every element of rows "
+                                     f"{want_rows} (the tokens with a NaN input) and nothing else")
+    keep = ~want_nan.any(1)
+    return compare_experts(got[keep.to(got.device)], expected[keep], tol)
+
+
 def _build_experts(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture:
     p = dict(spec.params)
     weights = _expert_weights(p, device, gen)
     x = _randn(gen, p["T"], p["H"]).to(torch.bfloat16).to(device)
+    for token, col in p.get("nan_tokens", ()):
+        x[token, col] = float("nan")
     ids, topk_weights = (v.to(device) for v in _routing(p, gen))
     limit = p["swiglu_limit"]
     expected = oracle_moe_experts(x, ids, topk_weights, weights, limit)
+    finite = expected[~expected.isnan().any(1)]
     # Errors of a correct kernel scale with the output's magnitude; so does the absolute tolerance.
-    rms = float(expected.pow(2).mean().sqrt()) if expected.numel() else 0.0
+    rms = float(finite.pow(2).mean().sqrt()) if finite.numel() else 0.0
     base = TOLERANCES[OP_EXPERTS]
     tol = Tolerance(base.atol * max(rms, 1e-6), base.rtol, f"{base.reason} (output RMS {rms:.3g})")
+    compare = compare_experts_nan_rows if p.get("nan_tokens") else compare_experts
     return Fixture(
         args={"x": x, "topk_ids": ids, "topk_weights": topk_weights, "weights": weights, "swiglu_limit": limit},
         expected=expected,
-        compare=functools.partial(compare_experts, tol=tol),
+        compare=functools.partial(compare, tol=tol),
         tolerance=tol,
     )
 

@@ -58,7 +58,7 @@ def grouped_fp8_moe(gemm: Callable[..., None], x: torch.Tensor, topk_ids: torch.
     else:  # the gather pass writes the per-row layout from block_expert (three torch kernels less a call)
         layout = grouped_layout = torch.empty(rows, dtype=torch.int32, device=x.device)
     a1, s1 = quantize_routed_rows(x.contiguous(), sorted_routes, p, k, h, gather=True, pow2_scales=pow2_scales,
-                                  layout=layout, block_expert=routes.block_expert)
+                                  layout=layout, block_expert=routes.block_expert, row_of_route=routes.row_of_route)
     d1 = torch.empty(rows, 2 * i, dtype=torch.bfloat16, device=x.device)
     gemm((a1.view(torch.float8_e4m3fn), s1), (weights.w13, weights.w13_scale), d1, grouped_layout, **gemm_kwargs)
     a2, s2 = quantize_routed_rows(d1, sorted_routes, p, k, i, gather=False, swiglu_limit=swiglu_limit,

@@ -329,7 +329,8 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         swiglu_limit: a positive float (inf disables the clamp).
 
     Returns:
-        (T, H), torch.bfloat16.
+        (T, H), torch.bfloat16. A token whose x holds a NaN gets a NaN row (one with a routed expert), as the
+        reference: kernels that quantize activations carry it as FP8's NaN (conformance cases "nan-token").
 
     Rejected: InvalidArgumentError for other dtypes, shapes or devices, unprepared weights or a hidden size other
     than the weights'; PreparedWeightsMismatchError for weights prepared on another platform or for another

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
+from dsv4hal.kernels.triton.moe_activation import _swiglu_f32_fast
+
 if TYPE_CHECKING:
     import torch
 
@@ -33,10 +35,10 @@ BLOCK_M = 32  # tokens a program
 
 @triton.jit
 def dsv4_clamped_swiglu(x, limit):
+    # dsv4hal's one SwiGLU (approximate exp and division, as this activation always had): NaNs propagate through
+    # the clamps (plain min/max turned a NaN gate into the limit, a NaN input into a finite output row)
     gate, up = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 2, 2)))
-    gate = tl.minimum(gate, limit)
-    up = tl.maximum(tl.minimum(up, limit), -limit)
-    return gate / (1.0 + tl.exp(-gate)) * up
+    return _swiglu_f32_fast(gate, up, limit, True)
 
 
 @triton.jit

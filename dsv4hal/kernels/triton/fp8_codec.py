@@ -82,5 +82,5 @@ def fp8_bits(y, FNUZ: tl.constexpr, HW: tl.constexpr):
     hardware_fp8), else the integer encoder."""
     if HW and not FNUZ:
         return y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    else:
-        return _encode_fp8(y, FNUZ)
+    else:  # a NaN gets the format's NaN, as the hardware cast gives it (e4m3fn 0x7F; e4m3fnuz has 0x80 only)
+        return tl.where(y != y, 0x80 if FNUZ else 0x7F, _encode_fp8(y, FNUZ)).to(tl.uint8)

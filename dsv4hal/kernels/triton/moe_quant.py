@@ -13,9 +13,12 @@ sparse (decode: a row's K/128 groups in a few steps instead of K/128 dependent o
 write DeepGEMM's per-row grouped_layout (the row's expert, -1 for padding), which saves the torch ops that built
 it from block_expert; the LAYOUT flag turns that store off (DeepGEMM's psum layout needs no per-row layout).
 
-Many tokens (prefill): the GATHER source is quantized once a token (DIRECT) and each route's row then copies its
-token's codes and scales (_gather_codes_kernel): a token's k routes share one quantization instead of k, the same
-bytes, since a row's codes depend on its source row only."""
+Many tokens (prefill): the GATHER source is quantized once a token, a token's k routes sharing one quantization
+instead of k (the same bytes, since a row's codes depend on its source row only): stored straight into its routes'
+rows (_quant_scatter_kernel, given AlignedRoutes.row_of_route) where no padding row needs writing, else quantized
+(DIRECT) and then copied by each route's row (_gather_codes_kernel), which also writes the padding rows.
+
+A NaN in the source is carried as FP8's NaN code (_group_codes), never quantized to a finite one."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import triton
 import triton.language as tl
 
 from dsv4hal.kernels.triton.fp8_codec import fp8_bits, hardware_fp8
-from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_limit_args
+from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _swiglu_f32_fast, _to_bf16, swiglu_limit_args
 
 GROUP = 128
 TILE = 16  # (row, group) pairs a program quantizes at once: 2048 elements, 16 a thread at 4 warps
@@ -38,10 +41,44 @@ DENSE_STAGES = 3  # the pipeline stages of tiles of several rows; a decode tile 
 # fewer tokens quantize each route's row directly (one launch). H200, V4-Flash, top-6, CUDA graphs, 3 rounds
 # (sweep-moe-per-token-few.json, sweep-moe-per-token.json): one launch -> two, us: T = 1 3.6 -> 5.9-6.4, 8 6.0-6.1
 # -> 6.8-6.9, 16 9.6-9.7 -> 7.6-7.7, 32 17.1-17.2 -> 9.5-9.6, 64 21.6-22.3 -> 10.1-10.9, 1024 22.4-25.2 ->
-# 18.8-19.3, 4096 64.0-118.6 -> 59.0-71.5; the same bytes.
+# 18.8-19.3, 4096 64.0-118.6 -> 59.0-71.5; the same bytes. Where no padding row needs writing (the psum layout, no
+# pow2 scales) the tokens' codes go straight to their routes' rows instead (_quant_scatter_kernel, one launch): T =
+# 4096 58.8-60.4 -> 50.1-50.3 us (sweep-moe-fast-swiglu.json, 3 rounds).
 PER_TOKEN_MIN_TOKENS = 16
+# The SWIGLU source with the hardware's approximate exp and division (moe_activation._swiglu_f32_fast) instead of
+# torch's exact roundings (libdevice expf, an IEEE division): the pass is bound by those instructions (see
+# MAX_BLOCK_R). A code can then differ from the exact form's by one FP8 step (an element's bf16 value one ulp off
+# moves a code only when it sits on a rounding boundary); moe_experts' tolerance is set for activation quantization as
+# a whole. H200, GEMM1's real output at T = 4096 (sweep-moe-fast-swiglu.json, 3 rounds): 94.5-128.4 -> 67.0-78.0 us,
+# and 0 of its 50.3M codes and 393K scales differed. fast=False in quantize_routed_rows keeps torch's roundings.
+FAST_SWIGLU = True
+# The scatter's tile: one token a program, this many 128-groups a step. H200, V4-Flash top-6, CUDA graphs
+# (sweep-moe-scatter-grid.json; every tile gave the same bytes), us for (BLOCK_T, BLOCK_G) at 4 warps: T = 4096 (4, 4)
+# 50.1, (1, 16) 51.1, (1, 32) 49.5; T = 256 (4, 4) 9.5, (2, 8) 6.6, (1, 16) 5.6, (1, 32) 5.5 (more programs).
+SCATTER_GROUPS = 32
 COPY_ROWS = 4  # rows a program of the copy pass moves
 COPY_WORDS = 1024  # 4-byte words of codes a step of the copy pass moves a row (4 KiB)
+
+
+@triton.jit
+def _group_codes(v, POW2: tl.constexpr, HW_FP8: tl.constexpr):
+    """fp32 [pairs, 128] (one 128-group a row) -> (e4m3fn codes uint8 [pairs, 128], scales fp32 [pairs]): scale
+    max(amax, 1e-4) / 448 (POW2: rounded up to a power of two, UE8M0, exactly representable), codes v / scale.
+
+    amax skips NaNs (tl.max does, on the GPU and in the interpreter), so a NaN element keeps its group's scale and
+    must reach the codec as NaN: its code is FP8's NaN and the GEMM or the output carries it on. The hardware cast
+    saturates (satfinite) and keeps NaN; the integer encoder wants values within +-448."""
+    amax = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-4)
+    scale = amax / 448.0
+    if POW2:
+        bits = scale.to(tl.int32, bitcast=True)
+        inexact = (bits & 0x7FFFFF) != 0
+        scale = ((bits & 0x7F800000) + tl.where(inexact, 0x800000, 0)).to(tl.float32, bitcast=True)
+    y = v / scale[:, None]
+    if not HW_FP8:
+        y = tl.minimum(tl.maximum(y, -448.0, propagate_nan=tl.PropagateNan.ALL), 448.0,
+                       propagate_nan=tl.PropagateNan.ALL)
+    return fp8_bits(y, False, HW_FP8), scale
 
 
 # sizes that change with T are not specialised on (K and the strides are: their divisibility vectorises accesses)
@@ -49,7 +86,8 @@ COPY_WORDS = 1024  # 4-byte words of codes a step of the copy pass moves a row (
 def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, layout_ptr, block_expert_ptr,
                        rows, num_routes, top_k, K, align, limit, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
                        GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr,
-                       LAYOUT: tl.constexpr, HW_FP8: tl.constexpr, STAGES: tl.constexpr, DIRECT: tl.constexpr):
+                       LAYOUT: tl.constexpr, HW_FP8: tl.constexpr, STAGES: tl.constexpr, DIRECT: tl.constexpr,
+                       FAST: tl.constexpr):
     # pair i of the tile: row r0 + i // BLOCK_G, group g0 + i % BLOCK_G (a row's BLOCK_G pairs share its loads)
     i = tl.arange(0, BLOCK_R * BLOCK_G)
     r = tl.program_id(0) * BLOCK_R + i // BLOCK_G
@@ -81,19 +119,17 @@ def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf
         if SWIGLU:  # bf16 activations, as the other paths
             gate = tl.load(base[:, None] + c, mask=load[:, None], other=0.0).to(tl.float32)
             up = tl.load(base[:, None] + K + c, mask=load[:, None], other=0.0).to(tl.float32)
-            v = _to_bf16(_swiglu_f32(gate, up, limit, CLAMP)).to(tl.float32)
+            if FAST:
+                v = _to_bf16(_swiglu_f32_fast(gate, up, limit, CLAMP)).to(tl.float32)
+            else:
+                v = _to_bf16(_swiglu_f32(gate, up, limit, CLAMP)).to(tl.float32)
         else:
             v = tl.load(base[:, None] + c, mask=load[:, None], other=0.0).to(tl.float32)
-        amax = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-4)
-        scale = amax / 448.0
-        if POW2:  # rounded up to a power of two (UE8M0), exactly representable: SM100 packs scales to UE8M0
-            bits = scale.to(tl.int32, bitcast=True)
-            inexact = (bits & 0x7FFFFF) != 0
-            scale = ((bits & 0x7F800000) + tl.where(inexact, 0x800000, 0)).to(tl.float32, bitcast=True)
+        q, scale = _group_codes(v, POW2, HW_FP8)
+        if POW2:
             scale = tl.where(valid, scale, 1.0)  # padding rows loaded zeros: codes 0 with scale 1
-        y = tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0)
         store = write & (g < num_groups)
-        tl.store(q_row[:, None] + c, fp8_bits(y, False, HW_FP8), mask=store[:, None])
+        tl.store(q_row[:, None] + c, q, mask=store[:, None])
         tl.store(sf_ptr + g * stride_sf_g + r, scale, mask=store)
 
 
@@ -129,6 +165,33 @@ def _gather_codes_kernel(qt_ptr, sft_ptr, tokens, sorted_ptr, q_ptr, sf_ptr, str
         tl.store(dst[:, None] + c[None, :], words, mask=write[:, None] & cm)
 
 
+@triton.jit(do_not_specialize=["tokens", "rows"])
+def _quant_scatter_kernel(x_ptr, stride_x, row_of_route_ptr, q_ptr, sf_ptr, stride_sf_g, tokens, rows, top_k, K,
+                          BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, HW_FP8: tl.constexpr, STAGES: tl.constexpr):
+    """The gather pass in one launch from the tokens' side: each token's row of x quantized once (as the DIRECT
+    pass) and its codes and scales stored straight into the sorted rows of its routes (row_of_route [T*k]; a
+    dropped route's row is `rows`: skipped). No per-token buffer, no copy launch; padding rows are left alone."""
+    i = tl.arange(0, BLOCK_T * BLOCK_G)
+    t = tl.program_id(0) * BLOCK_T + i // BLOCK_G
+    lane = i % BLOCK_G
+    valid = t < tokens
+    base = x_ptr + t.to(tl.int64) * stride_x
+    route0 = row_of_route_ptr + t.to(tl.int64) * top_k
+    cols = tl.arange(0, 128)
+    num_groups = K // 128
+    for g0 in tl.range(0, num_groups, BLOCK_G, num_stages=STAGES):
+        g = g0 + lane
+        load = valid & (g < num_groups)
+        c = (g * 128)[:, None] + cols[None, :]
+        v = tl.load(base[:, None] + c, mask=load[:, None], other=0.0).to(tl.float32)
+        q, scale = _group_codes(v, False, HW_FP8)
+        for j in range(0, top_k):
+            row = tl.load(route0 + j, mask=load, other=rows)
+            ok = load & (row < rows)
+            tl.store(q_ptr + row[:, None] * K + c, q, mask=ok[:, None])
+            tl.store(sf_ptr + g * stride_sf_g + row, scale, mask=ok)
+
+
 def row_tile(num_rows: int, num_routes: int, k_dim: int, block: int = 128) -> tuple[int, int]:
     """-> (BLOCK_R, BLOCK_G) for num_rows sorted rows holding num_routes routes.
 
@@ -147,7 +210,8 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
                          *, gather: bool, swiglu_limit: float | None = None, pow2_scales: bool = False,
                          layout: torch.Tensor | None = None, block_expert: torch.Tensor | None = None,
                          tile: tuple[int, int] | None = None, warps: int = 4, stages: int | None = None,
-                         per_token: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         per_token: bool | None = None, fast: bool | None = None,
+                         row_of_route: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (codes uint8 [rows, K] (view as float8_e4m3fn), scales fp32 [rows, K/128] with strides (1, rows)).
 
     rows = sorted_routes.numel() (a multiple of 4, so the MN-major scales are TMA-aligned); padding rows
@@ -155,10 +219,14 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
     as SM100's UE8M0 packing needs) written as zeros with scale 1. src: x [T, K] (gather) or GEMM1's output
     [rows, 2K]. block_expert int32 [rows / block] (AlignedRoutes'): gives row_tile the block; with layout int32
     [rows] (which needs it) also filled with each row's expert, -1 for padding rows (DeepGEMM's per-row
-    grouped_layout). tile (the one-launch pass's): (BLOCK_R, BLOCK_G), else row_tile's; warps, stages: the launch's
-    (stages > 1 pipelines the loads of a row's 128-groups; default DENSE_STAGES for tiles of several rows, else 1).
+    grouped_layout). tile (the one-launch and scatter passes'): (BLOCK_R, BLOCK_G), else row_tile's; warps, stages:
+    the launch's (stages > 1 pipelines the loads of a row's 128-groups; default DENSE_STAGES for tiles of several
+    rows, else 1).
     per_token (gather only; default: from PER_TOKEN_MIN_TOKENS tokens, a shape-only choice): quantize each token
-    once and copy its codes to its routes' rows, two launches and the same bytes."""
+    once and copy its codes to its routes' rows, two launches and the same bytes; with row_of_route (AlignedRoutes',
+    int64 [T*k]) and neither pow2_scales nor layout (which write padding rows too), one launch that stores each
+    token's codes straight into its routes' rows (_quant_scatter_kernel), the same bytes. fast (swiglu only; default
+    FAST_SWIGLU): the SwiGLU with approximate exp and division, within one FP8 step of the exact form's codes."""
     if k_dim % GROUP:
         raise ValueError(f"quantize_routed_rows: K={k_dim} is not a multiple of {GROUP}")
     rows = sorted_routes.numel()
@@ -178,6 +246,8 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
     if per_token and rows:
         if not gather:
             raise ValueError("quantize_routed_rows: per_token applies to the gather pass only")
+        if row_of_route is not None and not pow2_scales and layout is None:
+            return _scatter_from_tokens(src, row_of_route, rows, top_k, k_dim, tile, warps)
         return _per_token_then_copy(src, sorted_routes, num_routes, top_k, k_dim, pow2_scales, layout, block_expert,
                                     align, warps)
     q = torch.empty(rows, k_dim, dtype=torch.uint8, device=src.device)
@@ -192,7 +262,22 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
             block_expert if has_layout else sorted_routes, rows, num_routes, top_k, k_dim, align, limit,
             BLOCK_R=block_r, BLOCK_G=block_g, GATHER=gather, SWIGLU=swiglu_limit is not None, CLAMP=clamp,
             POW2=pow2_scales, LAYOUT=has_layout, HW_FP8=hardware_fp8(src.device), STAGES=stages, num_warps=warps,
-            DIRECT=False)
+            DIRECT=False, FAST=swiglu_limit is not None and (FAST_SWIGLU if fast is None else fast))
+    return q, sf.t()
+
+
+def _scatter_from_tokens(x: torch.Tensor, row_of_route: torch.Tensor, rows: int, top_k: int, k_dim: int,
+                         tile: tuple[int, int] | None, warps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gather pass in one launch from the tokens' side (_quant_scatter_kernel); tile (BLOCK_T, BLOCK_G)."""
+    tokens, dev = x.shape[0], x.device
+    if row_of_route.shape != (tokens * top_k,) or row_of_route.dtype != torch.int64:
+        raise ValueError(f"quantize_routed_rows: row_of_route must be int64 [{tokens * top_k}] (AlignedRoutes')")
+    q = torch.empty(rows, k_dim, dtype=torch.uint8, device=dev)
+    sf = torch.empty(k_dim // GROUP, rows, dtype=torch.float32, device=dev)
+    block_t, block_g = tile or (1, min(SCATTER_GROUPS, triton.next_power_of_2(k_dim // GROUP)))
+    _quant_scatter_kernel[(triton.cdiv(tokens, block_t),)](
+        x, x.stride(0), row_of_route, q, sf, sf.stride(0), tokens, rows, top_k, k_dim, BLOCK_T=block_t,
+        BLOCK_G=block_g, HW_FP8=hardware_fp8(dev), STAGES=DENSE_STAGES if block_t > 1 else 1, num_warps=warps)
     return q, sf.t()
 
 
@@ -209,7 +294,7 @@ def _per_token_then_copy(x: torch.Tensor, sorted_routes: torch.Tensor, num_route
             x, x.stride(0), sorted_routes, qt, sft, sft.stride(0), sorted_routes, sorted_routes, tokens, tokens, 1,
             k_dim, GROUP, 0.0, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=False, SWIGLU=False, CLAMP=False,
             POW2=pow2_scales, LAYOUT=False, HW_FP8=hardware_fp8(dev), STAGES=DENSE_STAGES if block_r > 1 else 1,
-            num_warps=warps, DIRECT=True)
+            num_warps=warps, DIRECT=True, FAST=False)
     q = torch.empty(rows, k_dim, dtype=torch.uint8, device=dev)
     sf = torch.empty(k_dim // GROUP, rows, dtype=torch.float32, device=dev)
     has_layout = layout is not None

@@ -50,6 +50,21 @@ def checks() -> list[dict]:
                  "HADAMARD": True, "BLOCK_R": block_r, "BLOCK_B": 256, "STAGES": stages}
         out.append({"kernel": "compress (hadamard)", "ratio": ratio, "decode": decode,
                     **compile_sm90(compress._compress_kernel, c_types, const, num_warps=warps)})
+    from dsv4hal.kernels.triton import moe_quant
+
+    m_types = {"src_ptr": "*bf16", "stride_src": "i32", "sorted_ptr": "*i32", "q_ptr": "*u8", "sf_ptr": "*fp32",
+               "stride_sf_g": "i32", "layout_ptr": "*i32", "block_expert_ptr": "*i32", "rows": "i32",
+               "num_routes": "i32", "top_k": "i32", "K": "i32", "align": "i32", "limit": "fp32"}
+    for fast in (False, True):  # the FP8 MoE's SwiGLU pass, torch's roundings and the approximate form
+        const = {"BLOCK_R": 4, "BLOCK_G": 4, "GATHER": False, "SWIGLU": True, "CLAMP": True, "POW2": False,
+                 "LAYOUT": False, "HW_FP8": True, "STAGES": moe_quant.DENSE_STAGES, "DIRECT": False, "FAST": fast}
+        out.append({"kernel": "moe_quant (swiglu)", "fast": fast,
+                    **compile_sm90(moe_quant._quant_rows_kernel, m_types, const, num_warps=4)})
+    s_types = {"x_ptr": "*bf16", "stride_x": "i32", "row_of_route_ptr": "*i64", "q_ptr": "*u8", "sf_ptr": "*fp32",
+               "stride_sf_g": "i32", "tokens": "i32", "rows": "i32", "top_k": "i32", "K": "i32"}
+    const = {"BLOCK_T": 4, "BLOCK_G": 4, "HW_FP8": True, "STAGES": moe_quant.DENSE_STAGES}
+    out.append({"kernel": "moe_quant (scatter from tokens)",
+                **compile_sm90(moe_quant._quant_scatter_kernel, s_types, const, num_warps=4)})
     return out
 
 

@@ -11,8 +11,10 @@
 #   R=$OUT bash bench/run_h200_session21.sh bench2   # GPU tests of the quantizers and triton_kernels' binding,
 #                                                    # its conformance (SwiGLU with NaN), the scatter over tiles,
 #                                                    # dsv4hal bench moe --quick, the yardstick demo
+#   R=$OUT bash bench/run_h200_session21.sh final    # the whole conformance catalog (nan-token cases in it) as three
+#                                                    # reports side by side, a 1-minute soak, bench moe --quick
 set -uo pipefail
-part=${1:?fast, bench or bench2}
+part=${1:?fast, bench, bench2 or final}
 source bench/h200_env.sh
 if [[ $part == fast ]]; then
   { stamp "GPU tests: the FP8 quantizers (fast SwiGLU, NaN codes), the FP8 codec, the DeepGEMM glue"
@@ -60,4 +62,10 @@ if [[ $part == bench2 ]]; then
     bench_moe_quick 240
     stamp "demo (as selected)"; demo_flash 130 demo-flash
   } 2>&1 | tee "$R/log-bench21.txt"
+fi
+if [[ $part == final ]]; then
+  { conform_all 300 conformance-cuda_sm90-final
+    soak_1min 100
+    bench_moe_quick 160
+  } 2>&1 | tee "$R/log-final21.txt"
 fi

@@ -13,8 +13,9 @@
 #                                                    # dsv4hal bench moe --quick, the yardstick demo
 #   R=$OUT bash bench/run_h200_session21.sh final    # the whole conformance catalog (nan-token cases in it) as three
 #                                                    # reports side by side, a 1-minute soak, bench moe --quick
+#   R=$OUT bash bench/run_h200_session21.sh soak2    # a 2-minute soak
 set -uo pipefail
-part=${1:?fast, bench, bench2 or final}
+part=${1:?fast, bench, bench2, final or soak2}
 source bench/h200_env.sh
 if [[ $part == fast ]]; then
   { stamp "GPU tests: the FP8 quantizers (fast SwiGLU, NaN codes), the FP8 codec, the DeepGEMM glue"
@@ -68,4 +69,10 @@ if [[ $part == final ]]; then
     soak_1min 100
     bench_moe_quick 160
   } 2>&1 | tee "$R/log-final21.txt"
+fi
+if [[ $part == soak2 ]]; then
+  { stamp "soak, 2 minutes (the final call's 1-minute soak failed its memory ceiling: more rounds)"
+    timeout 170 $D soak --minutes 2 --json "$R/soak-2min.json" > /tmp/soak2.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/soak2.log | tail -5 | cut -c1-400
+  } 2>&1 | tee "$R/log-soak21.txt"
 fi

@@ -61,3 +61,28 @@ def test_graph_replay_copy_compares_plain_objects_by_field() -> None:
     assert torch.equal(static.buf, torch.ones(2))
     with pytest.raises(ValueError, match="differs between capture and replay"):
         copy_into(static, _Layout([4, 3], torch.ones(2)))
+
+
+def test_nan_token_compare_wants_the_nan_rows_and_nothing_else() -> None:
+    """moe_experts' nan-token cases: the tokens with a NaN input must come out as NaN rows (a kernel that quantizes the
+    NaN to a finite code fails), nothing else may be NaN, and the other rows are compared as usual."""
+    from dsv4hal.conformance.cases_moe import compare_experts_nan_rows
+    from dsv4hal.conformance.types import Tolerance
+
+    want = torch.randn(6, 8, dtype=torch.float64)
+    want[2] = float("nan")
+    tol = Tolerance(1e-3, 1e-2, "bf16 rounding")
+    good = want.clone().to(torch.bfloat16).double()
+    assert compare_experts_nan_rows(good.to(torch.bfloat16), want, tol)[1]
+    finite = good.clone()
+    finite[2] = 0.5  # the NaN quantized away
+    extra = good.clone()
+    extra[4, 1] = float("nan")
+    partial = good.clone()
+    partial[2, 3] = 1.0  # a row only partly NaN
+    for got in (finite, extra, partial):
+        ok, detail = compare_experts_nan_rows(got.to(torch.bfloat16), want, tol)[1:]
+        assert not ok and "NaN rows" in detail
+    off = good.clone()
+    off[0] += 1.0  # a finite row out of tolerance
+    assert not compare_experts_nan_rows(off.to(torch.bfloat16), want, tol)[1]

@@ -78,8 +78,8 @@ def _decode_fp8(b, FNUZ: tl.constexpr):
 
 @triton.jit
 def fp8_bits(y, FNUZ: tl.constexpr, HW: tl.constexpr):
-    """fp32 within +-FP8_MAX -> uint8 e4m3 bits (round to nearest even): the hardware conversion where HW (see
-    hardware_fp8), else the integer encoder."""
+    """fp32 within +-FP8_MAX, or NaN -> uint8 e4m3 bits (round to nearest even; NaN to the format's NaN): the
+    hardware conversion where HW (see hardware_fp8), else the integer encoder."""
     if HW and not FNUZ:
         return y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     else:  # a NaN gets the format's NaN, as the hardware cast gives it (e4m3fn 0x7F; e4m3fnuz has 0x80 only)

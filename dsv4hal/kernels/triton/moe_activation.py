@@ -62,10 +62,11 @@ def _swiglu_f32(gate, up, limit, CLAMP: tl.constexpr):
 
 @triton.jit
 def _swiglu_f32_fast(gate, up, limit, CLAMP: tl.constexpr):
-    """_swiglu_f32 with the hardware's approximate exp (ex2.approx) and division (div.full), ~2 ulp each in fp32:
-    after the caller's rounding to bf16 an element lands one bf16 ulp from torch's now and then (a few in 10^5).
-    For the FP8 quantizers, whose 1x128 groups round to 3 mantissa bits anyway; the exact form costs the SwiGLU
-    pass its instruction budget (libdevice expf and an IEEE division an element)."""
+    """_swiglu_f32 with the hardware's approximate exp (ex2.approx) and division (div.full), ~2 ulp each in fp32, so
+    after rounding to bf16 an element may land one bf16 ulp from torch's (on the H200, GEMM1's real output at T =
+    4096 gave none: moe_quant.FAST_SWIGLU). For the FP8 quantizers, whose 1x128 groups round to 3 mantissa bits
+    anyway, and triton_kernels' fused activation; the exact form costs a pass its instruction budget (libdevice
+    expf and an IEEE division an element). NaNs propagate through the clamps, as in _swiglu_f32."""
     if CLAMP:
         gate = tl.minimum(gate, limit, propagate_nan=tl.PropagateNan.ALL)
         up = tl.minimum(tl.maximum(up, -limit, propagate_nan=tl.PropagateNan.ALL), limit,

@@ -62,7 +62,7 @@ def checks() -> list[dict]:
                     **compile_sm90(moe_quant._quant_rows_kernel, m_types, const, num_warps=4)})
     s_types = {"x_ptr": "*bf16", "stride_x": "i32", "row_of_route_ptr": "*i64", "q_ptr": "*u8", "sf_ptr": "*fp32",
                "stride_sf_g": "i32", "tokens": "i32", "rows": "i32", "top_k": "i32", "K": "i32"}
-    const = {"BLOCK_T": 4, "BLOCK_G": 4, "HW_FP8": True, "STAGES": moe_quant.DENSE_STAGES}
+    const = {"BLOCK_T": 1, "BLOCK_G": moe_quant.SCATTER_GROUPS, "HW_FP8": True, "STAGES": 1}  # the default launch
     out.append({"kernel": "moe_quant (scatter from tokens)",
                 **compile_sm90(moe_quant._quant_scatter_kernel, s_types, const, num_warps=4)})
     return out

@@ -321,6 +321,10 @@ def test_catalog_fixture_passes_on_reference(spec):
     ref = moe_route if spec.op == "moe_route" else moe_experts
     if spec.op == "moe_route":
         validate_moe_route(**fixture.args, checked=True)
+    elif spec.params.get("nan_tokens"):  # checked mode refuses a non-finite x (the contract); the cells run unchecked
+        with pytest.raises(InvalidArgumentError, match="finite"):
+            validate_moe_experts(**_prep(fixture.args), checked=True)
+        validate_moe_experts(**_prep(fixture.args), checked=False)
     else:
         validate_moe_experts(**_prep(fixture.args), checked=True)
     got = ref(**fixture.args)

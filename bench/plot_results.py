@@ -204,6 +204,12 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2]
 
 
+def _median_spread(us: list[list[float]]) -> tuple[list[float], list[list[float]]]:
+    """Each list's median and its min-max as matplotlib error bars ([below], [above])."""
+    med = [_median(u) for u in us]
+    return med, [[m - min(u) for m, u in zip(med, us)], [max(u) - m for m, u in zip(med, us)]]
+
+
 def pertoken(data: dict[str, Any], path: str) -> None:
     """bench/sweep_moe_quant.py --per-token: each part's median over its rounds a token count (the spread as error
     bars), the gather pass and the call apart."""
@@ -215,9 +221,7 @@ def pertoken(data: dict[str, Any], path: str) -> None:
         tokens = sorted({r["T"] for r in rows})
         width = 0.8 / len(parts_)
         for i, part in enumerate(parts_):
-            us = [[r["us"] for r in rows if r["T"] == t and r["part"] == part] for t in tokens]
-            med = [_median(u) for u in us]
-            err = [[m - min(u) for m, u in zip(med, us)], [max(u) - m for m, u in zip(med, us)]]
+            med, err = _median_spread([[r["us"] for r in rows if r["T"] == t and r["part"] == part] for t in tokens])
             ax.bar([j + i * width for j in range(len(tokens))], med, width, yerr=err, label=part)
         ax.set_xticks([j + 0.4 for j in range(len(tokens))], [f"T={t}" for t in tokens])
         ax.set_ylabel("us (CUDA graph; median, min-max of rounds)")
@@ -289,10 +293,8 @@ def fastswiglu(data: dict[str, Any], path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
     for ax, calls in zip(axes, (False, True), strict=True):
         names = list(dict.fromkeys(r["part"] for r in rows if r["part"].startswith("call") == calls))
-        us = [[r["us"] for r in rows if r["part"] == n] for n in names]
-        med = [_median(u) for u in us]
-        ax.barh(range(len(names)), med, xerr=[[m - min(u) for m, u in zip(med, us)],
-                                             [max(u) - m for m, u in zip(med, us)]])
+        med, err = _median_spread([[r["us"] for r in rows if r["part"] == n] for n in names])
+        ax.barh(range(len(names)), med, xerr=err)
         ax.set_yticks(range(len(names)), names, fontsize=7)
         ax.invert_yaxis()
         ax.set_xlabel("us (CUDA graph; median, min-max of rounds)")

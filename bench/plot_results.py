@@ -35,12 +35,14 @@ libraries.
     python3 bench/plot_results.py scatter bench/results/h200/sweep-moe-scatter-grid.json \
         bench/results/h200/sweep-moe-scatter-grid.png
     python3 bench/plot_results.py conformance A.json,B.json,... out.png   # reports of one catalog split over runs
-    python3 bench/plot_results.py demos A.json,B.json,... out.png         # demo runs side by side, op by op"""
+    python3 bench/plot_results.py demos A.json,B.json,... out.png         # demo runs side by side, op by op
+    python3 bench/plot_results.py hostratio A.json,B.json,... out.png     # bench attention rounds: issue 13's ratios"""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -83,6 +85,33 @@ def host(data: dict[str, Any], path: str) -> None:
     ax.set_ylabel("host us per call (enqueue, no sync)")
     ax.set_title("host cost: bound op vs direct FlashMLA call (goals: <= 1.2x validated, <= 1.1x without)")
     ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def hostratio(runs: list[tuple[str, dict[str, Any]]], path: str) -> None:
+    """Issue 13's ratios against the direct FlashMLA call (views hoisted), one panel a round of `dsv4hal bench
+    attention`: the bound call validated and not, the glue alone with C++ and with Python views; the goals as lines."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from host_ratio_summary import GOALS, _columns
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(4 * len(runs), 4.5), squeeze=False, sharey=True)
+    for ax, (name, data) in zip(axes[0], runs, strict=True):
+        rows = [r for r in data["attention"] if r.get("host_ratio_vs_direct")]
+        cols = [_columns(r["host_ratio_vs_direct"]) for r in rows]
+        names = list(cols[0])
+        width = 0.8 / len(names)
+        for i, n in enumerate(names):
+            ax.bar([j + i * width for j in range(len(rows))], [c[n] for c in cols], width, label=n)
+        for label, goal in GOALS.items():
+            ax.axhline(goal, ls="--", lw=0.8, color="k")
+            ax.text(len(rows) - 0.5, goal, f"goal {label}", fontsize=6, va="bottom", ha="right")
+        ax.set_xticks([j + 0.4 for j in range(len(rows))], [r["config"].split(" ")[0] for r in rows], rotation=30,
+                      ha="right", fontsize=7)
+        ax.set_ylim(0.8, 1.3)
+        ax.set_title(name, fontsize=8)
+    axes[0][0].set_ylabel("host time / direct FlashMLA call (T = 1)")
+    axes[0][0].legend(fontsize=6, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -370,9 +399,9 @@ def demos(runs: list[tuple[str, Any]], path: str) -> None:
 
 if __name__ == "__main__":
     kind, src, dst = sys.argv[1:4]
-    if kind in ("conformance", "demos"):  # several reports drawn as one
+    if kind in ("conformance", "demos", "hostratio"):  # several reports drawn as one
         many = [(f.rsplit("/", 1)[-1].removesuffix(".json"), json.loads(open(f).read())) for f in src.split(",")]
-        {"conformance": conformance, "demos": demos}[kind](many, dst)
+        {"conformance": conformance, "demos": demos, "hostratio": hostratio}[kind](many, dst)
     else:
         {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply, "mxmoe": mxmoe, "pdl": pdl,
          "parts": parts, "pertoken": pertoken, "alignprefill": alignprefill, "swiglureal": swiglureal,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4hal.errors import Dsv4HalError
+from dsv4hal.kernels import native_glue
 from dsv4hal.ops.buckets import DECODE_TOKEN_CLASSES, MOE_TOKEN_CLASSES
 from dsv4hal.progress import Progress
 
@@ -68,6 +69,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                       "strict": platform.overrides.strict},
         "ops": decisions,
         "lock": platform.lock.describe() if platform.lock else None,
+        "native_glue": native_glue.status(),
     }
     if args.json:
         print(json.dumps(data, indent=2, default=str))
@@ -84,6 +86,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"lock: {data['lock'] or 'none (static priorities; DSV4HAL_LOCK or --lock loads one)'}")
     for name, err in registry.plugin_errors.items():
         print(f"  FAILED {name}: {err}")
+    g = data["native_glue"]
+    print(f"native glue: {native_glue.MODE_ENV}={g['mode']} (C++ call glue, built at first use; loaded: "
+          f"{', '.join(g['built']) or 'none yet'})")
+    for name, why in g["not_in_use"].items():
+        print(f"  not in use: {name}: {why}")
     print("ops (default case; * chosen, + eligible, - rejected):")
     for op, d in platform.default_decisions.items():
         print(f"  {op}")

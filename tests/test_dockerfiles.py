@@ -169,6 +169,29 @@ def test_non_root_numeric_user_after_installs(image: str) -> None:
     assert creates and f"--uid {m.group(1)}" in creates[0], creates
 
 
+def test_cuda_images_build_the_native_glue_for_the_runtime_user(image: str) -> None:
+    """The CUDA images build dsv4hal's C++ call glue for FlashMLA (kernels/native_glue.py) with the glue required, after
+    dsv4hal is installed, into TORCH_EXTENSIONS_DIR, and hand that folder to the runtime user (torch writes its lock
+    and build file there on load); ROCm has no FlashMLA and builds nothing."""
+    ins = instructions(DOCKER / f"Dockerfile.{image}")
+    builds = [i for i, (word, args) in enumerate(ins) if word == "RUN" and "native_glue" in args]
+    if image == "rocm":
+        assert not builds
+        return
+    assert len(builds) == 1, builds
+    run = ins[builds[0]][1]
+    assert run.startswith("DSV4HAL_NATIVE_GLUE=1 ") and "FLASHMLA_DECODE" in run
+    installs = [i for i, toks in pip_installs(ins) if any(t.startswith("./[") for t in toks)]
+    assert installs and max(installs) < builds[0], "the glue is built after dsv4hal is installed"
+    folder = env_of(ins).get("TORCH_EXTENSIONS_DIR")
+    assert folder, "TORCH_EXTENSIONS_DIR not set: the build would land in root's home"
+    assert [i for i, (word, args) in enumerate(ins[:builds[0]]) if word == "ENV" and "TORCH_EXTENSIONS_DIR" in args]
+    owners = [args for word, args in ins if word == "RUN" and f"chown -R 10001:10001 {folder}" in args]
+    assert owners, f"{folder} is not handed to uid 10001"
+    extra = IMAGES[image][0]
+    assert any(d.startswith("ninja") for d in pyproject()["project"]["optional-dependencies"][extra])
+
+
 def test_entrypoint_and_default_platform(image: str) -> None:
     _, platform = IMAGES[image]
     assert platform in pyproject()["project"]["entry-points"]["dsv4hal.platforms"]

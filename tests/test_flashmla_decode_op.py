@@ -56,6 +56,13 @@ def namespaces() -> dict[str, Any]:
         lib._destroy()
 
 
+@pytest.fixture(params=["1", "0"], ids=["c++ glue", "python glue"], autouse=True)
+def glue(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with the C++ glue required (native_glue: its build failing fails the test) and without it."""
+    monkeypatch.setenv("DSV4HAL_NATIVE_GLUE", request.param)
+    return request.param
+
+
 def _install(monkeypatch: pytest.MonkeyPatch, namespace: Any) -> list[str]:
     entry_calls: list[str] = []
 
@@ -86,8 +93,9 @@ def _args(t: int, ratio: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("ratio", [0, 4])
 def test_the_op_gets_what_the_python_entry_would_pass(monkeypatch: pytest.MonkeyPatch, namespaces: dict[str, Any],
-                                                      ratio: int) -> None:
+                                                      ratio: int, glue: str) -> None:
     entry_calls = _install(monkeypatch, namespaces["expected"])
+    assert (flashmla_glue.native_decode("sgl") is not None) == (glue == "1")
     op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
     args = _args(3, ratio)
     CALLS.clear()

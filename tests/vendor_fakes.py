@@ -33,6 +33,7 @@ from dsv4hal.hardware import PlatformInfo, simulated
 # Binding-side caches that would hold on to an imported (fake) vendor module. Each fake swaps in fresh
 # caches for the duration of the test, so nothing leaks into the next one.
 _BINDING_CACHES = (("dsv4hal.kernels.flashmla_glue", "interface"), ("dsv4hal.kernels.flashmla_glue", "decode_op"),
+                   ("dsv4hal.kernels.flashmla_glue", "native_decode"),
                    ("dsv4hal_rocm.sgl_ops", "_op"),
                    ("dsv4hal_rocm.aiter_ops", "_entry"))
 

@@ -98,6 +98,11 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
                 raw[f"dsv4hal[{impl}] no validation"] = lambda op=fast, args=args: op(**args)
                 kernel = fast.kernel(fast.case_of(**args))
                 raw[f"{impl} kernel (hoisted dispatch)"] = lambda k=kernel, args=args: k(**args)
+                if impl.startswith("flashmla") and impl.endswith("_sgl"):  # the same call with the Python glue
+                    from dsv4hal.kernels.flashmla_glue import _decoder
+
+                    python_glue = _decoder("sgl", use_native=False)
+                    raw[f"{impl} kernel, Python glue (hoisted dispatch)"] = lambda k=python_glue, args=args: k(**args)
             if impls and t == 1:  # the bound op's two lookups alone, no kernel: what each mode adds, in parts
                 raw["dsv4hal validation lookup alone (memo key)"] = lambda args=args: metadata_key((), args)
                 raw["dsv4hal selection lookup alone (case)"] = lambda op=op, args=args: op.case_of(**args)
@@ -105,7 +110,7 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
                 want = timed["direct_flashmla"]()[0]
                 row["same_output_as_direct"] = {
                     n: bool(torch.equal(fn()[0].reshape(want.shape), want))
-                    for n, fn in timed.items() if "flashmla" in n and n != "direct_flashmla"}
+                    for n, fn in {**timed, **raw}.items() if "flashmla" in n and "direct" not in n}
             for name, fn in timed.items():
                 row["us"][name] = graph_us(fn)
             if t == 1:  # every way of making the call, timed in turns (ratios between them are what is read)

@@ -71,6 +71,31 @@ def decode_op(flavour: Flavour) -> Callable[..., Any] | None:
     return overload
 
 
+# The argument types the C++ glue (csrc/flashmla_decode.cpp) pushes, as the schema prints them; where the op's
+# differ the Python glue calls the op (torch checks its argument types there).
+NATIVE_ARG_TYPES = ("Tensor", "Tensor", "Tensor", "Optional[Tensor]", "Optional[Tensor]", "Optional[Tensor]",
+                    "Optional[Tensor]", "Optional[Tensor]", "Optional[Tensor]", "Optional[Tensor]", "int", "float",
+                    "Optional[str]")
+NATIVE_RETURN_TYPES = ("Tensor", "Tensor", "Optional[Tensor]", "Optional[Tensor]")
+
+
+@functools.cache
+def native_decode(flavour: Flavour) -> Callable[..., Any] | None:
+    """decode_op called from C++ (dsv4hal.kernels.native_glue: the views made there, ~3 us of host time less a
+    call; the same op and arguments), or None: no decode_op, other argument types, or the glue not in use
+    (native_glue.status() says why)."""
+    op = decode_op(flavour)
+    if op is None:
+        return None
+    schema = op._schema
+    if (tuple(str(a.type) for a in schema.arguments) != NATIVE_ARG_TYPES
+            or tuple(str(r.type) for r in schema.returns) != NATIVE_RETURN_TYPES):
+        return None
+    from dsv4hal.kernels import native_glue
+
+    return native_glue.flashmla_decode_call(op)
+
+
 def parallel_planner() -> Callable[..., Any] | None:
     """dsv4hal.kernels.flashmla_sched.plan, or None where Triton is not installed (FlashMLA needs no Triton: then the
     op makes its own plan, the same bytes). Looked up per call (cheap once imported): tests replace it."""
@@ -113,14 +138,16 @@ def _step_plan(plans: dict[Any, Any], q: torch.Tensor, swa_cache: V4PagedCache, 
     return key, md, splits
 
 
-def _decoder(flavour: Flavour) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """sparse_attention_decode for one flavour (the plugins bind it as their target).
+def _decoder(flavour: Flavour, use_native: bool = True) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """sparse_attention_decode for one flavour (the plugins bind it as their target; use_native=False: never the C++
+    glue, for benchmarks that time both glues in one run).
 
     Host cost per call, in torch ops: FlashMLA takes q and the indices as [T, s_q=1, ...] and returns out
     [T, 1, h_q, 512] and lse [T, h_q, 1], so the call costs five view ops (three unsqueezes in, two squeezes out)
     and nothing else: the caches' FlashMLA views are built once (V4PagedCache.flashmla_view), nothing is copied or
     cast, and outside a declared decode step the plan is made per call, as a direct call makes it. Where the
-    flavour's torch op is known (decode_op), it is called directly, skipping the Python entry's per-call work.
+    flavour's torch op is known (decode_op), it is called directly, skipping the Python entry's per-call work, and
+    where the C++ glue is in use (native_decode) the five views are made there, one Python-to-C++ call in all.
     (Remembering the input views per tensor would save ~0.25 us a tensor when an engine passes the same buffers
     again, but cost ~1.3 us for each fresh tensor, such as q or a layer's top-k indices: not done.)"""
 
@@ -128,21 +155,30 @@ def _decoder(flavour: Flavour) -> Callable[..., tuple[torch.Tensor, torch.Tensor
                sink: torch.Tensor, softmax_scale: float, extra_cache: V4PagedCache | None = None,
                extra_indices: torch.Tensor | None = None,
                extra_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        op = decode_op(flavour)  # looked up per call: tests swap the vendor module between calls
+        # both looked up per call: tests swap the vendor module between calls
+        native = native_decode(flavour) if use_native else None
+        op = decode_op(flavour) if native is None else native
         if op is not None:  # the torch op, inline (a frame less a call): outside a step it plans per call
             plans = step_plans()
             md = splits = key = None
             if plans is not None:
                 key, md, splits = _step_plan(plans, q, swa_cache, swa_indices, swa_lengths, extra_cache,
                                              extra_indices, extra_lengths)
-            out, lse, md, splits = op(
-                q.unsqueeze(1), swa_cache.flashmla_view(), swa_indices.unsqueeze(1), swa_lengths, sink, md, splits,
-                None if extra_cache is None else extra_cache.flashmla_view(),
-                None if extra_indices is None else extra_indices.unsqueeze(1), extra_lengths, HEAD_DIM_V,
-                softmax_scale, None)
+            if native is not None:  # the [T, 1, ...] views made in C++ (native_glue)
+                out, lse, md, splits = native(
+                    q, swa_cache.flashmla_view(), swa_indices, swa_lengths, sink, md, splits,
+                    None if extra_cache is None else extra_cache.flashmla_view(), extra_indices, extra_lengths,
+                    HEAD_DIM_V, softmax_scale)
+            else:
+                out, lse, md, splits = op(
+                    q.unsqueeze(1), swa_cache.flashmla_view(), swa_indices.unsqueeze(1), swa_lengths, sink, md,
+                    splits, None if extra_cache is None else extra_cache.flashmla_view(),
+                    None if extra_indices is None else extra_indices.unsqueeze(1), extra_lengths, HEAD_DIM_V,
+                    softmax_scale, None)
+                out, lse = out.squeeze(1), lse.squeeze(2)
             if plans is not None:
                 plans[key] = (md, splits)
-            return out.squeeze(1), lse.squeeze(2)
+            return out, lse
         iface, extra_kw = interface(flavour)
         plans = step_plans()
         if plans is None:  # no declared step: plan per call, as a direct call does

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The H200 plan of the twenty-first session (2026-12-04): results straight into the call's output folder ($R=$OUT); at
+# most 8 files come back from a call, so logs stay in /tmp and their tails go to the part's log.
+#   R=$OUT bash bench/run_h200_session22.sh glue     # the C++ call glue for FlashMLA's decode (kernels/native_glue.py):
+#                                                    # GPU tests of the glue, the call sequence, the host cost and
+#                                                    # the custom ops; the op's conformance (eager and graph); four
+#                                                    # rounds of dsv4hal bench attention
+#                                                    # --quick with the glue required; the yardstick demo
+set -uo pipefail
+part=${1:?glue}
+source bench/h200_env.sh
+host_rounds() {  # PREFIX N: N rounds of dsv4hal bench attention --quick into $R/PREFIX-rI.json, the ratios' summary
+  local prefix=$1 n=$2 round
+  for round in $(seq 1 "$n"); do
+    stamp "host cost: dsv4hal bench attention --quick (round $round, DSV4HAL_NATIVE_GLUE=${DSV4HAL_NATIVE_GLUE:-auto})"
+    timeout 150 $D bench attention --quick --json "$R/$prefix-r$round.json" > "/tmp/$prefix-r$round.log" 2>&1
+    echo "rc=$?"; grep -E "Error|error" "/tmp/$prefix-r$round.log" | tail -3 | cut -c1-300
+  done
+  python3 bench/host_ratio_summary.py "$R"/$prefix-r*.json
+}
+if [[ $part == glue ]]; then
+  { stamp "build the C++ glue (DSV4HAL_NATIVE_GLUE=1: a failed build is an error)"
+    DSV4HAL_NATIVE_GLUE=1 python3 -c "
+import time; t = time.time()
+from dsv4hal.kernels import native_glue
+m = native_glue.module(native_glue.FLASHMLA_DECODE); print('built in', round(time.time() - t, 1), 's:', m.__file__)"
+    stamp "GPU tests: the C++ glue, the FlashMLA glue and call sequence, the host cost, the typed surface, custom ops"
+    gpu_tests 220 glue tests/test_native_glue.py tests/test_flashmla_decode_op.py tests/test_gpu_flashmla_sequence.py \
+      tests/test_flashmla_glue_ops.py tests/test_host_cost.py tests/test_typed_surface.py tests/test_custom_ops.py
+    grep -E "^E  " /tmp/pytest-glue.log | head -8 | cut -c1-600
+    DSV4HAL_NATIVE_GLUE=1 conform 200 conformance-cuda_sm90-decode-native-glue sparse_attention_decode
+    DSV4HAL_NATIVE_GLUE=1 host_rounds bench-attention-host-native-glue 4
+    stamp "demo (as selected)"; demo_flash 150 demo-flash
+  } 2>&1 | tee "$R/log-glue22.txt"
+fi

@@ -6,8 +6,11 @@
 #                                                    # the custom ops; the op's conformance (eager and graph); four
 #                                                    # rounds of dsv4hal bench attention
 #                                                    # --quick with the glue required; the yardstick demo
+#   R=$OUT bash bench/run_h200_session22.sh final    # with the glue required: the whole conformance catalog as
+#                                                    # three reports side by side, the compiled decode step captured
+#                                                    # in a CUDA graph (bench/compiled_decode_graph.py), a 1-minute soak
 set -uo pipefail
-part=${1:?glue}
+part=${1:?glue or final}
 source bench/h200_env.sh
 host_rounds() {  # PREFIX N: N rounds of dsv4hal bench attention --quick into $R/PREFIX-rI.json, the ratios' summary
   local prefix=$1 n=$2 round
@@ -32,4 +35,13 @@ m = native_glue.module(native_glue.FLASHMLA_DECODE); print('built in', round(tim
     DSV4HAL_NATIVE_GLUE=1 host_rounds bench-attention-host-native-glue 4
     stamp "demo (as selected)"; demo_flash 150 demo-flash
   } 2>&1 | tee "$R/log-glue22.txt"
+fi
+if [[ $part == final ]]; then
+  export DSV4HAL_NATIVE_GLUE=1  # the C++ glue required: a failed build fails the calls, never a silent Python glue
+  { conform_all 300 conformance-cuda_sm90-final
+    stamp "the decode step compiled (fullgraph) and captured in a CUDA graph, FlashMLA through the C++ glue"
+    timeout 120 python3 bench/compiled_decode_graph.py > "$R/compiled-decode-graph.json" 2> /tmp/compiled.log
+    echo "rc=$?"; tail -c 700 "$R/compiled-decode-graph.json"; grep -E "Error" /tmp/compiled.log | tail -3
+    soak_1min 100
+  } 2>&1 | tee "$R/log-final22.txt"
 fi

@@ -36,6 +36,12 @@ def test_ops_never_import_the_references() -> None:
     assert violations("dsv4hal/ops", lambda p, mod: _under(mod, "dsv4hal.reference")) == []
 
 
+def test_ops_do_not_even_name_the_references() -> None:
+    """Issue 13's check is `grep -r "dsv4hal.reference" dsv4hal/ops`: not in a docstring either."""
+    root = Path(__file__).resolve().parents[1] / "dsv4hal" / "ops"
+    assert [p.name for p in sorted(root.rglob("*.py")) if "dsv4hal.reference" in p.read_text()] == []
+
+
 def test_core_never_imports_a_vendor_plugin() -> None:
     assert violations("dsv4hal", lambda p, mod: any(_under(mod, name) for name in PLUGINS)) == []
 

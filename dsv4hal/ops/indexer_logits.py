@@ -21,7 +21,7 @@ indexer_q_prep(q, weights, cos, sin, positions, fp8="e4m3fn") -> (q_fp8 [T, 64, 
     q: bf16 or fp32 [T, 64, 128] contiguous, q_lora @ wq_b_idx per head; weights: bf16 or fp32 [T, 64], x @
         weights_proj^T; cos, sin: fp32 [max_pos, 32], the layer's RoPE table; positions: int32 [T] < max_pos;
         fp8: the indexer cache's flavour, "e4m3fn" or "e4m3fnuz".
-    In fp32: RoPE on the last 64 dims of each head (interleaved pairs, dsv4hal.reference.rope.apply_rope) at
+    In fp32: RoPE on the last 64 dims of each head (interleaved pairs, the references' rope.apply_rope) at
     positions[t], then the Walsh-Hadamard transform over the 128 dims (Sylvester order, scaled by 128^-0.5);
     per (token, head) qs = max(amax, 1e-4) / FP8_MAX (448, or 240 for e4m3fnuz; an IEEE division);
     q_fp8 = fp8(clamp(q / qs, +-FP8_MAX)) to nearest even; weights_out = weights * 128^-0.5 * 64^-0.5 * qs.

@@ -9,8 +9,10 @@
 #   R=$OUT bash bench/run_h200_session22.sh final    # with the glue required: the whole conformance catalog as
 #                                                    # three reports side by side, the compiled decode step captured
 #                                                    # in a CUDA graph (bench/compiled_decode_graph.py), a 1-minute soak
+#   R=$OUT bash bench/run_h200_session22.sh soak     # with the glue required: a 1-minute soak under the memory check's
+#                                                    # floor-and-ceiling rule, dsv4hal bench moe --quick
 set -uo pipefail
-part=${1:?glue or final}
+part=${1:?glue, final or soak}
 source bench/h200_env.sh
 host_rounds() {  # PREFIX N: N rounds of dsv4hal bench attention --quick into $R/PREFIX-rI.json, the ratios' summary
   local prefix=$1 n=$2 round
@@ -44,4 +46,10 @@ if [[ $part == final ]]; then
     echo "rc=$?"; tail -c 700 "$R/compiled-decode-graph.json"; grep -E "Error" /tmp/compiled.log | tail -3
     soak_1min 100
   } 2>&1 | tee "$R/log-final22.txt"
+fi
+if [[ $part == soak ]]; then
+  export DSV4HAL_NATIVE_GLUE=1
+  { soak_1min 100
+    bench_moe_quick 200
+  } 2>&1 | tee "$R/log-soak22.txt"
 fi

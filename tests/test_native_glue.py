@@ -22,6 +22,7 @@ SCHEMA = ("(Tensor q, Tensor kv, Tensor indices, Tensor? topk_length, Tensor? at
 def fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native_glue, "_failures", {})
     monkeypatch.setattr(native_glue, "_built", {})
+    monkeypatch.setattr(native_glue, "_build_failed", set())
 
 
 @pytest.fixture
@@ -60,6 +61,8 @@ def test_mode_0_never_builds(monkeypatch: pytest.MonkeyPatch, no_compiler: list[
     monkeypatch.setenv(native_glue.MODE_ENV, "0")
     assert native_glue.module(native_glue.FLASHMLA_DECODE) is None and no_compiler == []
     assert native_glue.status()["not_in_use"] == {native_glue.FLASHMLA_DECODE: "DSV4HAL_NATIVE_GLUE=0"}
+    monkeypatch.setenv(native_glue.MODE_ENV, "auto")  # mode 0 earlier in the process does not stop a later build
+    assert native_glue.module(native_glue.FLASHMLA_DECODE) is None and no_compiler == [native_glue.FLASHMLA_DECODE]
 
 
 def test_auto_falls_back_once_and_says_why(monkeypatch: pytest.MonkeyPatch, no_compiler: list[str]) -> None:

@@ -11,8 +11,13 @@
 #                                                    # in a CUDA graph (bench/compiled_decode_graph.py), a 1-minute soak
 #   R=$OUT bash bench/run_h200_session22.sh soak     # with the glue required: a 1-minute soak under the memory check's
 #                                                    # floor-and-ceiling rule, dsv4hal bench moe --quick
+#   R=$OUT bash bench/run_h200_session22.sh align    # route alignment with a SCAN launch between COUNT and PLACE: GPU
+#                                                    # tests, the alignment beside the previous file in turns (carry
+#                                                    # .kernels/old_moe_align.py: `git show 4ca7c2c:dsv4hal/kernels/
+#                                                    # triton/moe_align.py`), dsv4hal bench moe --quick three times,
+#                                                    # the yardstick demo, moe_experts' conformance (eager and graph)
 set -uo pipefail
-part=${1:?glue, final or soak}
+part=${1:?glue, final, soak or align}
 source bench/h200_env.sh
 host_rounds() {  # PREFIX N: N rounds of dsv4hal bench attention --quick into $R/PREFIX-rI.json, the ratios' summary
   local prefix=$1 n=$2 round
@@ -52,4 +57,26 @@ if [[ $part == soak ]]; then
   { soak_1min 100
     bench_moe_quick 200
   } 2>&1 | tee "$R/log-soak22.txt"
+fi
+if [[ $part == align ]]; then
+  { stamp "GPU tests: the route alignment (torch and Triton), the FP8 quantizers, the DeepGEMM glue"
+    gpu_tests 150 align tests/test_triton_moe_align.py tests/test_moe_align.py tests/test_moe_quant_rows.py \
+      tests/test_deepgemm_moe.py
+    grep -E "^E  " /tmp/pytest-align.log | head -8 | cut -c1-600
+    stamp "the alignment, this tree against the previous file in turns (prefill: blocks of 128; decode: blocks of 8)"
+    timeout 90 python3 bench/sweep_moe_align.py --prefill --old .kernels/old_moe_align.py \
+      --json "$R/sweep-moe-align-prefill-scan.json" > /tmp/align-prefill.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/align-prefill.log | tail -4 | cut -c1-500
+    timeout 60 python3 bench/sweep_moe_align.py --old .kernels/old_moe_align.py \
+      --json "$R/sweep-moe-align-scan.json" > /tmp/align-decode.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/align-decode.log | tail -7 | cut -c1-500
+    bench_moe_quick 200
+    for i in 2 3; do
+      stamp "MoE: dsv4hal bench moe --quick (again, $i)"
+      timeout 120 $D bench moe --quick --json "/tmp/bench-moe-quick-r$i.json" > "/tmp/bench-moe-r$i.log" 2>&1
+      echo "rc=$?"; grep -E "ceilings|fp8_block T=4096 \(" "/tmp/bench-moe-r$i.log" | cut -c1-300
+    done
+    stamp "demo (as selected)"; demo_flash 130 demo-flash
+    conform 170 conformance-cuda_sm90-moe-scan moe_experts
+  } 2>&1 | tee "$R/log-align22.txt"
 fi

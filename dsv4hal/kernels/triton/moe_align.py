@@ -1,5 +1,5 @@
 """Portable Triton align_routes: the moe_align_block_size contract of dsv4hal.kernels.moe_align, bit-identical to
-its torch version, in one launch (at most FUSED_MAX_ROUTES routes) or two, with no host sync and output sizes
+its torch version, in one launch (at most FUSED_MAX_ROUTES routes) or three, with no host sync and output sizes
 that depend on shapes only, so it can be captured in a CUDA graph and replayed with new routing.
 
 Routes are walked in sub-chunks of C, in order. A route's stable rank inside its expert is the count of that
@@ -7,12 +7,14 @@ expert's routes before its sub-chunk (a per-expert counter vector in registers: 
 advances it) plus the number of earlier routes of that expert inside the sub-chunk (a [C, C] comparison).
 
   COUNT: per-expert route counts of this program's routes.
-  PLACE: from the counts of every program, the padded offsets (cumsum over experts) and this program's prefix;
-         then this program's routes, its share of the padding and tail, and the experts of the used blocks
-         (program 0 also writes num_padded and each expert's unaligned end, start + count).
-One program runs both in one launch (decode sizes), or COUNT and PLACE are two launches over NC programs that
-meet through a [NC, E] histogram in global memory. Every output element has exactly one writer (routes, padding
-and tail are disjoint), so nothing relies on ordering memory between threads inside a program."""
+  SCAN:  (its own small launch) each expert's counts over the programs turned into each program's prefix, and
+         the totals.
+  PLACE: from the totals the padded offsets (cumsum over experts), plus this program's prefix; then this program's
+         routes, its share of the padding and tail, and the experts of the used blocks (program 0 also writes
+         num_padded and each expert's unaligned end, start + count).
+One program runs COUNT and PLACE in one launch (decode sizes), or COUNT, SCAN and PLACE are three launches over NC
+programs that meet through an [NC + 1, E] histogram in global memory. Every output element has exactly one writer
+(routes, padding and tail are disjoint), so nothing relies on ordering memory between threads inside a program."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ C = 64  # routes per sub-chunk: the [C, C] rank tile stays spill-free (ptxas sm_
 FUSED_MAX_ROUTES = 2 * C
 MAX_PROGRAMS = 128  # each PLACE program reads all NC histogram rows, so NC stays modest
 FILL = 1024
+SCAN_ELEMENTS = 4096  # histogram entries a _scan_kernel program holds (32 a thread at 4 warps)
 
 
 def _num_warps() -> int:
@@ -59,7 +62,7 @@ def _chunk(x, start, end, E, C: tl.constexpr):
 # no specialisation on the sizes: one compiled kernel per (BLOCK_E, phase), whatever T a graph is captured at
 @triton.jit(do_not_specialize=["numel", "E", "block", "rows", "nb", "per_prog", "NC"])
 def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, row_ptr, expert_end_ptr, hist_ptr, numel,
-                  E, block, rows, nb, per_prog, NC, C: tl.constexpr, BLOCK_E: tl.constexpr, QB: tl.constexpr,
+                  E, block, rows, nb, per_prog, NC, C: tl.constexpr, BLOCK_E: tl.constexpr,
                   MB: tl.constexpr, JT: tl.constexpr, FILL: tl.constexpr, COUNT: tl.constexpr, PLACE: tl.constexpr):
     p = tl.program_id(0)
     e_ar = tl.arange(0, BLOCK_E)
@@ -79,14 +82,9 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, row_ptr
         if COUNT:  # one program: its counts are everything
             tot = cnt
             pre = tl.zeros([BLOCK_E], tl.int32)
-        else:
-            tot = tl.zeros([BLOCK_E], tl.int32)
-            pre = tl.zeros([BLOCK_E], tl.int32)
-            for q0 in range(0, NC, QB):
-                q = q0 + tl.arange(0, QB)
-                h = tl.load(hist_ptr + q[:, None] * BLOCK_E + e_ar[None, :], mask=(q < NC)[:, None], other=0)
-                tot += tl.sum(h, axis=0)
-                pre += tl.sum(tl.where((q < p)[:, None], h, 0), axis=0)
+        else:  # _scan_kernel left this program's prefix in its row and the totals in row NC
+            pre = tl.load(hist_ptr + p * BLOCK_E + e_ar)
+            tot = tl.load(hist_ptr + NC * BLOCK_E + e_ar)
         padded = (tot + block - 1) // block * block  # 0 past E: no route has a key there
         ends = tl.cumsum(padded, axis=0)
         starts = ends - padded
@@ -124,10 +122,23 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, row_ptr
             tl.store(block_expert_ptr + off + f, tl.full([FILL], -1, tl.int32), mask=off + f < nb)
 
 
+@triton.jit(do_not_specialize=["NC"])
+def _scan_kernel(hist_ptr, NC, BLOCK_E: tl.constexpr, NCP: tl.constexpr, SE: tl.constexpr):
+    """Between COUNT and PLACE: for SE experts, the counts of programs [0, NC) in hist rows replaced by their
+    exclusive prefix over programs, and row NC set to the totals. PLACE then reads two rows, where each of its programs
+    read all NC rows in a loop of [8, E] tiles (16 dependent rounds through L2 at NC = 128)."""
+    q = tl.arange(0, NCP)
+    e = tl.program_id(0) * SE + tl.arange(0, SE)
+    h = tl.load(hist_ptr + q[:, None] * BLOCK_E + e[None, :], mask=(q < NC)[:, None], other=0)
+    inclusive = tl.cumsum(h, axis=0)
+    tl.store(hist_ptr + q[:, None] * BLOCK_E + e[None, :], inclusive - h, mask=(q < NC)[:, None])
+    tl.store(hist_ptr + NC * BLOCK_E + e, tl.sum(h, axis=0))
+
+
 def align_routes_triton(topk_ids: torch.Tensor, num_experts: int, block: int,
                         fused_max_routes: int = FUSED_MAX_ROUTES, max_programs: int | None = None) -> AlignedRoutes:
     """align_routes (dsv4hal.kernels.moe_align) in one or two Triton launches; identical results.
-    max_programs: the two launches' programs at most (default MAX_PROGRAMS)."""
+    max_programs: the COUNT and PLACE launches' programs at most (default MAX_PROGRAMS)."""
     dev = topk_ids.device
     numel = topk_ids.numel()
     nb = route_blocks(numel, num_experts, block)
@@ -146,14 +157,17 @@ def align_routes_triton(topk_ids: torch.Tensor, num_experts: int, block: int,
     nc = 1 if numel <= fused_max_routes else min(nsub, max_programs or MAX_PROGRAMS)
     per_prog = triton.cdiv(nsub, nc) * C
     nc = triton.cdiv(numel, per_prog)  # no empty programs
-    hist = torch.empty(nc * block_e if nc > 1 else 1, dtype=torch.int32, device=dev)
+    hist = torch.empty((nc + 1) * block_e if nc > 1 else 1, dtype=torch.int32, device=dev)
     args = (flat, sorted_routes, block_expert, num_padded, row_of_route, expert_end, hist, numel, num_experts, block,
             rows, nb, per_prog, nc)
     tile = max(1, 2048 // block_e)  # rows of [tile, BLOCK_E] tiles over programs, blocks and padding
-    meta = dict(C=C, BLOCK_E=block_e, QB=tile, MB=tile, JT=tile, FILL=FILL, num_warps=_num_warps())
+    meta = dict(C=C, BLOCK_E=block_e, MB=tile, JT=tile, FILL=FILL, num_warps=_num_warps())
     if nc == 1:
         _align_kernel[(1,)](*args, COUNT=True, PLACE=True, **meta)
     else:
         _align_kernel[(nc,)](*args, COUNT=True, PLACE=False, **meta)
+        se = min(block_e, max(1, SCAN_ELEMENTS // triton.next_power_of_2(nc)))
+        _scan_kernel[(block_e // se,)](hist, nc, BLOCK_E=block_e, NCP=triton.next_power_of_2(nc), SE=se,
+                                       num_warps=4)
         _align_kernel[(nc,)](*args, COUNT=False, PLACE=True, **meta)
     return AlignedRoutes(sorted_routes, block_expert, num_padded, row_of_route, expert_end, block)

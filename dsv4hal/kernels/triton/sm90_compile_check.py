@@ -65,6 +65,11 @@ def checks() -> list[dict]:
     const = {"BLOCK_T": 1, "BLOCK_G": moe_quant.SCATTER_GROUPS, "HW_FP8": True, "STAGES": 1}  # the default launch
     out.append({"kernel": "moe_quant (scatter from tokens)",
                 **compile_sm90(moe_quant._quant_scatter_kernel, s_types, const, num_warps=4)})
+    from dsv4hal.kernels.triton import moe_align
+
+    const = {"BLOCK_E": 256, "NCP": moe_align.MAX_PROGRAMS, "SE": moe_align.SCAN_ELEMENTS // moe_align.MAX_PROGRAMS}
+    out.append({"kernel": "moe_align (scan)",  # E = 256 over the most programs: T = 4096's launch
+                **compile_sm90(moe_align._scan_kernel, {"hist_ptr": "*i32", "NC": "i32"}, const, num_warps=4)})
     return out
 
 

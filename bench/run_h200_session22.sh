@@ -16,8 +16,11 @@
 #                                                    # .kernels/old_moe_align.py: `git show 4ca7c2c:dsv4hal/kernels/
 #                                                    # triton/moe_align.py`), dsv4hal bench moe --quick three times,
 #                                                    # the yardstick demo, moe_experts' conformance (eager and graph)
+#   R=$OUT bash bench/run_h200_session22.sh cross    # the SCAN launch from SCAN_MIN_PROGRAMS programs only: GPU tests of
+#                                                    # the alignment, both sweeps against the previous file again,
+#                                                    # dsv4hal bench moe --quick three times
 set -uo pipefail
-part=${1:?glue, final, soak or align}
+part=${1:?glue, final, soak, align or cross}
 source bench/h200_env.sh
 host_rounds() {  # PREFIX N: N rounds of dsv4hal bench attention --quick into $R/PREFIX-rI.json, the ratios' summary
   local prefix=$1 n=$2 round
@@ -79,4 +82,23 @@ if [[ $part == align ]]; then
     stamp "demo (as selected)"; demo_flash 130 demo-flash
     conform 170 conformance-cuda_sm90-moe-scan moe_experts
   } 2>&1 | tee "$R/log-align22.txt"
+fi
+if [[ $part == cross ]]; then
+  { stamp "GPU tests: the route alignment, both PLACE paths"
+    gpu_tests 80 cross tests/test_triton_moe_align.py tests/test_moe_align.py
+    grep -E "^E  " /tmp/pytest-cross.log | head -8 | cut -c1-600
+    stamp "the alignment against the previous file, in turns"
+    timeout 60 python3 bench/sweep_moe_align.py --prefill --old .kernels/old_moe_align.py \
+      --json "$R/sweep-moe-align-prefill-cross.json" > /tmp/align-prefill.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/align-prefill.log | tail -3 | cut -c1-500
+    timeout 40 python3 bench/sweep_moe_align.py --old .kernels/old_moe_align.py \
+      --json "$R/sweep-moe-align-cross.json" > /tmp/align-decode.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/align-decode.log | tail -6 | cut -c1-500
+    bench_moe_quick 130
+    for i in 2 3; do
+      stamp "MoE: dsv4hal bench moe --quick (again, $i)"
+      timeout 60 $D bench moe --quick --json "$R/bench-moe-quick-cross-r$i.json" > "/tmp/bench-moe-r$i.log" 2>&1
+      echo "rc=$?"; grep -E "ceilings|fp8_block T=4096 \(" "/tmp/bench-moe-r$i.log" | cut -c1-300
+    done
+  } 2>&1 | tee "$R/log-cross22.txt"
 fi

@@ -36,9 +36,10 @@ def _ids(t: int, k: int, lo: int, hi: int, seed: int, dtype: torch.dtype = torch
     return torch.randint(lo, hi, (t, k), generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
+@pytest.mark.parametrize("scan", [False, True], ids=["place sums the histogram", "scan launch"])
 @pytest.mark.parametrize("t", [1, 3, 8, 64, 512])
-def test_v4_decode_and_prefill_shapes(t: int) -> None:
-    _check(_ids(t, 6, 0, 256, t), 256, 16)
+def test_v4_decode_and_prefill_shapes(t: int, scan: bool) -> None:
+    _check(_ids(t, 6, 0, 256, t), 256, 16, scan_min_programs=1 if scan else 1 << 30)
 
 
 @pytest.mark.parametrize(("t", "k", "e", "bs"), [(5, 6, 8, 8), (40, 6, 16, 16), (33, 4, 32, 32), (9, 8, 385, 64),
@@ -150,8 +151,9 @@ def test_cuda_graph_replay_with_new_routing() -> None:
 @settings(max_examples=40, deadline=None, database=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 @given(t=st.integers(0, 12), k=st.integers(1, 8), e=st.integers(1, 40), bs=st.sampled_from([1, 3, 8, 16, 64]),
-       spill=st.integers(0, 3), seed=st.integers(0, 2**16), wide=st.booleans(), fused=st.booleans())
+       spill=st.integers(0, 3), seed=st.integers(0, 2**16), wide=st.booleans(), fused=st.booleans(),
+       scan=st.booleans())
 def test_property_matches_torch(t: int, k: int, e: int, bs: int, spill: int, seed: int, wide: bool,
-                                fused: bool) -> None:
+                                fused: bool, scan: bool) -> None:
     ids = _ids(t, k, -spill, e + spill, seed, torch.int64 if wide else torch.int32)
-    _check(ids, e, bs, fused_max_routes=tma.FUSED_MAX_ROUTES if fused else 0)
+    _check(ids, e, bs, fused_max_routes=tma.FUSED_MAX_ROUTES if fused else 0, scan_min_programs=1 if scan else 1 << 30)

@@ -45,7 +45,7 @@ def align_routes(topk_ids: torch.Tensor, num_experts: int, block: int, *,
                  impl: Literal["auto", "torch", "triton"] = "auto") -> AlignedRoutes:
     """Group the routes of topk_ids [T, k] by expert; ids outside [0, E) are dropped (they contribute 0).
 
-    impl "auto": the Triton kernel on a GPU (one or three launches instead of ~20 small torch kernels, which
+    impl "auto": the Triton kernel on a GPU (one to three launches instead of ~20 small torch kernels, which
     dominate a small-T decode step), the torch ops elsewhere; both give identical tensors."""
     if impl not in ("auto", "torch", "triton"):
         raise ValueError(f"impl must be 'auto', 'torch' or 'triton'; got {impl!r}")

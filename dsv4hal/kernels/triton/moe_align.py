@@ -1,5 +1,5 @@
 """Portable Triton align_routes: the moe_align_block_size contract of dsv4hal.kernels.moe_align, bit-identical to
-its torch version, in one launch (at most FUSED_MAX_ROUTES routes) or three, with no host sync and output sizes
+its torch version, in one launch (at most FUSED_MAX_ROUTES routes), two or three, with no host sync and output sizes
 that depend on shapes only, so it can be captured in a CUDA graph and replayed with new routing.
 
 Routes are walked in sub-chunks of C, in order. A route's stable rank inside its expert is the count of that
@@ -7,12 +7,12 @@ expert's routes before its sub-chunk (a per-expert counter vector in registers: 
 advances it) plus the number of earlier routes of that expert inside the sub-chunk (a [C, C] comparison).
 
   COUNT: per-expert route counts of this program's routes.
-  SCAN:  (its own small launch) each expert's counts over the programs turned into each program's prefix, and
-         the totals.
+  SCAN:  (its own small launch, from SCAN_MIN_PROGRAMS programs) each expert's counts over the programs turned into
+         each program's prefix, and the totals; with fewer programs PLACE sums the histogram itself.
   PLACE: from the totals the padded offsets (cumsum over experts), plus this program's prefix; then this program's
          routes, its share of the padding and tail, and the experts of the used blocks (program 0 also writes
          num_padded and each expert's unaligned end, start + count).
-One program runs COUNT and PLACE in one launch (decode sizes), or COUNT, SCAN and PLACE are three launches over NC
+One program runs COUNT and PLACE in one launch (decode sizes), or COUNT, (SCAN) and PLACE are launches over NC
 programs that meet through an [NC + 1, E] histogram in global memory. Every output element has exactly one writer
 (routes, padding and tail are disjoint), so nothing relies on ordering memory between threads inside a program."""
 
@@ -32,6 +32,11 @@ FUSED_MAX_ROUTES = 2 * C
 MAX_PROGRAMS = 128  # each PLACE program reads all NC histogram rows, so NC stays modest
 FILL = 1024
 SCAN_ELEMENTS = 4096  # histogram entries a _scan_kernel program holds (32 a thread at 4 warps)
+# From this many programs the SCAN launch runs between COUNT and PLACE; with fewer, each PLACE program sums the NC
+# histogram rows itself. H200, E 256, CUDA graphs, both ways in turns (sweep-moe-align-prefill-scan.json,
+# sweep-moe-align-scan.json; identical outputs): NC 128 (T = 4096, blocks of 128) 15.2-15.3 -> 12.7 us, NC 96
+# (T = 1024) 10.2-10.3 -> 9.1; NC 48 (T = 512) 8.3-8.5 -> 8.8-9.0, NC 3-8 (decode, blocks of 8) 6.4-6.7 -> 7.4-7.9.
+SCAN_MIN_PROGRAMS = 64
 
 
 def _num_warps() -> int:
@@ -63,7 +68,8 @@ def _chunk(x, start, end, E, C: tl.constexpr):
 @triton.jit(do_not_specialize=["numel", "E", "block", "rows", "nb", "per_prog", "NC"])
 def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, row_ptr, expert_end_ptr, hist_ptr, numel,
                   E, block, rows, nb, per_prog, NC, C: tl.constexpr, BLOCK_E: tl.constexpr,
-                  MB: tl.constexpr, JT: tl.constexpr, FILL: tl.constexpr, COUNT: tl.constexpr, PLACE: tl.constexpr):
+                  QB: tl.constexpr, MB: tl.constexpr, JT: tl.constexpr, FILL: tl.constexpr, COUNT: tl.constexpr,
+                  PLACE: tl.constexpr, SCANNED: tl.constexpr):
     p = tl.program_id(0)
     e_ar = tl.arange(0, BLOCK_E)
     start = p * per_prog
@@ -82,9 +88,17 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, row_ptr
         if COUNT:  # one program: its counts are everything
             tot = cnt
             pre = tl.zeros([BLOCK_E], tl.int32)
-        else:  # _scan_kernel left this program's prefix in its row and the totals in row NC
+        elif SCANNED:  # _scan_kernel left this program's prefix in its row and the totals in row NC
             pre = tl.load(hist_ptr + p * BLOCK_E + e_ar)
             tot = tl.load(hist_ptr + NC * BLOCK_E + e_ar)
+        else:  # few programs: each sums the NC rows itself (a launch less)
+            tot = tl.zeros([BLOCK_E], tl.int32)
+            pre = tl.zeros([BLOCK_E], tl.int32)
+            for q0 in range(0, NC, QB):
+                q = q0 + tl.arange(0, QB)
+                h = tl.load(hist_ptr + q[:, None] * BLOCK_E + e_ar[None, :], mask=(q < NC)[:, None], other=0)
+                tot += tl.sum(h, axis=0)
+                pre += tl.sum(tl.where((q < p)[:, None], h, 0), axis=0)
         padded = (tot + block - 1) // block * block  # 0 past E: no route has a key there
         ends = tl.cumsum(padded, axis=0)
         starts = ends - padded
@@ -136,9 +150,11 @@ def _scan_kernel(hist_ptr, NC, BLOCK_E: tl.constexpr, NCP: tl.constexpr, SE: tl.
 
 
 def align_routes_triton(topk_ids: torch.Tensor, num_experts: int, block: int,
-                        fused_max_routes: int = FUSED_MAX_ROUTES, max_programs: int | None = None) -> AlignedRoutes:
+                        fused_max_routes: int = FUSED_MAX_ROUTES, max_programs: int | None = None,
+                        scan_min_programs: int = SCAN_MIN_PROGRAMS) -> AlignedRoutes:
     """align_routes (dsv4hal.kernels.moe_align) in one or two Triton launches; identical results.
-    max_programs: the COUNT and PLACE launches' programs at most (default MAX_PROGRAMS)."""
+    max_programs: the COUNT and PLACE launches' programs at most (default MAX_PROGRAMS); scan_min_programs: from how
+    many of them the SCAN launch runs (default SCAN_MIN_PROGRAMS)."""
     dev = topk_ids.device
     numel = topk_ids.numel()
     nb = route_blocks(numel, num_experts, block)
@@ -161,13 +177,15 @@ def align_routes_triton(topk_ids: torch.Tensor, num_experts: int, block: int,
     args = (flat, sorted_routes, block_expert, num_padded, row_of_route, expert_end, hist, numel, num_experts, block,
             rows, nb, per_prog, nc)
     tile = max(1, 2048 // block_e)  # rows of [tile, BLOCK_E] tiles over programs, blocks and padding
-    meta = dict(C=C, BLOCK_E=block_e, MB=tile, JT=tile, FILL=FILL, num_warps=_num_warps())
+    scanned = nc >= scan_min_programs
+    meta = dict(C=C, BLOCK_E=block_e, QB=tile, MB=tile, SCANNED=scanned, JT=tile, FILL=FILL, num_warps=_num_warps())
     if nc == 1:
         _align_kernel[(1,)](*args, COUNT=True, PLACE=True, **meta)
     else:
         _align_kernel[(nc,)](*args, COUNT=True, PLACE=False, **meta)
-        se = min(block_e, max(1, SCAN_ELEMENTS // triton.next_power_of_2(nc)))
-        _scan_kernel[(block_e // se,)](hist, nc, BLOCK_E=block_e, NCP=triton.next_power_of_2(nc), SE=se,
-                                       num_warps=4)
+        if scanned:
+            se = min(block_e, max(1, SCAN_ELEMENTS // triton.next_power_of_2(nc)))
+            _scan_kernel[(block_e // se,)](hist, nc, BLOCK_E=block_e, NCP=triton.next_power_of_2(nc), SE=se,
+                                           num_warps=4)
         _align_kernel[(nc,)](*args, COUNT=False, PLACE=True, **meta)
     return AlignedRoutes(sorted_routes, block_expert, num_padded, row_of_route, expert_end, block)

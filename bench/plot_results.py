@@ -36,7 +36,8 @@ libraries.
         bench/results/h200/sweep-moe-scatter-grid.png
     python3 bench/plot_results.py conformance A.json,B.json,... out.png   # reports of one catalog split over runs
     python3 bench/plot_results.py demos A.json,B.json,... out.png         # demo runs side by side, op by op
-    python3 bench/plot_results.py hostratio A.json,B.json,... out.png     # bench attention rounds: issue 13's ratios"""
+    python3 bench/plot_results.py hostratio A.json,B.json,... out.png     # bench attention rounds: issue 13's ratios
+    python3 bench/plot_results.py alignab A.json,B.json out.png           # sweep_moe_align.py --old: before, after"""
 
 from __future__ import annotations
 
@@ -275,6 +276,26 @@ def alignprefill(data: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def alignab(runs: list[tuple[str, dict[str, Any]]], path: str) -> None:
+    """bench/sweep_moe_align.py --old: the previous file's alignment and this tree's at their defaults, timed in turns
+    (median and min-max of the rounds), a panel a JSON (prefill: a bar pair a token count; decode: a route count)."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.5), squeeze=False)
+    for ax, (name, data) in zip(axes[0], runs, strict=True):
+        rows = [r for r in data["rows"] if "previous_us" in r]
+        labels = [f"T={r['tokens']}" if "tokens" in r else f"{r['routes']} routes" for r in rows]
+        for i, (key, label) in enumerate((("previous_us", "previous"), ("now_us", "this tree"))):
+            med, err = _median_spread([r[key] for r in rows])
+            ax.bar([j + i * 0.4 for j in range(len(rows))], med, 0.4, yerr=err, capsize=3, label=label)
+        ax.set_xticks([j + 0.2 for j in range(len(rows))], labels, fontsize=7)
+        ax.set_ylabel("us (CUDA graph)")
+        same = all(r["previous_same"] for r in rows)
+        ax.set_title(f"{name}: E={data['experts']}, blocks of {data['block']} (outputs "
+                     f"{'identical' if same else 'DIFFER'})", fontsize=8)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def swiglureal(data: dict[str, Any], path: str) -> None:
     """bench/sweep_moe_quant.py --real-swiglu: the SwiGLU pass a setting on GEMM1's output and on randn; the call
     with DeepGEMM's PDL off and on, a bar a round."""
@@ -399,9 +420,9 @@ def demos(runs: list[tuple[str, Any]], path: str) -> None:
 
 if __name__ == "__main__":
     kind, src, dst = sys.argv[1:4]
-    if kind in ("conformance", "demos", "hostratio"):  # several reports drawn as one
+    if kind in ("conformance", "demos", "hostratio", "alignab"):  # several reports drawn as one
         many = [(f.rsplit("/", 1)[-1].removesuffix(".json"), json.loads(open(f).read())) for f in src.split(",")]
-        {"conformance": conformance, "demos": demos, "hostratio": hostratio}[kind](many, dst)
+        {"conformance": conformance, "demos": demos, "hostratio": hostratio, "alignab": alignab}[kind](many, dst)
     else:
         {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply, "mxmoe": mxmoe, "pdl": pdl,
          "parts": parts, "pertoken": pertoken, "alignprefill": alignprefill, "swiglureal": swiglureal,

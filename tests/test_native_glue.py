@@ -148,3 +148,22 @@ def test_an_op_with_other_argument_types_keeps_the_python_glue(monkeypatch: pyte
         assert flashmla_glue.native_decode("sgl") is None
     finally:
         lib._destroy()
+
+
+def test_an_error_inside_the_op_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vendor's check failing inside the op (FlashMLA's TORCH_CHECKs) comes out of the C++ call as a Python
+    exception with the op's message, not as a crash or a swallowed error."""
+    monkeypatch.setenv(native_glue.MODE_ENV, "1")
+
+    def impl(q, *rest):  # noqa: ANN001, ANN002, ANN202
+        raise ValueError("topk_length must be int32")
+
+    lib, op = _op("dsv4hal_test_native_err", impl=impl)
+    try:
+        call = native_glue.flashmla_decode_call(op)
+        q = torch.randn(1, 4, 8)
+        idx = torch.zeros(1, 16, dtype=torch.int32)
+        with pytest.raises(Exception, match="topk_length must be int32"):
+            call(q, torch.zeros(2, 3), idx, torch.ones(1), torch.zeros(4), None, None, None, None, None, 8, 0.25)
+    finally:
+        lib._destroy()

@@ -19,6 +19,7 @@
 #   R=$OUT bash bench/run_h200_session22.sh cross    # the SCAN launch from SCAN_MIN_PROGRAMS programs only: GPU tests of
 #                                                    # the alignment, both sweeps against the previous file again,
 #                                                    # dsv4hal bench moe --quick three times
+# (Parts align and cross share align_ab and bench_moe_again since they ran; the commands they run are the same.)
 set -uo pipefail
 part=${1:?glue, final, soak, align or cross}
 source bench/h200_env.sh
@@ -61,24 +62,32 @@ if [[ $part == soak ]]; then
     bench_moe_quick 200
   } 2>&1 | tee "$R/log-soak22.txt"
 fi
+align_ab() {  # SUFFIX TIMEOUT: bench/sweep_moe_align.py --old, prefill and decode route counts, into
+             # $R/sweep-moe-align-prefill-SUFFIX.json and $R/sweep-moe-align-SUFFIX.json, their rows
+  stamp "the alignment, this tree against the previous file in turns (prefill: blocks of 128; decode: blocks of 8)"
+  timeout "$2" python3 bench/sweep_moe_align.py --prefill --old .kernels/old_moe_align.py \
+    --json "$R/sweep-moe-align-prefill-$1.json" > /tmp/align-prefill.log 2>&1
+  echo "rc=$?"; grep -v Warn /tmp/align-prefill.log | tail -3 | cut -c1-500
+  timeout "$2" python3 bench/sweep_moe_align.py --old .kernels/old_moe_align.py \
+    --json "$R/sweep-moe-align-$1.json" > /tmp/align-decode.log 2>&1
+  echo "rc=$?"; grep -v Warn /tmp/align-decode.log | tail -6 | cut -c1-500
+}
+bench_moe_again() {  # TIMEOUT PREFIX: rounds 2 and 3 of dsv4hal bench moe --quick into PREFIX-rI.json, the FP8 line
+  local i
+  for i in 2 3; do
+    stamp "MoE: dsv4hal bench moe --quick (again, $i)"
+    timeout "$1" $D bench moe --quick --json "$2-r$i.json" > "/tmp/bench-moe-r$i.log" 2>&1
+    echo "rc=$?"; grep -E "ceilings|fp8_block T=4096 \(" "/tmp/bench-moe-r$i.log" | cut -c1-300
+  done
+}
 if [[ $part == align ]]; then
   { stamp "GPU tests: the route alignment (torch and Triton), the FP8 quantizers, the DeepGEMM glue"
     gpu_tests 150 align tests/test_triton_moe_align.py tests/test_moe_align.py tests/test_moe_quant_rows.py \
       tests/test_deepgemm_moe.py
     grep -E "^E  " /tmp/pytest-align.log | head -8 | cut -c1-600
-    stamp "the alignment, this tree against the previous file in turns (prefill: blocks of 128; decode: blocks of 8)"
-    timeout 90 python3 bench/sweep_moe_align.py --prefill --old .kernels/old_moe_align.py \
-      --json "$R/sweep-moe-align-prefill-scan.json" > /tmp/align-prefill.log 2>&1
-    echo "rc=$?"; grep -v Warn /tmp/align-prefill.log | tail -4 | cut -c1-500
-    timeout 60 python3 bench/sweep_moe_align.py --old .kernels/old_moe_align.py \
-      --json "$R/sweep-moe-align-scan.json" > /tmp/align-decode.log 2>&1
-    echo "rc=$?"; grep -v Warn /tmp/align-decode.log | tail -7 | cut -c1-500
+    align_ab scan 90
     bench_moe_quick 200
-    for i in 2 3; do
-      stamp "MoE: dsv4hal bench moe --quick (again, $i)"
-      timeout 120 $D bench moe --quick --json "/tmp/bench-moe-quick-r$i.json" > "/tmp/bench-moe-r$i.log" 2>&1
-      echo "rc=$?"; grep -E "ceilings|fp8_block T=4096 \(" "/tmp/bench-moe-r$i.log" | cut -c1-300
-    done
+    bench_moe_again 120 /tmp/bench-moe-quick  # not among the 8 files that come back: the log has the FP8 lines
     stamp "demo (as selected)"; demo_flash 130 demo-flash
     conform 170 conformance-cuda_sm90-moe-scan moe_experts
   } 2>&1 | tee "$R/log-align22.txt"
@@ -87,18 +96,8 @@ if [[ $part == cross ]]; then
   { stamp "GPU tests: the route alignment, both PLACE paths"
     gpu_tests 80 cross tests/test_triton_moe_align.py tests/test_moe_align.py
     grep -E "^E  " /tmp/pytest-cross.log | head -8 | cut -c1-600
-    stamp "the alignment against the previous file, in turns"
-    timeout 60 python3 bench/sweep_moe_align.py --prefill --old .kernels/old_moe_align.py \
-      --json "$R/sweep-moe-align-prefill-cross.json" > /tmp/align-prefill.log 2>&1
-    echo "rc=$?"; grep -v Warn /tmp/align-prefill.log | tail -3 | cut -c1-500
-    timeout 40 python3 bench/sweep_moe_align.py --old .kernels/old_moe_align.py \
-      --json "$R/sweep-moe-align-cross.json" > /tmp/align-decode.log 2>&1
-    echo "rc=$?"; grep -v Warn /tmp/align-decode.log | tail -6 | cut -c1-500
+    align_ab cross 60
     bench_moe_quick 130
-    for i in 2 3; do
-      stamp "MoE: dsv4hal bench moe --quick (again, $i)"
-      timeout 60 $D bench moe --quick --json "$R/bench-moe-quick-cross-r$i.json" > "/tmp/bench-moe-r$i.log" 2>&1
-      echo "rc=$?"; grep -E "ceilings|fp8_block T=4096 \(" "/tmp/bench-moe-r$i.log" | cut -c1-300
-    done
+    bench_moe_again 60 "$R/bench-moe-quick-cross"
   } 2>&1 | tee "$R/log-cross22.txt"
 fi

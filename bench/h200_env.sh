@@ -55,6 +55,18 @@ gpu_tests() {  # TIMEOUT NAME FILES...: pytest on the GPU, the log in /tmp/pytes
   timeout "$limit" python3 -m pytest -p no:cacheprovider -p no:warnings -rfE "$@" > "/tmp/pytest-$name.log" 2>&1
   echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "/tmp/pytest-$name.log" | tail -12 | cut -c1-400
 }
+gpu_tests_errors() {  # TIMEOUT NAME FILES...: gpu_tests, then the first assertion messages of its log
+  gpu_tests "$@"
+  grep -E "^E  " "/tmp/pytest-$2.log" | head -8 | cut -c1-600
+}
+bench_moe_again() {  # TIMEOUT PREFIX: rounds 2 and 3 of dsv4hal bench moe --quick into PREFIX-rI.json, the FP8 line
+  local i
+  for i in 2 3; do
+    stamp "MoE: dsv4hal bench moe --quick (again, $i)"
+    timeout "$1" $D bench moe --quick --json "$2-r$i.json" > "/tmp/bench-moe-r$i.log" 2>&1
+    echo "rc=$?"; grep -E "ceilings|fp8_block T=4096 \(" "/tmp/bench-moe-r$i.log" | cut -c1-300
+  done
+}
 decode_tests() {  # TIMEOUT NAME KEXPR: the MXFP4 decode and fused-MoE GPU tests, their assertion messages
   stamp "GPU tests: the PTX and plain decode, the fused MoE kernels ($3)"
   gpu_tests "$1" "$2" tests/test_triton_mx_decode.py tests/test_triton_moe.py -k "$3"

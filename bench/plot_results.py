@@ -34,6 +34,8 @@ libraries.
         bench/results/h200/sweep-moe-fast-swiglu.png
     python3 bench/plot_results.py scatter bench/results/h200/sweep-moe-scatter-grid.json \
         bench/results/h200/sweep-moe-scatter-grid.png
+    python3 bench/plot_results.py fp8ab bench/results/h200/ab-moe-fp8-block-n.json \
+        bench/results/h200/ab-moe-fp8-block-n.png   # (and ab-moe-fp8-gather)
     python3 bench/plot_results.py conformance A.json,B.json,... out.png   # reports of one catalog split over runs
     python3 bench/plot_results.py demos A.json,B.json,... out.png         # demo runs side by side, op by op
     python3 bench/plot_results.py hostratio A.json,B.json,... out.png     # bench attention rounds: issue 13's ratios
@@ -371,6 +373,50 @@ def scatter(data: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def fp8ab(data: dict[str, Any], path: str) -> None:
+    """bench/ab_moe_fp8_prefill.py: a panel a section present. gather / call: before and after in turns (median,
+    min-max of rounds); knobs: the call and its GEMMs a DeepGEMM setting; block_n: each part's median time with
+    BLOCK_N 128 over DeepGEMM's heuristic, a (T, dropped) case."""
+    sections = [k for k in ("gather", "call", "knobs", "block_n") if data.get(k)]
+    fig, axes = plt.subplots(1, len(sections), figsize=(6.5 * len(sections), 4.5), squeeze=False)
+    for ax, key in zip(axes[0], sections, strict=True):
+        rows = data[key]
+        if key in ("gather", "call"):
+            tokens = sorted({r["T"] for r in rows})
+            for i, version in enumerate(("before", "after")):
+                med, err = _median_spread([[r["us"] for r in rows if r["T"] == t and r["version"] == version]
+                                           for t in tokens])
+                ax.bar([j + i * 0.4 for j in range(len(tokens))], med, 0.4, yerr=err, label=version)
+            ax.set_xticks([j + 0.2 for j in range(len(tokens))], [f"T={t}" for t in tokens])
+            ax.set_ylabel("us (CUDA graph; median, min-max of rounds)")
+            ax.set_title(f"FP8 psum MoE, {key}: before and after, in turns (equal bytes: "
+                         f"{all(r['equal'] for r in rows)})", fontsize=9)
+        elif key == "knobs":
+            ok = [r for r in rows if "call_us" in r]
+            for i, part in enumerate(("call", "gemm1", "gemm2")):
+                ax.bar([j + i * 0.27 for j in range(len(ok))], [r[f"{part}_us"] for r in ok], 0.27, label=part)
+            ax.set_xticks([j + 0.27 for j in range(len(ok))], [r["setting"] for r in ok], rotation=30, ha="right",
+                          fontsize=7)
+            ax.set_ylabel("us (CUDA graph)")
+            ax.set_title("FP8 psum MoE at T = 4096: DeepGEMM settings (one run each)", fontsize=9)
+        else:
+            cases = sorted({(r["T"], r["dropped"]) for r in rows})
+            for i, part in enumerate(("call", "gemm1", "gemm2")):
+                ratio = [_median([r[f"{part}_us"] for r in rows if (r["T"], r["dropped"]) == c and r["block_n"] == 128])
+                         / _median([r[f"{part}_us"] for r in rows
+                                    if (r["T"], r["dropped"]) == c and r["block_n"] == "heuristic"]) for c in cases]
+                ax.bar([j + i * 0.27 for j in range(len(cases))], ratio, 0.27, label=part)
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_ylim(0.85, 1.1)
+            ax.set_xticks([j + 0.27 for j in range(len(cases))],
+                          [f"T={t}" + (f"\n{d:.0%} dropped" if d else "") for t, d in cases], fontsize=7)
+            ax.set_ylabel("time with BLOCK_N 128 / DeepGEMM's heuristic (medians)")
+            ax.set_title("FP8 psum MoE: BLOCK_N 128 against the heuristic's 192, in turns", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def conformance(reports: list[tuple[str, Any]], path: str) -> None:
     """Conformance reports (`dsv4hal conformance --json`) drawn as one: the cells run per op, stacked by status (a
     report's cells of other ops, deselected by its --ops, are left out)."""
@@ -424,6 +470,7 @@ if __name__ == "__main__":
         many = [(f.rsplit("/", 1)[-1].removesuffix(".json"), json.loads(open(f).read())) for f in src.split(",")]
         {"conformance": conformance, "demos": demos, "hostratio": hostratio, "alignab": alignab}[kind](many, dst)
     else:
-        {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply, "mxmoe": mxmoe, "pdl": pdl,
-         "parts": parts, "pertoken": pertoken, "alignprefill": alignprefill, "swiglureal": swiglureal,
-         "fp8call": fp8call, "fastswiglu": fastswiglu, "scatter": scatter}[kind](json.loads(open(src).read()), dst)
+        one = {"soak": soak, "host": host, "topk": topk, "quant": quant, "apply": apply, "mxmoe": mxmoe, "pdl": pdl,
+               "parts": parts, "pertoken": pertoken, "alignprefill": alignprefill, "swiglureal": swiglureal,
+               "fp8call": fp8call, "fastswiglu": fastswiglu, "scatter": scatter, "fp8ab": fp8ab}
+        one[kind](json.loads(open(src).read()), dst)

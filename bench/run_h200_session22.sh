@@ -19,7 +19,8 @@
 #   R=$OUT bash bench/run_h200_session22.sh cross    # the SCAN launch from SCAN_MIN_PROGRAMS programs only: GPU tests of
 #                                                    # the alignment, both sweeps against the previous file again,
 #                                                    # dsv4hal bench moe --quick three times
-# (Parts align and cross share align_ab and bench_moe_again since they ran; the commands they run are the same.)
+# (Parts align and cross share align_ab, and bench_moe_again (now in h200_env.sh), since they ran; the commands
+# they run are the same.)
 set -uo pipefail
 part=${1:?glue, final, soak, align or cross}
 source bench/h200_env.sh
@@ -71,14 +72,6 @@ align_ab() {  # SUFFIX TIMEOUT: bench/sweep_moe_align.py --old, prefill and deco
   timeout "$2" python3 bench/sweep_moe_align.py --old .kernels/old_moe_align.py \
     --json "$R/sweep-moe-align-$1.json" > /tmp/align-decode.log 2>&1
   echo "rc=$?"; grep -v Warn /tmp/align-decode.log | tail -6 | cut -c1-500
-}
-bench_moe_again() {  # TIMEOUT PREFIX: rounds 2 and 3 of dsv4hal bench moe --quick into PREFIX-rI.json, the FP8 line
-  local i
-  for i in 2 3; do
-    stamp "MoE: dsv4hal bench moe --quick (again, $i)"
-    timeout "$1" $D bench moe --quick --json "$2-r$i.json" > "/tmp/bench-moe-r$i.log" 2>&1
-    echo "rc=$?"; grep -E "ceilings|fp8_block T=4096 \(" "/tmp/bench-moe-r$i.log" | cut -c1-300
-  done
 }
 if [[ $part == align ]]; then
   { stamp "GPU tests: the route alignment (torch and Triton), the FP8 quantizers, the DeepGEMM glue"

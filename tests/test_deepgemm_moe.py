@@ -38,9 +38,13 @@ def _dequant(q: torch.Tensor, sf: torch.Tensor, block_mn: int) -> torch.Tensor:
 class FakeDeepGemm:
     def __init__(self) -> None:
         self.calls: list[dict] = []
+        self.multiple: tuple[int, int] = (1, 1)  # set_block_size_multiple_of's process-wide setting
 
     def get_mk_alignment_for_contiguous_layout(self) -> int:
         return ALIGN
+
+    def set_block_size_multiple_of(self, value: int | tuple[int, int]) -> None:
+        self.multiple = value if isinstance(value, tuple) else (value, value)
 
     def m_grouped_fp8_gemm_nt_contiguous(self, a, b, d, grouped_layout, *, use_psum_layout: bool = False,  # noqa: ANN001
                                          expected_m_for_psum_layout: int | None = None) -> None:
@@ -75,7 +79,7 @@ class FakeDeepGemm:
                 assert used.numel() == 0 or (bool((used == used[0]).all()) and int(seg[0]) >= 0)
             groups = [(e, (lay == e).nonzero().squeeze(1).tolist()) for e in range(g)]
         self.calls.append({"m": m, "n": n, "k": k, "g": g, "psum": use_psum_layout,
-                           "expected_m": expected_m_for_psum_layout})
+                           "expected_m": expected_m_for_psum_layout, "multiple": self.multiple})
         for e, rows in groups:
             if rows:
                 idx = torch.tensor(rows)
@@ -89,7 +93,8 @@ def fake_dg(monkeypatch: pytest.MonkeyPatch) -> FakeDeepGemm:
     fake = FakeDeepGemm()
     install_modules(monkeypatch, {"deep_gemm": fake_module(
         "deep_gemm", get_mk_alignment_for_contiguous_layout=fake.get_mk_alignment_for_contiguous_layout,
-        m_grouped_fp8_gemm_nt_contiguous=fake.m_grouped_fp8_gemm_nt_contiguous)})
+        m_grouped_fp8_gemm_nt_contiguous=fake.m_grouped_fp8_gemm_nt_contiguous,
+        set_block_size_multiple_of=fake.set_block_size_multiple_of)})
     return fake
 
 
@@ -187,6 +192,37 @@ def test_psum_layout_matches_the_per_row_layout(fake_dg: FakeDeepGemm, monkeypat
     rel = float((psum.double() - want).norm() / want.norm())
     assert rel < EXPERTS_REL_L2, rel
     assert [(c["psum"], c["expected_m"]) for c in fake_dg.calls] == [(False, None)] * 2 + [(True, -(-t * k // E))] * 2
+    # the psum GEMMs launch under PSUM_BLOCK_N's multiple, the per-row ones under DeepGEMM's default; it is put back
+    psum_multiple = (1, deepgemm_moe.PSUM_BLOCK_N or 1)
+    assert [c["multiple"] for c in fake_dg.calls] == [(1, 1)] * 2 + [psum_multiple] * 2
+    assert fake_dg.multiple == (1, 1)
+
+
+@on_the_cpu
+def test_psum_block_n_is_put_back_when_the_gemm_raises(fake_dg: FakeDeepGemm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GEMM that raises (a DeepGEMM assertion) leaves DeepGEMM's process-wide setting as it found it; without
+    PSUM_BLOCK_N the setting is never touched."""
+    x, ids, tw = _routing(3, 2, False)
+    prepared = deepgemm_moe.prepare_weights(_weights())
+    seen: list[tuple[int, int]] = []
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        seen.append(fake_dg.multiple)
+        raise RuntimeError("DeepGEMM refused")
+
+    monkeypatch.setattr(fake_dg, "m_grouped_fp8_gemm_nt_contiguous", refuse)
+    import deep_gemm
+
+    monkeypatch.setattr(deep_gemm, "m_grouped_fp8_gemm_nt_contiguous", refuse)
+    monkeypatch.setattr(deepgemm_moe, "PSUM_BLOCK_N", 128)
+    with pytest.raises(RuntimeError, match="refused"):
+        deepgemm_moe.moe_experts_psum(x, ids, tw, prepared)
+    assert seen == [(1, 128)] and fake_dg.multiple == (1, 1)
+    monkeypatch.setattr(deepgemm_moe, "PSUM_BLOCK_N", None)
+    fake_dg.multiple = (1, 64)  # as an engine might have set it
+    with pytest.raises(RuntimeError, match="refused"):
+        deepgemm_moe.moe_experts_psum(x, ids, tw, prepared)
+    assert seen[-1] == (1, 64) and fake_dg.multiple == (1, 64)
 
 
 @on_the_cpu

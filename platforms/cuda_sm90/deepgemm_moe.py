@@ -35,7 +35,7 @@ This module imports torch and deep_gemm only inside functions: registering the p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,11 @@ LAYOUT = "deepgemm-fp8-nt"
 LIBRARY = "deep_gemm"
 BLOCK = 128  # FP8 block of the weights and 1x128 groups of the activations
 PSUM_MIN_VERSION = (2, 5, 0)  # the release whose SM90 psum layout was checked (earlier ones were not looked at)
+# BLOCK_N the psum GEMMs are configured with (None: DeepGEMM's heuristic's own). At V4-Flash shapes the heuristic
+# picks 192 for both GEMMs (N = 4096: 21 tiles and a third); set_block_size_multiple_of((1, 128)) leaves it 128 only.
+# DeepGEMM keeps that setting process-wide and has no getter: it is set around each GEMM launch and put back to its
+# default (1, 1) after. Measured in turns in bench/ab_moe_fp8_prefill.py --block-n (bench/results/h200).
+PSUM_BLOCK_N: int | None = 128
 
 
 @dataclass(frozen=True)
@@ -128,5 +133,21 @@ def moe_experts_psum(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
     """moe_experts with DeepGEMM's psum layout: the GEMMs visit each expert's used blocks only."""
     from dsv4hal.kernels.grouped_fp8_moe import grouped_fp8_moe
 
-    return grouped_fp8_moe(_deep_gemm().m_grouped_fp8_gemm_nt_contiguous, x, topk_ids, topk_weights, weights,
-                           swiglu_limit, psum=True)
+    return grouped_fp8_moe(_psum_gemm(PSUM_BLOCK_N), x, topk_ids, topk_weights, weights, swiglu_limit, psum=True)
+
+
+def _psum_gemm(block_n: int | None) -> Callable[..., None]:
+    """DeepGEMM's grouped GEMM, configured with BLOCK_N = block_n (a multiple only it can take) when given."""
+    dg = _deep_gemm()
+    gemm = dg.m_grouped_fp8_gemm_nt_contiguous
+    if block_n is None:
+        return gemm
+
+    def with_block_n(*args: Any, **kwargs: Any) -> None:
+        dg.set_block_size_multiple_of((1, block_n))
+        try:
+            gemm(*args, **kwargs)
+        finally:
+            dg.set_block_size_multiple_of((1, 1))  # DeepGEMM's default
+
+    return with_block_n

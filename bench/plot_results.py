@@ -376,8 +376,8 @@ def scatter(data: dict[str, Any], path: str) -> None:
 def fp8ab(data: dict[str, Any], path: str) -> None:
     """bench/ab_moe_fp8_prefill.py: a panel a section present. gather / call: before and after in turns (median,
     min-max of rounds); knobs: the call and its GEMMs a DeepGEMM setting; block_n: each part's median time with
-    BLOCK_N 128 over DeepGEMM's heuristic, a (T, dropped) case."""
-    sections = [k for k in ("gather", "call", "knobs", "block_n") if data.get(k)]
+    BLOCK_N 128 over DeepGEMM's heuristic, a (T, dropped) case; triton_gemm: each GEMM's median a setting a T."""
+    sections = [k for k in ("gather", "call", "knobs", "block_n", "triton_gemm") if data.get(k)]
     fig, axes = plt.subplots(1, len(sections), figsize=(6.5 * len(sections), 4.5), squeeze=False)
     for ax, key in zip(axes[0], sections, strict=True):
         rows = data[key]
@@ -399,6 +399,17 @@ def fp8ab(data: dict[str, Any], path: str) -> None:
                           fontsize=7)
             ax.set_ylabel("us (CUDA graph)")
             ax.set_title("FP8 psum MoE at T = 4096: DeepGEMM settings (one run each)", fontsize=9)
+        elif key == "triton_gemm":
+            ok = [r for r in rows if "gemm1_us" in r]
+            labels = sorted({(r["T"], r["impl"]) for r in ok}, key=lambda x: (-x[0], x[1]))
+            for i, part in enumerate(("gemm1", "gemm2")):
+                ax.bar([j + i * 0.4 for j in range(len(labels))],
+                       [_median([r[f"{part}_us"] for r in ok if (r["T"], r["impl"]) == lab]) for lab in labels], 0.4,
+                       label=part)
+            ax.set_xticks([j + 0.2 for j in range(len(labels))], [f"T={t} {impl}" for t, impl in labels],
+                          rotation=35, ha="right", fontsize=6)
+            ax.set_ylabel("us (CUDA graph; median of rounds, the upper of two)")
+            ax.set_title("FP8 psum MoE GEMMs: DeepGEMM against a Triton grouped FP8 GEMM prototype", fontsize=9)
         else:
             cases = sorted({(r["T"], r["dropped"]) for r in rows})
             for i, part in enumerate(("call", "gemm1", "gemm2")):

@@ -13,8 +13,13 @@
 #                                                    # three times, moe_experts' conformance (eager and graph)
 #   R=$OUT bash bench/run_h200_session23.sh final    # the yardstick demo, dsv4hal bench moe --quick three times (the
 #                                                    # FP8 line's run-to-run spread on another machine)
+#   TAG=X R=$OUT bash bench/run_h200_session23.sh tgemm  # both psum GEMMs through DeepGEMM and a Triton grouped FP8
+#                                                    # GEMM prototype (bench/proto_grouped_fp8_gemm.py) in turns, into
+#                                                    # ab-moe-fp8-triton-gemm-X.json. X = 1: without TMA; tma: with it;
+#                                                    # rescale: a variant since removed (the sum kept in units of the
+#                                                    # current step's scales), its rows labelled /rescale
 set -uo pipefail
-part=${1:?gather, blockn or final}
+part=${1:?gather, blockn, final or tgemm}
 source bench/h200_env.sh
 if [[ $part == gather ]]; then
   { stamp "GPU tests: the FP8 quantizers, the DeepGEMM glue, the sm90 compile checks"
@@ -54,4 +59,11 @@ if [[ $part == final ]]; then
     bench_moe_quick 200
     bench_moe_again 100 "$R/bench-moe-quick-final"
   } 2>&1 | tee "$R/log-final23.txt"
+fi
+if [[ $part == tgemm ]]; then
+  { stamp "both psum GEMMs: DeepGEMM against the Triton grouped FP8 GEMM at several launch settings, in turns"
+    timeout 300 python3 bench/ab_moe_fp8_prefill.py --triton-gemm 4096,512 --rounds 2 \
+      --json "$R/ab-moe-fp8-triton-gemm-${TAG:-1}.json" > /tmp/ab-tgemm.log 2>&1
+    echo "rc=$?"; grep -v Warn /tmp/ab-tgemm.log | cut -c1-400 | tail -32
+  } 2>&1 | tee "$R/log-tgemm23.txt"
 fi

@@ -137,7 +137,8 @@ def moe_experts_psum(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
 
 
 def _psum_gemm(block_n: int | None) -> Callable[..., None]:
-    """DeepGEMM's grouped GEMM, configured with BLOCK_N = block_n (a multiple only it can take) when given."""
+    """DeepGEMM's grouped GEMM with its config's BLOCK_N restricted to multiples of block_n when given (SM90's
+    candidates end at 192, so 128 leaves 128 alone)."""
     dg = _deep_gemm()
     gemm = dg.m_grouped_fp8_gemm_nt_contiguous
     if block_n is None:

@@ -38,7 +38,7 @@ from dsv4hal.kernels.moe_align import align_routes
 from dsv4hal.kernels.triton import moe_quant
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sweep_moe_quant import fp8_inputs  # noqa: E402 (a sibling script: the same inputs as its sweeps)
+from sweep_moe_quant import fp8_gemm_operands, fp8_inputs  # noqa: E402 (a sibling script: its inputs)
 
 HIDDEN, INTER, EXPERTS, TOP_K = 4096, 2048, 256, 6
 NUM_SMS = (128, 120, 112)
@@ -101,31 +101,12 @@ def call_rows(old: ModuleType, op: Callable, prepared: object, t: int, gen: torc
 
 
 def _gemm_inputs(prepared: object, t: int, gen: torch.Generator, dropped: float = 0.0) -> dict:
-    """The psum call's steps up to its GEMMs at T tokens (a share of routes dropped for expert parallelism): the
-    inputs, the routes, both GEMMs' operands and outputs (GEMM1's made by DeepGEMM's plain psum GEMM)."""
-    import deep_gemm
-
-    from dsv4hal.kernels.grouped_fp8_moe import psum_expected_m
-
+    """fp8_gemm_operands on the call's inputs at T tokens (x, ids, tw added), a share of routes dropped (expert
+    parallelism)."""
     x, ids, tw = fp8_inputs(t, gen)
     if dropped:
         ids = torch.where(torch.rand(t, TOP_K, device="cuda", generator=gen) < dropped, -1, ids)
-    w = prepared.payload  # type: ignore[attr-defined]
-    n = t * TOP_K
-    routes = align_routes(ids, EXPERTS, w.alignment)
-    a1, s1 = moe_quant.quantize_routed_rows(x, routes.sorted_routes, n, TOP_K, HIDDEN, gather=True,
-                                            block_expert=routes.block_expert, row_of_route=routes.row_of_route)
-    m = routes.sorted_routes.numel()
-    d1 = torch.empty(m, 2 * INTER, dtype=torch.bfloat16, device="cuda")
-    d2 = torch.empty(m, HIDDEN, dtype=torch.bfloat16, device="cuda")
-    kw = {"use_psum_layout": True, "expected_m_for_psum_layout": psum_expected_m(n, EXPERTS)}
-    a1 = (a1.view(torch.float8_e4m3fn), s1)
-    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(a1, (w.w13, w.w13_scale), d1, routes.expert_end, **kw)
-    a2, s2 = moe_quant.quantize_routed_rows(d1, routes.sorted_routes, n, TOP_K, INTER, gather=False,
-                                            swiglu_limit=10.0)
-    return {"x": x, "ids": ids, "tw": tw, "w": w, "routes": routes, "kw": kw, "a1": a1, "d1": d1, "d2": d2,
-            "a2": (a2.view(torch.float8_e4m3fn), s2), "valid": routes.sorted_routes < n,
-            "flop": 2 * int((ids >= 0).sum()) * 3 * HIDDEN * INTER}
+    return {"x": x, "ids": ids, "tw": tw, **fp8_gemm_operands(prepared, x, ids)}
 
 
 def _parts(op: Callable, prepared: object, t: int, gen: torch.Generator, dropped: float = 0.0,

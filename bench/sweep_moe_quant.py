@@ -70,39 +70,55 @@ def fp8_inputs(t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor
     return x, ids, tw
 
 
-def call_rows(t: int, gen: torch.Generator) -> list[dict]:
-    """The FP8 psum call at T tokens: whole, its launches alone, and with other expected_m values. The launches are
-    grouped_fp8_moe's steps called one by one (that function runs them in one go), so each can be timed alone."""
+def fp8_gemm_operands(prepared: object, x: torch.Tensor, ids: torch.Tensor) -> dict:
+    """The psum call's steps up to its GEMMs on inputs x, ids: routes, DeepGEMM's psum keywords (kw), GEMM1's
+    operands a1 = (codes, scales) and its real output d1 (DeepGEMM's plain psum GEMM), GEMM2's operands a2, an
+    output buffer d2, the rows holding routes (valid), the FLOPs of the kept routes (flop) and the weights (w)."""
     import deep_gemm
 
-    from dsv4hal.kernels.grouped_fp8_moe import grouped_fp8_moe, psum_expected_m
-    from dsv4hal.kernels.triton.moe_combine import combine_routes
+    from dsv4hal.kernels.grouped_fp8_moe import psum_expected_m
 
-    op, prepared, x, ids, tw = fp8_call(t, gen)
-    w = prepared.payload  # DeepGemmWeights
+    w = prepared.payload  # type: ignore[attr-defined]  # DeepGemmWeights
+    t = x.shape[0]
     n = t * TOP_K
-    rows: list[dict] = [{"T": t, "part": "call", "us": graph_us(lambda: op(x, ids, tw, prepared), inner=5, reps=15)}]
-    want = op(x, ids, tw, prepared)
     routes = align_routes(ids, EXPERTS, w.alignment)
     a1, s1 = quantize_routed_rows(x, routes.sorted_routes, n, TOP_K, HIDDEN, gather=True,
                                   block_expert=routes.block_expert)
     m = routes.sorted_routes.numel()
     d1 = torch.empty(m, 2 * INTER, dtype=torch.bfloat16, device="cuda")
-    d2 = torch.empty(m, HIDDEN, dtype=torch.bfloat16, device="cuda")
-    em = psum_expected_m(n, EXPERTS)
-    kw = {"use_psum_layout": True, "expected_m_for_psum_layout": em}
-    gemm = deep_gemm.m_grouped_fp8_gemm_nt_contiguous
-    gemm((a1.view(torch.float8_e4m3fn), s1), (w.w13, w.w13_scale), d1, routes.expert_end, **kw)
+    kw = {"use_psum_layout": True, "expected_m_for_psum_layout": psum_expected_m(n, EXPERTS)}
+    a1 = (a1.view(torch.float8_e4m3fn), s1)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(a1, (w.w13, w.w13_scale), d1, routes.expert_end, **kw)
     a2, s2 = quantize_routed_rows(d1, routes.sorted_routes, n, TOP_K, INTER, gather=False, swiglu_limit=10.0)
+    return {"w": w, "routes": routes, "kw": kw, "a1": a1, "d1": d1, "a2": (a2.view(torch.float8_e4m3fn), s2),
+            "d2": torch.empty(m, HIDDEN, dtype=torch.bfloat16, device="cuda"), "valid": routes.sorted_routes < n,
+            "flop": 2 * int((ids >= 0).sum()) * 3 * HIDDEN * INTER}
+
+
+def call_rows(t: int, gen: torch.Generator) -> list[dict]:
+    """The FP8 psum call at T tokens: whole, its launches alone, and with other expected_m values. The launches are
+    grouped_fp8_moe's steps called one by one (that function runs them in one go), so each can be timed alone."""
+    import deep_gemm
+
+    from dsv4hal.kernels.grouped_fp8_moe import grouped_fp8_moe
+    from dsv4hal.kernels.triton.moe_combine import combine_routes
+
+    op, prepared, x, ids, tw = fp8_call(t, gen)
+    n = t * TOP_K
+    rows: list[dict] = [{"T": t, "part": "call", "us": graph_us(lambda: op(x, ids, tw, prepared), inner=5, reps=15)}]
+    want = op(x, ids, tw, prepared)
+    g = fp8_gemm_operands(prepared, x, ids)
+    w, routes, kw, d1, d2, m = g["w"], g["routes"], g["kw"], g["d1"], g["d2"], g["routes"].sorted_routes.numel()
+    em = kw["expected_m_for_psum_layout"]
+    gemm = deep_gemm.m_grouped_fp8_gemm_nt_contiguous
     parts = {
         "align": lambda: align_routes(ids, EXPERTS, w.alignment),
         "quant_gather": lambda: quantize_routed_rows(x, routes.sorted_routes, n, TOP_K, HIDDEN, gather=True,
                                                      block_expert=routes.block_expert),
-        "gemm1": lambda: gemm((a1.view(torch.float8_e4m3fn), s1), (w.w13, w.w13_scale), d1, routes.expert_end,
-                              **kw),
+        "gemm1": lambda: gemm(g["a1"], (w.w13, w.w13_scale), d1, routes.expert_end, **kw),
         "quant_swiglu": lambda: quantize_routed_rows(d1, routes.sorted_routes, n, TOP_K, INTER, gather=False,
                                                      swiglu_limit=10.0),
-        "gemm2": lambda: gemm((a2.view(torch.float8_e4m3fn), s2), (w.w2, w.w2_scale), d2, routes.expert_end, **kw),
+        "gemm2": lambda: gemm(g["a2"], (w.w2, w.w2_scale), d2, routes.expert_end, **kw),
         "combine": lambda: combine_routes(d2, routes.row_of_route.view(t, TOP_K), tw, m),
     }
     for name, fn in parts.items():
@@ -180,21 +196,9 @@ def per_token_rows(t: int, gen: torch.Generator, call: bool, rounds: int = 3) ->
 def gemm1_output(t: int, gen: torch.Generator) -> tuple:
     """(op, prepared, x, ids, tw, routes, GEMM1's real output [rows, 2I] bf16, the rows holding routes): the FP8
     psum call's inputs at T tokens (fp8_call) and GEMM1 run on them through DeepGEMM's psum layout."""
-    import deep_gemm
-
-    from dsv4hal.kernels.grouped_fp8_moe import psum_expected_m
-
     op, prepared, x, ids, tw = fp8_call(t, gen)
-    w = prepared.payload
-    n = t * TOP_K
-    routes = align_routes(ids, EXPERTS, w.alignment)
-    a1, s1 = quantize_routed_rows(x, routes.sorted_routes, n, TOP_K, HIDDEN, gather=True,
-                                  block_expert=routes.block_expert)
-    d1 = torch.empty(routes.sorted_routes.numel(), 2 * INTER, dtype=torch.bfloat16, device="cuda")
-    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a1.view(torch.float8_e4m3fn), s1), (w.w13, w.w13_scale), d1,
-                                               routes.expert_end, use_psum_layout=True,
-                                               expected_m_for_psum_layout=psum_expected_m(n, EXPERTS))
-    return op, prepared, x, ids, tw, routes, d1, routes.sorted_routes < n
+    g = fp8_gemm_operands(prepared, x, ids)
+    return op, prepared, x, ids, tw, g["routes"], g["d1"], g["valid"]
 
 
 def real_swiglu_rows(t: int, gen: torch.Generator) -> list[dict]:

@@ -62,7 +62,9 @@ def _op(a: dict, md: torch.Tensor | None, splits: torch.Tensor | None) -> tuple:
 
 
 def _ours(a: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
-    return fs.plan(a["q"], a["lens"], a["ind"].shape[-1], a["xlens"], 0 if a["xind"] is None else a["xind"].shape[-1])
+    """dsv4hal's plan (metadata, splits) without the clamped lengths it also returns."""
+    made = fs.plan(a["q"], a["lens"], a["ind"].shape[-1], a["xlens"], 0 if a["xind"] is None else a["xind"].shape[-1])
+    return None if made is None else made[:2]
 
 
 def _warps_row(b: int, h: int, width: int, xwidth: int, rng: random.Random) -> dict:

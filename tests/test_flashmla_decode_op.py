@@ -104,12 +104,12 @@ def test_the_op_gets_what_the_python_entry_would_pass(monkeypatch: pytest.Monkey
     c = CALLS[0]
     assert c["q"].shape == (3, 1, 64, 512) and c["q"].data_ptr() == args["q"].data_ptr()
     assert c["indices"].shape == (3, 1, 128) and c["kv"].shape == args["swa_cache"].flashmla_view().shape
-    assert c["topk_length"] is args["swa_lengths"] and c["attn_sink"] is args["sink"]
+    assert torch.equal(c["topk_length"], args["swa_lengths"]) and c["attn_sink"] is args["sink"]
     assert c["tile_scheduler_metadata"] is None and c["num_splits"] is None  # no step: the op plans this call
     assert (c["d_v"], c["sm_scale"], c["kv_format"]) == (512, 0.0625, None)
     if ratio:
         assert c["extra_kv"].shape == args["extra_cache"].flashmla_view().shape
-        assert c["extra_indices"].shape == (3, 1, 64) and c["extra_topk_length"] is args["extra_lengths"]
+        assert c["extra_indices"].shape == (3, 1, 64) and torch.equal(c["extra_topk_length"], args["extra_lengths"])
     else:
         assert c["extra_kv"] is None and c["extra_indices"] is None and c["extra_topk_length"] is None
     assert out.shape == (3, 64, 512) and out.dtype == torch.bfloat16 and bool((out == 1).all())
@@ -149,7 +149,8 @@ def test_in_a_step_the_parallel_plan_is_handed_to_the_op(monkeypatch: pytest.Mon
     stand-in) with the call's lengths and widths, and the op gets it; outside a step it is not asked."""
     _install(monkeypatch, namespaces["expected"])
     asked: list[tuple] = []
-    made = (torch.full((132, 8), 7, dtype=torch.int32), torch.zeros(4, dtype=torch.int32))
+    made = (torch.full((132, 8), 7, dtype=torch.int32), torch.zeros(4, dtype=torch.int32),
+            torch.full((3,), 5, dtype=torch.int32), torch.full((3,), 6, dtype=torch.int32))
 
     def plan(q, lengths, width, extra_lengths, extra_width):  # noqa: ANN001, ANN202
         asked.append((q.shape, lengths, width, extra_lengths, extra_width))
@@ -171,6 +172,30 @@ def test_in_a_step_the_parallel_plan_is_handed_to_the_op(monkeypatch: pytest.Mon
     assert shape == (3, 64, 512) and lengths is args["swa_lengths"] and width == 128
     assert extra_lengths is args["extra_lengths"] and extra_width == 64
     assert all(c["tile_scheduler_metadata"] is made[0] and c["num_splits"] is made[1] for c in CALLS[1:])
+    # the decode reads the lengths the plan was made for (clamped by the planner), not the engine's buffer
+    assert all(c["topk_length"] is made[2] and c["extra_topk_length"] is made[3] for c in CALLS[1:])
+
+
+@pytest.mark.parametrize("in_step", [False, True], ids=["per call", "in a step"])
+def test_flashmla_never_gets_lengths_outside_its_index_rows(monkeypatch: pytest.MonkeyPatch,
+                                                            namespaces: dict[str, Any], in_step: bool) -> None:
+    """Garbage lengths in an unchecked call (negative, past the widths) reach FlashMLA clamped into [0, width]: its
+    scheduler asserts on them (ending the CUDA context) and its decode would read past the index rows."""
+    _install(monkeypatch, namespaces["expected"])
+    op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
+    args = _args(3, 4)
+    args["swa_lengths"] = torch.tensor([-5, 129, 2**31 - 1], dtype=torch.int32)
+    args["extra_lengths"] = torch.tensor([65, -2**31, 7], dtype=torch.int32)
+    CALLS.clear()
+    if in_step:
+        with decode_step():
+            op(**args)
+            op(**args)
+    else:
+        op(**args)
+    for c in CALLS:
+        assert c["topk_length"].tolist() == [0, 128, 128]
+        assert c["extra_topk_length"].tolist() == [64, 0, 7]
 
 
 def test_without_triton_the_op_plans_itself(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,7 +43,7 @@ def _i32(v: list[int] | None) -> torch.Tensor | None:
 def test_the_parallel_plan_is_the_walks(case: tuple) -> None:
     b, width, extra_width, parts, lengths, extra = case
     rows, splits = fs.serial_plan(lengths if lengths is not None else [width] * b, width, extra, extra_width, parts)
-    meta, nsplits = fs.make_plan(b, parts, _i32(lengths), width, _i32(extra), extra_width, DEV)
+    meta, nsplits, _, _ = fs.make_plan(b, parts, _i32(lengths), width, _i32(extra), extra_width, DEV)
     assert meta.shape == (parts, fs.META_INTS) and nsplits.shape == (b + 1,)
     assert meta[:, :7].tolist() == rows
     assert nsplits.tolist() == splits
@@ -72,6 +72,24 @@ def test_the_walk_is_a_schedule(case: tuple) -> None:
                 owner[(r, blk)] = p
     assert len(owner) == sum(nb)
     assert [splits[r + 1] - splits[r] for r in range(b)] == touching
+
+
+@settings(max_examples=25, deadline=None)
+@given(cases(), st.data())
+def test_lengths_outside_the_widths_are_planned_and_returned_clamped(case: tuple, data: st.DataObject) -> None:
+    """Lengths past the index rows or negative (garbage an unchecked call may hold) give the plan of the lengths
+    clamped into [0, width], and the plan returns those clamped lengths for the decode to read."""
+    b, width, extra_width, parts, _, _ = case
+    wild = st.integers(-2**31, 2**31 - 1)
+    lengths = data.draw(st.lists(wild, min_size=b, max_size=b))
+    extra = data.draw(st.lists(wild, min_size=b, max_size=b)) if extra_width else None
+    clamp = [min(max(v, 0), width) for v in lengths]
+    xclamp = None if extra is None else [min(max(v, 0), extra_width) for v in extra]
+    rows, splits = fs.serial_plan(clamp, width, xclamp, extra_width, parts)
+    meta, nsplits, lens, xlens = fs.make_plan(b, parts, _i32(lengths), width, _i32(extra), extra_width, DEV)
+    assert meta[:, :7].tolist() == rows and nsplits.tolist() == splits
+    assert lens.tolist() == clamp
+    assert (xlens is None and extra is None) or xlens.tolist() == xclamp
 
 
 def test_the_plan_names_the_cases_it_leaves_to_the_op() -> None:

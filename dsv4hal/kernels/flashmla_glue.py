@@ -121,21 +121,34 @@ def _plan_key(entry: str, q: torch.Tensor, swa_cache: V4PagedCache, swa_indices:
             None if extra_cache is None else (extra_cache.page_size, extra_indices.shape))  # type: ignore[union-attr]
 
 
+def within_widths(lengths: torch.Tensor | None, width: int) -> torch.Tensor | None:
+    """FlashMLA's precondition on topk_length / extra_topk_length: 0 <= length <= the index rows' width. Its
+    scheduler asserts on anything else (a device assertion ends the CUDA context) and its decode reads past the
+    index rows, so the binding never hands it lengths it has not clamped on the device (no sync, one small kernel;
+    inside a step the plan's kernel writes them)."""
+    return None if lengths is None else lengths.clamp(0, width)
+
+
 def _step_plan(plans: dict[Any, Any], q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
                swa_lengths: torch.Tensor, extra_cache: V4PagedCache | None, extra_indices: torch.Tensor | None,
-               extra_lengths: torch.Tensor | None) -> tuple[tuple, Any, Any]:
-    """Inside a declared step, the torch op's plan for this shape: (its key, metadata, splits), the plan the step's
-    first call of this shape made, or on that first call the plan of one parallel program (SM90), or (None, None):
-    then the op plans and the caller keeps what it returns under the key."""
+               extra_lengths: torch.Tensor | None) -> tuple[tuple, Any, Any, torch.Tensor, torch.Tensor | None]:
+    """Inside a declared step, (its key, metadata, splits, lengths, extra lengths) for the torch op: what the step's
+    first call of this shape made, or on that first call the plan of one parallel program (SM90) with the lengths
+    it clamped, else no plan (the op plans and the caller keeps what it returns under the key) and the lengths
+    clamped here. A step shares its lengths (the engine declares them fixed), so the plan and the lengths the
+    decode reads are always the same ones."""
     key = _plan_key("op", q, swa_cache, swa_indices, extra_cache, extra_indices)
-    md, splits = plans.get(key, (None, None))
-    planner = parallel_planner() if md is None else None
-    if planner is not None:
-        made = planner(q, swa_lengths, swa_indices.shape[-1], extra_lengths,
-                       0 if extra_indices is None else extra_indices.shape[-1])
-        if made is not None:
-            md, splits = made
-    return key, md, splits
+    kept = plans.get(key)
+    if kept is not None:
+        return (key, *kept)
+    width, extra_width = swa_indices.shape[-1], 0 if extra_indices is None else extra_indices.shape[-1]
+    planner = parallel_planner()
+    made = planner(q, swa_lengths, width, extra_lengths, extra_width) if planner is not None else None
+    if made is not None:
+        md, splits, lengths, xlengths = made
+        return key, md, splits, lengths, xlengths if xlengths is not None else within_widths(extra_lengths,
+                                                                                             extra_width)
+    return key, None, None, within_widths(swa_lengths, width), within_widths(extra_lengths, extra_width)
 
 
 def _decoder(flavour: Flavour, use_native: bool = True) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -162,14 +175,18 @@ def _decoder(flavour: Flavour, use_native: bool = True) -> Callable[..., tuple[t
             plans = step_plans()
             md = splits = key = None
             if plans is not None:
-                key, md, splits = _step_plan(plans, q, swa_cache, swa_indices, swa_lengths, extra_cache,
-                                             extra_indices, extra_lengths)
-            if native is not None:  # the [T, 1, ...] views made in C++ (native_glue)
+                key, md, splits, swa_lengths, extra_lengths = _step_plan(
+                    plans, q, swa_cache, swa_indices, swa_lengths, extra_cache, extra_indices, extra_lengths)
+            if native is not None:  # the [T, 1, ...] views made in C++ (native_glue), the lengths clamped there
                 out, lse, md, splits = native(
                     q, swa_cache.flashmla_view(), swa_indices, swa_lengths, sink, md, splits,
                     None if extra_cache is None else extra_cache.flashmla_view(), extra_indices, extra_lengths,
                     HEAD_DIM_V, softmax_scale)
             else:
+                if plans is None:
+                    swa_lengths = within_widths(swa_lengths, swa_indices.shape[-1])
+                    if extra_indices is not None:
+                        extra_lengths = within_widths(extra_lengths, extra_indices.shape[-1])
                 out, lse, md, splits = op(
                     q.unsqueeze(1), swa_cache.flashmla_view(), swa_indices.unsqueeze(1), swa_lengths, sink, md,
                     splits, None if extra_cache is None else extra_cache.flashmla_view(),
@@ -177,9 +194,12 @@ def _decoder(flavour: Flavour, use_native: bool = True) -> Callable[..., tuple[t
                     softmax_scale, None)
                 out, lse = out.squeeze(1), lse.squeeze(2)
             if plans is not None:
-                plans[key] = (md, splits)
+                plans[key] = (md, splits, swa_lengths, extra_lengths)
             return out, lse
         iface, extra_kw = interface(flavour)
+        swa_lengths = within_widths(swa_lengths, swa_indices.shape[-1])
+        if extra_indices is not None:
+            extra_lengths = within_widths(extra_lengths, extra_indices.shape[-1])
         plans = step_plans()
         if plans is None:  # no declared step: plan per call, as a direct call does
             meta = iface.get_mla_metadata()[0]

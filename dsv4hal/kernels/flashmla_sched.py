@@ -93,19 +93,22 @@ def serial_plan(lengths: list[int], width: int, extra_lengths: list[int] | None,
 
 # the request count, widths and partitions vary with the batch: one compile a power-of-two bucket, not a value
 @triton.jit(do_not_specialize=["b", "width", "extra_width", "parts"])
-def _plan_kernel(len_ptr, xlen_ptr, meta_ptr, splits_ptr, b, width, extra_width, parts,
+def _plan_kernel(len_ptr, xlen_ptr, len_out_ptr, xlen_out_ptr, meta_ptr, splits_ptr, b, width, extra_width, parts,
                  HAS_LEN: tl.constexpr, HAS_XLEN: tl.constexpr, OVH: tl.constexpr, B_BLOCK: tl.constexpr,
                  N_BLOCK: tl.constexpr, P_BLOCK: tl.constexpr, LOG_P: tl.constexpr):
     r = tl.arange(0, B_BLOCK)
     rm = r < b
     if HAS_LEN:
-        s = tl.load(len_ptr + r, mask=rm, other=0)
+        # the lengths the plan and the decode both read: within [0, width], whatever the engine's buffer held
+        s = tl.minimum(tl.maximum(tl.load(len_ptr + r, mask=rm, other=0), 0), width)
+        tl.store(len_out_ptr + r, s, mask=rm)
     else:
         s = tl.zeros([B_BLOCK], tl.int32) + width
     s = tl.where(s == 0, 1, s)
     if extra_width != 0:
         if HAS_XLEN:
-            xs = tl.load(xlen_ptr + r, mask=rm, other=0)
+            xs = tl.minimum(tl.maximum(tl.load(xlen_ptr + r, mask=rm, other=0), 0), extra_width)
+            tl.store(xlen_out_ptr + r, xs, mask=rm)
         else:
             xs = tl.zeros([B_BLOCK], tl.int32) + extra_width
         s = (s + 63) // 64 * 64 + xs
@@ -122,7 +125,7 @@ def _plan_kernel(len_ptr, xlen_ptr, meta_ptr, splits_ptr, b, width, extra_width,
     e = x + w
     je = tl.minimum(tl.maximum(tl.gather(holder, tl.minimum(e, N_BLOCK - 1), 0), 0), B_BLOCK - 1)
     h = tl.where(e >= total, total, tl.maximum(tl.gather(start, je, 0), e - OVH))
-    h = tl.minimum(h, N_BLOCK - 1)  # lengths past the widths (refused by the contract) stay inside the table
+    h = tl.minimum(h, N_BLOCK - 1)
     # the starts v_0 .. v_{P_BLOCK - 1}: v_{p + 2^k} = h^(2^k)(v_p), h^(2^k) by doubling
     p = tl.arange(0, P_BLOCK)
     v = tl.zeros([P_BLOCK], tl.int32)
@@ -204,11 +207,17 @@ def parts_sm90(num_sms: int, s_q: int, h_q: int) -> int:
     return max(num_sms // s_q // (h_q // 64), 1)
 
 
+Plan = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
 def plan(q: torch.Tensor, lengths: torch.Tensor | None, width: int, extra_lengths: torch.Tensor | None,
-         extra_width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(tile_scheduler_metadata int32 [P, 8], num_splits int32 [b + 1]) for FlashMLA's SM90 sparse decode of q
-    [b, h_q, d] (one query token a request), or None where the decode op should plan itself (not SM90, heads other
-    than 64 or 128, a line too long for one program). lengths / extra_lengths int32 [b] (None: the widths)."""
+         extra_width: int) -> Plan | None:
+    """(tile_scheduler_metadata int32 [P, 8], num_splits int32 [b + 1], lengths, extra_lengths) for FlashMLA's SM90
+    sparse decode of q [b, h_q, d] (one query token a request), or None where the decode op should plan itself (not
+    SM90, heads other than 64 or 128, a line too long for one program). lengths / extra_lengths int32 [b] (None: the
+    widths); the plan returns them clamped into [0, width] / [0, extra_width], the lengths it was made for, which the
+    decode must be given with it (FlashMLA's scheduler asserts, and its decode reads past the index rows, on lengths
+    outside them)."""
     if q.device.type != "cuda":
         return None
     is_sm90, sms = _sm90(q.device)
@@ -223,16 +232,19 @@ def plan(q: torch.Tensor, lengths: torch.Tensor | None, width: int, extra_length
 
 def make_plan(b: int, parts: int, lengths: torch.Tensor | None, width: int, extra_lengths: torch.Tensor | None,
               extra_width: int, device: torch.device, num_warps: int | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              ) -> Plan:
     """The plan of b >= 1 requests over `parts` partitions (plan's launch; tests call it with any part count;
     num_warps: the launch's, for sweeps)."""
     meta = torch.empty(parts, META_INTS, dtype=torch.int32, device=device)
     splits = torch.empty(b + 1, dtype=torch.int32, device=device)
+    lens = torch.empty(b, dtype=torch.int32, device=device) if lengths is not None else None
+    xlens = torch.empty(b, dtype=torch.int32, device=device) if extra_lengths is not None and extra_width else None
     p_block = triton.next_power_of_2(parts + 1)
     n_block = line_block(b, width, extra_width)
     _plan_kernel[(1,)](lengths if lengths is not None else splits,
-                       extra_lengths if extra_lengths is not None else splits, meta, splits, b, width, extra_width,
-                       parts, HAS_LEN=lengths is not None, HAS_XLEN=extra_lengths is not None, OVH=OVERHEAD_SM90,
-                       B_BLOCK=max(triton.next_power_of_2(b), 16), N_BLOCK=n_block, P_BLOCK=p_block,
-                       LOG_P=p_block.bit_length() - 1, num_warps=num_warps or plan_warps(n_block))
-    return meta, splits
+                       extra_lengths if extra_lengths is not None else splits,
+                       lens if lens is not None else splits, xlens if xlens is not None else splits, meta, splits, b,
+                       width, extra_width, parts, HAS_LEN=lengths is not None, HAS_XLEN=xlens is not None,
+                       OVH=OVERHEAD_SM90, B_BLOCK=max(triton.next_power_of_2(b), 16), N_BLOCK=n_block,
+                       P_BLOCK=p_block, LOG_P=p_block.bit_length() - 1, num_warps=num_warps or plan_warps(n_block))
+    return meta, splits, lens, xlens

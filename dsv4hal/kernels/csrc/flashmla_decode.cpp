@@ -26,18 +26,26 @@ class DecodeCall {
       const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices, const at::Tensor& lengths,
       const at::Tensor& sink, const OptTensor& metadata, const OptTensor& splits, const OptTensor& extra_kv,
       const OptTensor& extra_indices, const OptTensor& extra_lengths, int64_t d_v, double scale) const {
+    // Without a plan the op plans from the lengths: its scheduler asserts (ending the CUDA context) and its decode
+    // reads past the index rows on a length outside [0, width], so they are clamped on the device first (a plan
+    // from dsv4hal comes with the lengths it was made for, already clamped: flashmla_glue.within_widths).
+    const bool clamp = !metadata.has_value();
+    OptTensor xlengths = extra_lengths;
+    if (clamp && extra_lengths && extra_indices) {
+      xlengths = extra_lengths->clamp(0, extra_indices->size(-1));
+    }
     torch::jit::Stack stack;
     stack.reserve(13);
     stack.emplace_back(q.unsqueeze(1));
     stack.emplace_back(kv);
     stack.emplace_back(indices.unsqueeze(1));
-    stack.emplace_back(lengths);
+    stack.emplace_back(clamp ? lengths.clamp(0, indices.size(-1)) : lengths);
     stack.emplace_back(sink);
     stack.emplace_back(metadata);
     stack.emplace_back(splits);
     stack.emplace_back(extra_kv);
     stack.emplace_back(extra_indices ? OptTensor(extra_indices->unsqueeze(1)) : OptTensor());
-    stack.emplace_back(extra_lengths);
+    stack.emplace_back(xlengths);
     stack.emplace_back(d_v);
     stack.emplace_back(scale);
     stack.emplace_back();  // kv_format: None, as the Python entry passes for the V4 format

@@ -1,6 +1,9 @@
 """Lock files: the kernel `dsv4hal tune` measured fastest per op and shape bucket on one machine, with the
 machine, the library versions and every candidate's times, so that selection is reproducible.
 
+A lock is configuration: load_lock checks the file whole against dsv4hal.lock_schema and raises LockError naming
+the field that does not fit, so the code below indexes a lock of the right shape.
+
 A lock is honoured or refused, never half-applied: select_platform(lock=...) (or DSV4HAL_LOCK) checks the
 machine, the platform, dsv4hal's, the plugins' and the libraries' versions and that every locked kernel is
 registered, and raises LockMismatchError naming each difference. With lock_mismatch="reselect" the caller
@@ -179,13 +182,14 @@ def differences(lock: Lock, platform: str, info: PlatformInfo, registry: Any) ->
     out += _diff_versions("library", d["libraries"], info.libraries)
     out += _diff_versions("plugin", d.get("plugins", {}), registry.plugin_versions)
     for op, entry in d["ops"].items():
-        declared = DECLARED.get(op)
-        if declared is not None and list(entry.get("features", declared.features)) != list(declared.features):
-            out.append(f"{op}: the lock's buckets are by ({', '.join(entry['features'])}), this dsv4hal's by "
+        declared, features = DECLARED.get(op), entry["features"]  # a list, or "all" (keyed on the whole case)
+        if declared is not None and features != list(declared.features):
+            by = features if isinstance(features, str) else ", ".join(features)
+            out.append(f"{op}: the lock's buckets are by ({by}), this dsv4hal's by "
                        f"({', '.join(declared.features)}): re-run `dsv4hal tune --ops {op} --update`")
         names = set(registry.kernels.get(op, {}))
         for label, b in entry["buckets"].items():
-            if b.get("chosen") and b["chosen"] not in names:
+            if b["chosen"] is not None and b["chosen"] not in names:
                 out.append(f"{op} [{label}]: locked implementation {b['chosen']!r} is not registered")
     return out
 
@@ -252,15 +256,15 @@ class LockInForce:
         if b is None:
             problem = (f"lock {path} has no measurement for {op} bucket [{label}] (tuned buckets: "
                        f"{', '.join(entry['buckets'])})")
-        elif not b.get("chosen"):
-            problem = f"lock {path}: no implementation of {op} passed the check in bucket [{label}]: {b.get('why')}"
+        elif b["chosen"] is None:  # the schema makes `chosen` a name or null, with `why` saying which
+            problem = f"lock {path}: no implementation of {op} passed the check in bucket [{label}]: {b['why']}"
         elif b["chosen"] not in verdicts:
             problem = f"lock {path}: locked {op} implementation {b['chosen']!r} is not registered"
         elif verdicts[b["chosen"]]:
             problem = (f"lock {path}: locked {op} implementation {b['chosen']!r} cannot run case "
                        f"[{_case_text(case)}]: {'; '.join(verdicts[b['chosen']])}")
         else:
-            return Pick(b["chosen"], (f"lock {path} [{label}]: {b.get('why', '')}",), measured)
+            return Pick(b["chosen"], (f"lock {path} [{label}]: {b['why']}",), measured)
         if advisory:
             return Pick(None, (problem,), measured)
         if self.mismatch == "reselect":

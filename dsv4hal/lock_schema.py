@@ -143,7 +143,8 @@ _CANDIDATE_FIELDS = obj({"status": one_of(CANDIDATE_STATUSES)}, {
 def _candidate(value: Any, path: str) -> None:
     _CANDIDATE_FIELDS(value, path)
     if value["status"] == "measured" and value.get("us") is None:
-        raise Invalid(child(path, "us"), "is missing: a measured candidate records its time")
+        state = "is null" if "us" in value else "is missing"
+        raise Invalid(child(path, "us"), f"{state}: a measured candidate records its time")
 
 
 def _op_key(name: str) -> str | None:

@@ -7,9 +7,10 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -262,17 +263,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
-def _count(minimum: int) -> Any:
-    """argparse type: an integer >= minimum (argparse turns the ValueError into a usage error, exit 2)."""
-    def parse(raw: str) -> int:
+def number(kind: type[int] | type[float], low: float, high: float | None = None, *,
+           above: bool = False) -> Callable[[str], int | float]:
+    """argparse type for every numeric option: a finite `kind` >= low (> low with `above`) and < high. A value
+    outside is a usage error naming the range (argparse prints it and exits 2), never a crash later in the run."""
+    word = "an integer" if kind is int else "a number"
+
+    def show(bound: float) -> str:
+        return str(int(bound)) if kind is int else f"{bound:g}"
+
+    expected = f"{word} {'>' if above else '>='} {show(low)}" + (f" and < {show(high)}" if high is not None else "")
+
+    def parse(raw: str) -> int | float:
         try:
-            value = int(raw)
+            value = kind(raw)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{raw!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+            raise argparse.ArgumentTypeError(f"{raw!r} is not {word}: give {expected}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{raw!r} is not a finite number: give {expected}")
+        if value < low or (above and value == low):
+            raise argparse.ArgumentTypeError(f"{raw} is {'not more' if value == low else 'less'} than {show(low)}: "
+                                             f"give {expected}")
+        if high is not None and value >= high:
+            raise argparse.ArgumentTypeError(f"{raw} is not less than {show(high)}: give {expected}")
         return value
-    parse.__name__ = "integer"
+    parse.__name__ = "integer" if kind is int else "number"  # how argparse and --help name the type
     return parse
 
 
@@ -328,10 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_conformance)
     sp = sub.add_parser("demo", help="an engine-shaped DSV4 layer stack: prefill, then decode (small shapes)")
     sp.add_argument("--platform", help="platform to run on (default: the detected one; like DSV4HAL_PLATFORM)")
-    sp.add_argument("--batch", type=_count(1), default=2, help="requests decoded together (default: %(default)s)")
-    sp.add_argument("--context", type=_count(1), default=300,
+    sp.add_argument("--batch", type=number(int, 1), default=2, help="requests decoded together (default: %(default)s)")
+    sp.add_argument("--context", type=number(int, 1), default=300,
                     help="tokens of context per request before decoding (default: %(default)s)")
-    sp.add_argument("--steps", type=_count(0), default=4, help="decode steps (default: %(default)s)")
+    sp.add_argument("--steps", type=number(int, 1), default=4, help="decode steps (default: %(default)s)")
     sp.add_argument("--size", choices=("small", "flash"), default="small",
                     help="layer dimensions: small (CPU) or V4-Flash (full size, on a GPU) (default: %(default)s)")
     sp.add_argument("--fill", choices=("prefill", "random"), default="prefill",
@@ -352,9 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=lambda a: __import__("dsv4hal.demo", fromlist=["main"]).main(a))
     sp = sub.add_parser("soak", help="an engine's lifecycle with every op for N minutes: graphs, replays, checks")
     sp.add_argument("--platform", help="force a platform (like DSV4HAL_PLATFORM)")
-    sp.add_argument("--minutes", type=float, default=10.0, help="how long to run (default: %(default)s)")
-    sp.add_argument("--context", type=int, default=2048, help="tokens of context per request (default: %(default)s)")
-    sp.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    sp.add_argument("--minutes", type=number(float, 0, above=True), default=10.0,
+                    help="how long to run (default: %(default)s)")
+    sp.add_argument("--context", type=number(int, 2), default=2048,
+                    help="tokens of context per request (default: %(default)s)")
+    sp.add_argument("--seed", type=number(int, 0, 1 << 63), default=0, help="random seed (default: %(default)s)")
     sp.add_argument("--json", metavar="PATH", help="write the report here")
     sp.set_defaults(func=lambda a: __import__("dsv4hal.soak", fromlist=["main"]).main(a))
     sp = sub.add_parser("bench", help="benchmarks (GPU)")
@@ -367,8 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--platform", help="platform to tune (default: the detected one; like DSV4HAL_PLATFORM)")
     sp.add_argument("--ops", help="comma-separated subset of ops (default: all)")
     sp.add_argument("--out", default="dsv4hal.lock.json", help="lock file to write (default: %(default)s)")
-    sp.add_argument("--margin", type=float, default=0.03, help="a kernel must beat the static choice by this "
-                    "fraction to replace it (default: %(default)s)")
+    sp.add_argument("--margin", type=number(float, 0, 1), default=0.03,
+                    help="a kernel must beat the static choice by this fraction to replace it (default: %(default)s)")
     sp.add_argument("--interpreted", action="store_true",
                     help="on the CPU also check and time Triton kernels under TRITON_INTERPRET=1")
     sp.add_argument("--update", action="store_true",
@@ -381,13 +398,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_stdout() -> None:
+    """After the reader of stdout went away: point stdout at /dev/null, so that the interpreter's flush at exit
+    does not raise BrokenPipeError again (Python's documented idiom for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced by an object without a file (a test's capture)
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command: exit 2 with a one-paragraph message for a typed error, 130 on Ctrl-C, and quietly 141 (as a
+    process SIGPIPE ends) when the reader of stdout went away (`dsv4hal info | head -1`)."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # here, not at the interpreter's exit, where a closed pipe prints a traceback
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 128 + 13
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="dsv4hal %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("dsv4hal").setLevel(level)
     try:
         return int(args.func(args))
+    except BrokenPipeError:
+        raise  # an OSError, but not the command's: main() answers it
     except KeyboardInterrupt:
         print(f"dsv4hal {args.cmd}: interrupted", file=sys.stderr)
         return 130

@@ -1,6 +1,9 @@
 """Lock files: the kernel `dsv4hal tune` measured fastest per op and shape bucket on one machine, with the
 machine, the library versions and every candidate's times, so that selection is reproducible.
 
+A lock is configuration: load_lock checks the file whole against dsv4hal.lock_schema and raises LockError naming
+the field that does not fit, so the code below indexes a lock of the right shape.
+
 A lock is honoured or refused, never half-applied: select_platform(lock=...) (or DSV4HAL_LOCK) checks the
 machine, the platform, dsv4hal's, the plugins' and the libraries' versions and that every locked kernel is
 registered, and raises LockMismatchError naming each difference. With lock_mismatch="reselect" the caller
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from dsv4hal import lock_schema
 from dsv4hal.errors import LockError, LockMismatchError
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.ops.buckets import DECLARED, bucket_of, missing_features
@@ -29,7 +33,7 @@ MISMATCH_POLICIES: tuple[str, ...] = ("error", "reselect")
 # out: they change with CUDA initialisation or the number of GPUs, not with which kernel is fastest on one.
 MACHINE_FIELDS = ("vendor", "arch", "device_name", "fp8")
 # Libraries hashed at tune time: compiled kernels of modest size (torch and triton are versioned, not hashed).
-_NOT_HASHED = {"torch", "triton", "triton-interpreter"}
+_NOT_HASHED = lock_schema.NOT_HASHED
 _HASH_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".hsaco", ".cubin")
 _HASH_LIMIT = 1 << 30  # bytes per library; larger ones are recorded as skipped (hashing would take seconds)
 
@@ -101,24 +105,51 @@ class Lock:
                 f"{len(self.ops)} ops, {n} buckets, made {self.data.get('created', '?')})")
 
 
-def load_lock(path: str | os.PathLike[str]) -> Lock:
-    p = Path(path)
+REGENERATE = "re-run `dsv4hal tune` on this machine to write the lock again (`dsv4hal tune --out PATH`)"
+
+
+def _read(path: object) -> tuple[str, Any]:
+    """The lock's name and its parsed JSON; LockError for a path that is none, a missing or unreadable file,
+    bytes that are not UTF-8 or not JSON, and JSON nested deeper than the parser's recursion limit."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise LockError(f"lock={path!r} is not a path ({type(path).__name__})",
+                        remedy="pass the lock file's path as a str or pathlib.Path, or None for no lock")
+    name = os.fspath(path)
+    if not isinstance(name, str) or "\0" in name:
+        raise LockError(f"lock path {name!r} is not a file name (a NUL byte, or bytes)",
+                        remedy="pass the lock file's path as text without NUL bytes")
     try:
-        data = json.loads(p.read_text())
+        raw = Path(name).read_bytes()
     except FileNotFoundError:
-        raise LockError(f"lock file {str(p)!r} does not exist",
+        raise LockError(f"lock file {name!r} does not exist",
                         remedy="write one with `dsv4hal tune --out PATH`, or unset DSV4HAL_LOCK") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise LockError(f"lock file {str(p)!r} cannot be read: {exc}",
-                        remedy="regenerate it with `dsv4hal tune`") from None
+    except OSError as exc:
+        raise LockError(f"lock file {name!r} cannot be read: {exc.strerror or exc}",
+                        remedy="check the path and its permissions, or " + REGENERATE) from None
+    try:
+        return name, json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        problem = f"is not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+    except json.JSONDecodeError as exc:
+        problem = f"is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    except RecursionError:
+        problem = "is nested too deeply to be a lock"
+    raise LockError(f"lock file {name!r} {problem}", remedy=REGENERATE)
+
+
+def load_lock(path: str | os.PathLike[str]) -> Lock:
+    """Read a lock and check it whole against the lock schema (dsv4hal.lock_schema): LockError naming the file
+    and the JSON path of the first field that does not fit, so that nothing later meets a malformed lock."""
+    name, data = _read(path)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise LockError(f"lock file {str(p)!r} has format {got!r}, this dsv4hal reads {FORMAT!r}",
+        got = data.get("format") if isinstance(data, dict) else lock_schema.describe(data)
+        raise LockError(f"lock file {name!r} has format {got!r}, this dsv4hal reads {FORMAT!r}",
                         remedy="regenerate it with this version's `dsv4hal tune`")
-    for key in ("platform", "machine", "libraries", "ops"):
-        if key not in data:
-            raise LockError(f"lock file {str(p)!r} lacks {key!r}", remedy="regenerate it with `dsv4hal tune`")
-    return Lock(str(p), data)
+    try:
+        lock_schema.validate(data)
+    except lock_schema.Invalid as bad:
+        raise LockError(f"lock file {name!r}: {bad}", remedy=REGENERATE) from None
+    return Lock(name, data)
 
 
 def _diff_versions(what: str, locked: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
@@ -151,13 +182,14 @@ def differences(lock: Lock, platform: str, info: PlatformInfo, registry: Any) ->
     out += _diff_versions("library", d["libraries"], info.libraries)
     out += _diff_versions("plugin", d.get("plugins", {}), registry.plugin_versions)
     for op, entry in d["ops"].items():
-        declared = DECLARED.get(op)
-        if declared is not None and list(entry.get("features", declared.features)) != list(declared.features):
-            out.append(f"{op}: the lock's buckets are by ({', '.join(entry['features'])}), this dsv4hal's by "
+        declared, features = DECLARED.get(op), entry["features"]  # a list, or "all" (keyed on the whole case)
+        if declared is not None and features != list(declared.features):
+            by = features if isinstance(features, str) else ", ".join(features)
+            out.append(f"{op}: the lock's buckets are by ({by}), this dsv4hal's by "
                        f"({', '.join(declared.features)}): re-run `dsv4hal tune --ops {op} --update`")
         names = set(registry.kernels.get(op, {}))
         for label, b in entry["buckets"].items():
-            if b.get("chosen") and b["chosen"] not in names:
+            if b["chosen"] is not None and b["chosen"] not in names:
                 out.append(f"{op} [{label}]: locked implementation {b['chosen']!r} is not registered")
     return out
 
@@ -166,9 +198,13 @@ def check_hashes(lock: Lock) -> list[str]:
     """Differences between the lock's library file hashes and the installed files (reads them: not cheap)."""
     locked = lock.data.get("files", {})
     now = hash_libraries(locked)
-    return [f"library {n} files changed (sha256 {now[n].get('sha256', now[n].get('skipped'))} != locked "
-            f"{v.get('sha256')})" for n, v in sorted(locked.items())
-            if "sha256" in v and now.get(n, {}).get("sha256") != v["sha256"]]
+    out = []
+    for n, v in sorted(locked.items()):
+        got = now.get(n, {})
+        if "sha256" in v and got.get("sha256") != v["sha256"]:
+            out.append(f"library {n} files changed (sha256 {got.get('sha256', got.get('skipped'))} != locked "
+                       f"{v['sha256']})")
+    return out
 
 
 @dataclass(frozen=True)
@@ -220,15 +256,15 @@ class LockInForce:
         if b is None:
             problem = (f"lock {path} has no measurement for {op} bucket [{label}] (tuned buckets: "
                        f"{', '.join(entry['buckets'])})")
-        elif not b.get("chosen"):
-            problem = f"lock {path}: no implementation of {op} passed the check in bucket [{label}]: {b.get('why')}"
+        elif b["chosen"] is None:  # the schema makes `chosen` a name or null, with `why` saying which
+            problem = f"lock {path}: no implementation of {op} passed the check in bucket [{label}]: {b['why']}"
         elif b["chosen"] not in verdicts:
             problem = f"lock {path}: locked {op} implementation {b['chosen']!r} is not registered"
         elif verdicts[b["chosen"]]:
             problem = (f"lock {path}: locked {op} implementation {b['chosen']!r} cannot run case "
                        f"[{_case_text(case)}]: {'; '.join(verdicts[b['chosen']])}")
         else:
-            return Pick(b["chosen"], (f"lock {path} [{label}]: {b.get('why', '')}",), measured)
+            return Pick(b["chosen"], (f"lock {path} [{label}]: {b['why']}",), measured)
         if advisory:
             return Pick(None, (problem,), measured)
         if self.mismatch == "reselect":

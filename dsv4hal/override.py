@@ -1,6 +1,7 @@
 """Overrides: the environment (DSV4HAL_PLATFORM, DSV4HAL_KERNELS, DSV4HAL_DISABLE_PLUGINS, DSV4HAL_STRICT,
-DSV4HAL_LOCK, DSV4HAL_LOCK_MISMATCH) and the same settings in code through the `overrides(...)` context
-manager, which wins over the environment. A forced choice that cannot run is an error; nothing falls back silently."""
+DSV4HAL_LOCK, DSV4HAL_LOCK_MISMATCH; DSV4HAL_NATIVE_GLUE is checked here too) and the same settings in code
+through the `overrides(...)` context manager, which wins over the environment. A forced choice that
+cannot run is an error; nothing falls back silently."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from dsv4hal.errors import BadOverrideError
+from dsv4hal.kernels import native_glue
 from dsv4hal.ops.catalog import OP_NAMES
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -71,6 +73,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Overrides:
     if lock_mismatch not in ("error", "reselect"):
         raise BadOverrideError(f"DSV4HAL_LOCK_MISMATCH={lock_mismatch!r} is not a policy",
                                remedy="use error or reselect")
+    native_glue.mode()  # read at a kernel's first call: a value it does not know is refused at selection
     return Overrides(platform=platform, kernels=kernels, disabled_plugins=disabled, strict=strict, sources=sources,
                      lock=lock, lock_mismatch=lock_mismatch)
 

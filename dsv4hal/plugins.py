@@ -23,7 +23,7 @@ from typing import Any
 import pluggy
 
 from dsv4hal import hookspecs
-from dsv4hal.errors import PluginFaultError, PluginLoadError, RegistryError
+from dsv4hal.errors import BadOverrideError, PluginFaultError, PluginLoadError, RegistryError
 from dsv4hal.registry import KernelImpl, Registry
 
 # Loaded first, so that a third-party plugin that ties with a built-in kernel is the one refused.
@@ -160,12 +160,15 @@ def build_registry(*, disabled: Iterable[str] = (), strict: bool = False,
     points. A plugin that raises at import or registration, or whose registration ties with kernels
     registered before it, is recorded in `registry.plugin_errors` and warned about, and leaves nothing
     behind; in strict mode it raises PluginLoadError (RegistryError for a tie) instead."""
-    disabled = set(disabled)
+    disabled, extra_modules = set(disabled), list(extra_modules)
+    entry_points = _entry_points()
+    _check_disabled(disabled, {ep.name for ep in entry_points} | set(BUILTIN_PLUGINS)
+                    | {name for name, _ in extra_modules})
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     registry = Registry(strict=strict)
     sources: list[tuple[str, object, str]] = []
-    for ep in _entry_points():
+    for ep in entry_points:
         if ep.name in disabled:
             continue
         try:
@@ -181,6 +184,15 @@ def build_registry(*, disabled: Iterable[str] = (), strict: bool = False,
             _guard(registry, name)
             registry.plugin_versions[name] = version
     return registry.close()
+
+
+def _check_disabled(disabled: set[str], known: set[str]) -> None:
+    """A plugin named for disabling must exist: a misspelt name would otherwise leave the plugin enabled."""
+    unknown = sorted(disabled - known)
+    if unknown:
+        raise BadOverrideError(f"DSV4HAL_DISABLE_PLUGINS (or overrides(disable_plugins=...)) names "
+                               f"{', '.join(map(repr, unknown))}: no such plugin is installed",
+                               remedy=f"name installed plugins only: {', '.join(sorted(known))}")
 
 
 def _fail(registry: Registry, name: str, why: str, strict: bool, cause: BaseException | None = None,

@@ -398,14 +398,9 @@ def main(args: Any) -> int:
     import sys
 
     import dsv4hal
-    from dsv4hal.errors import Dsv4HalError
+    from dsv4hal.cli import _check_output
 
-    if args.minutes <= 0:
-        raise Dsv4HalError(f"--minutes must be positive, got {args.minutes}", remedy="e.g. --minutes 10")
-    if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.touch()  # an unwritable path fails now, not after the run
+    _check_output(args.json)  # an unwritable path fails now, not after the run (the CLI checks the numbers)
     platform = dsv4hal.select_platform(args.platform)
     res = run_soak(platform, args.minutes, seed=args.seed, context=args.context,
                    progress=lambda s: print(s, file=sys.stderr, flush=True))

@@ -383,11 +383,17 @@ def main(args: Any) -> int:
                                     remedy="re-run `dsv4hal tune` on this machine and ship the new lock")
         print(f"lock {args.check} matches this machine, its libraries and their files")
         return 0
+    from dsv4hal.cli import _check_output
+    from dsv4hal.lock import load_lock
+
+    for path in (args.out, args.markdown):  # before measuring: an unwritable output must not cost the run
+        _check_output(path)
+    old = load_lock(args.out).data if args.update and Path(args.out).exists() else None
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
     with Progress(None, "tune") as bar:  # a bar on a terminal (tqdm), plain lines otherwise
         data = tune(args.platform, ops=ops, interpreted=args.interpreted, margin=args.margin, progress=bar.update)
-    if args.update and Path(args.out).exists():
-        data = merge(json.loads(Path(args.out).read_text()), data)
+    if old is not None:
+        data = merge(old, data)
     write_lock(data, args.out)
     table = summary(data)
     if args.markdown:

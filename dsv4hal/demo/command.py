@@ -16,6 +16,17 @@ from dsv4hal.demo.plots import plot_breakdown, plot_eager
 from dsv4hal.demo.runner import run_demo
 
 
+def check_backend(name: str) -> None:
+    """Before the prefill: `name` is a torch.compile backend (dynamo's registry, entry points included)."""
+    from torch._dynamo import list_backends  # imports no device runtime
+
+    from dsv4hal.errors import Dsv4HalError
+
+    if name not in list_backends(exclude_tags=()):
+        raise Dsv4HalError(f"--compile {name!r} is not a torch.compile backend",
+                           remedy=f"use one of {', '.join(list_backends())} (default inductor), or drop --compile")
+
+
 def main(args: argparse.Namespace) -> int:
     import dsv4hal
     from dsv4hal.cli import _check_output
@@ -24,6 +35,8 @@ def main(args: argparse.Namespace) -> int:
 
     _check_output(args.json)
     _check_output(args.plot, plot=True)
+    if args.compile is not None:
+        check_backend(args.compile)
     platform = dsv4hal.select_platform(args.platform)
     graph = args.graph if args.graph is not None else platform.device_type == "cuda"
     if graph and platform.device_type != "cuda":

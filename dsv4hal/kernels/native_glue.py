@@ -29,7 +29,8 @@ FLASHMLA_DECODE = "flashmla_decode"  # csrc/flashmla_decode.cpp
 
 
 class NativeGlueError(Dsv4HalError):
-    """The C++ glue was required (DSV4HAL_NATIVE_GLUE=1) and could not be built or bound."""
+    """DSV4HAL_NATIVE_GLUE is not auto, 0 or 1 (refused when a platform is selected), or the C++ glue was required
+    (DSV4HAL_NATIVE_GLUE=1) and could not be built or bound."""
 
 
 def mode() -> str:

@@ -25,8 +25,8 @@ from dsv4hal.reference import indexer_store as ref_istore
 from dsv4hal.reference import indexer_topk as ref_topk
 from dsv4hal.reference import pack_store as ref_pack
 from dsv4hal.reference import sparse_attention as ref_attn
+from dsv4hal.reference.moe import ExpertWeights, quantize_experts
 from dsv4hal.reference.moe import moe_experts as ref_moe
-from dsv4hal.reference.moe import quantize_experts
 
 pytest.importorskip("triton")
 
@@ -193,6 +193,8 @@ def test_sparse_decode_bad_index_or_length_stays_inside(impl: str, name: str, ba
     """sparse_attention_decode: a bad index is a skipped key, a negative length no key, a length past W all W."""
     p = bound("sparse_attention_decode", impl)
     args = _decode_inputs()
+    if name.startswith("swa"):  # SWA-only decode (the kernel's variant without the extra list): half the keys
+        args = {k: v for k, v in args.items() if not k.startswith("extra")}
     bad_args, want_args = _inject(args, name, bad, _decode_end(args, name))
 
     def build(guard: Guards):  # noqa: ANN202
@@ -235,8 +237,10 @@ def test_sparse_prefill_bad_index_or_length_stays_inside(impl: str, name: str, b
 
 # ----- indexer_topk: lengths and the page table's width -----
 
-TOPK_IMPLS = (REF, "triton_radix_topk", "triton_row_topk", "triton_sampled_topk")
-S_TOPK, K_TOPK = 640, 512  # 10 pages of 64 candidates
+K_TOPK = 512
+# score width per kernel: 10 pages of 64 candidates, or past 16384 for the kernel that takes only wide rows
+TOPK_WIDTH = {REF: 640, "triton_radix_topk": 640, "triton_row_topk": 640, "triton_sampled_topk": 640,
+              "triton_chunked_topk": 16384 + 640}
 
 
 def _topk_call(p: dsv4hal.Platform, scores: torch.Tensor, lengths: torch.Tensor, table: torch.Tensor):  # noqa: ANN202
@@ -253,36 +257,44 @@ def _sorted(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("bad", BAD)
-@pytest.mark.parametrize("impl", TOPK_IMPLS)
+@pytest.mark.parametrize("impl", TOPK_WIDTH)
 def test_indexer_topk_bad_length_stays_inside(impl: str, bad: str) -> None:
     """indexer_topk: a negative length selects nothing (all -1), a length past S selects among the S scores."""
-    p = bound("indexer_topk", impl)
+    p, width = bound("indexer_topk", impl), TOPK_WIDTH[impl]
     g = _gen()
-    scores = torch.randn(2, S_TOPK, generator=g)
-    table = torch.randint(0, 50, (2, S_TOPK // 64), generator=g, dtype=torch.int32)
-    lengths = torch.tensor([bad_value(bad, S_TOPK + 1), 600], dtype=torch.int32)
+    scores = torch.randn(2, width, generator=g)
+    table = torch.randint(0, 50, (2, width // 64), generator=g, dtype=torch.int32)
+    lengths = torch.tensor([bad_value(bad, width + 1), width - 40], dtype=torch.int32)
     raw, pages = _topk_call(p, scores, lengths, table)
-    want_raw, want_pages = ref_topk.indexer_topk(scores, lengths.clamp(0, S_TOPK), K_TOPK, table)
+    want_raw, want_pages = ref_topk.indexer_topk(scores, lengths.clamp(0, width), K_TOPK, table)
     assert torch.equal(_sorted(raw), _sorted(want_raw)) and torch.equal(_sorted(pages), _sorted(want_pages))
 
 
-@pytest.mark.parametrize("impl", TOPK_IMPLS)
+@pytest.mark.parametrize("impl", TOPK_WIDTH)
 def test_indexer_topk_short_page_table_gives_minus_one_slots(impl: str) -> None:
     """indexer_topk: a candidate whose page is past the page table's width gets page slot -1, read nothing."""
-    p = bound("indexer_topk", impl)
+    p, width = bound("indexer_topk", impl), TOPK_WIDTH[impl]
     g = _gen()
-    scores = torch.randn(2, S_TOPK, generator=g)
+    scores = torch.randn(2, width, generator=g)
     scores[:, -64:] += 10.0  # the last page's candidates are selected
-    table = torch.randint(0, 50, (2, S_TOPK // 64 - 1), generator=g, dtype=torch.int32)  # one page short
-    lengths = torch.tensor([S_TOPK, S_TOPK], dtype=torch.int32)
+    table = torch.randint(0, 50, (2, width // 64 - 1), generator=g, dtype=torch.int32)  # one page short
+    lengths = torch.tensor([width, width], dtype=torch.int32)
     raw, pages = _topk_call(p, scores, lengths, table)
-    assert bool((raw >= S_TOPK - 64).any())
-    assert bool((pages[raw >= S_TOPK - 64] == -1).all()) and bool((pages[(raw >= 0) & (raw < S_TOPK - 64)] >= 0).all())
+    assert bool((raw >= width - 64).any())
+    assert bool((pages[raw >= width - 64] == -1).all()) and bool((pages[(raw >= 0) & (raw < width - 64)] >= 0).all())
 
 
 # ----- moe_experts: topk_ids -----
 
 E_MOE = 8
+
+
+@functools.cache
+def _moe_weights() -> ExpertWeights:
+    """MXFP4 experts, H 128, I 64, on the CPU."""
+    g = _gen()
+    return quantize_experts(torch.randn(E_MOE, 128, 128, generator=g) / 11,
+                            torch.randn(E_MOE, 128, 64, generator=g) / 8, "mxfp4", "e4m3fn")
 
 
 @pytest.mark.parametrize("bad", BAD)
@@ -291,8 +303,7 @@ def test_moe_experts_bad_id_is_a_dropped_route(impl: str, bad: str) -> None:
     """moe_experts: an id of -1, another negative or E is a dropped route (contributes 0), read nothing outside."""
     p = bound("moe_experts", impl)
     g = _gen()
-    w = quantize_experts(torch.randn(E_MOE, 128, 128, generator=g) / 11, torch.randn(E_MOE, 128, 64, generator=g) / 8,
-                         "mxfp4", "e4m3fn")
+    w = _moe_weights()
     x = torch.randn(3, 128, generator=g).bfloat16()
     ids = torch.tensor([[1, bad_value(bad, E_MOE)], [2, 5], [7, 0]], dtype=torch.int32)
     weights = torch.rand(3, 2, generator=g) + 0.5

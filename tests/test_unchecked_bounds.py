@@ -284,6 +284,25 @@ def test_indexer_topk_short_page_table_gives_minus_one_slots(impl: str) -> None:
     assert bool((pages[raw >= width - 64] == -1).all()) and bool((pages[(raw >= 0) & (raw < width - 64)] >= 0).all())
 
 
+@pytest.mark.parametrize("bad", BAD)
+@pytest.mark.parametrize("impl", TOPK_WIDTH)
+def test_indexer_topk_bad_page_id_is_only_a_value(impl: str, bad: str) -> None:
+    """indexer_topk: a page id of -1, another negative or past the pool addresses no memory; its candidates' slots
+    are page * 64 + offset, as the reference gives them."""
+    p, width = bound("indexer_topk", impl), TOPK_WIDTH[impl]
+    g = _gen()
+    scores = torch.randn(2, width, generator=g)
+    scores[0, :64] += 10.0  # row 0's first page's candidates are selected
+    table = torch.randint(0, 50, (2, width // 64), generator=g, dtype=torch.int32)
+    table[0, 0] = bad_value(bad, 50)
+    lengths = torch.tensor([width, width], dtype=torch.int32)
+    raw, pages = _topk_call(p, scores, lengths, table)
+    want_raw, want_pages = ref_topk.indexer_topk(scores, lengths, K_TOPK, table)
+    assert torch.equal(_sorted(raw), _sorted(want_raw)) and torch.equal(_sorted(pages), _sorted(want_pages))
+    first = (raw[0] >= 0) & (raw[0] < 64)
+    assert bool(first.any()) and torch.equal(pages[0][first], table[0, 0] * 64 + raw[0][first])
+
+
 # ----- moe_experts: topk_ids -----
 
 E_MOE = 8
@@ -376,3 +395,17 @@ def test_attention_metadata_bad_page_id_gives_minus_one_swa_entries(impl: str, b
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert bool((got[0][1, :128] == -1).all())  # positions 130 .. 3: all on the bad page
 
+
+
+@pytest.mark.parametrize("bad", BAD)
+@pytest.mark.parametrize("impl", (REF, "triton_attention_metadata"))
+def test_attention_metadata_bad_full_to_swa_entry_is_only_a_value(impl: str, bad: str) -> None:
+    """build_attention_metadata: a full_to_swa entry of -1, another negative or past the SWA pool is copied into
+    swa_indices as it is (whose consumers skip it), and addresses no memory."""
+    p = bound("build_attention_metadata", impl)
+    positions, table, f2s = _meta_inputs()
+    f2s[2 * 256 + 130] = bad_value(bad, 384)  # row 1's position 130 on its page 2
+    got = _meta_call(p, positions, table, f2s)
+    want = dataclasses.astuple(ref_meta.build_attention_metadata(positions, table, f2s, 512))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert int(got[0][1, 0]) == bad_value(bad, 384)

@@ -75,6 +75,11 @@ class KernelImpl:
     priority_when: tuple[PriorityWhen, ...] = ()
     # why priority_when's priorities differ from `priority` (the measurement behind them), shown by explain and info
     priority_why: str = ""
+    # False for a kernel that reads or writes where an index-like argument points without checking it against its
+    # buffer (unchecked mode then cannot keep a bad index inside the buffers); `bounds_note` says which argument
+    # and what it does. Shown by explain (docs/unchecked-indices.md)
+    bounds_checked: bool = True
+    bounds_note: str = ""
 
     def priority_on(self, platform: str) -> int:
         return _resolve_priority(self.priority, platform)

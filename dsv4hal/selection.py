@@ -57,6 +57,10 @@ class Decision:
         lines = [f"{self.op} on {self.platform} for {case_summary(self.case)}: "
                  f"{self.chosen.name} ({self.chosen.tier}, from {self.chosen.plugin}, source {self.source})"]
         lines += [f"  note: {n}" for n in self.notes]
+        if not self.chosen.bounds_checked:
+            lines.append(f"  note: {self.chosen.name} is not bounds-checked ({self.chosen.bounds_note}): unchecked "
+                         "mode does not keep a bad index inside the buffers; select_platform(checked=True) refuses "
+                         "such indices")
         for c in self.candidates:
             why = f": {'; '.join(c.reasons)}" if c.reasons else ""
             us = self.measured.get(c.name)
@@ -68,7 +72,8 @@ class Decision:
 
     def to_json(self) -> dict[str, object]:
         return {"op": self.op, "platform": self.platform, "case": dict(self.case), "chosen": self.chosen.name,
-                "layout": self.chosen.layout, "source": self.source, "notes": list(self.notes),
+                "bounds_checked": self.chosen.bounds_checked, "layout": self.chosen.layout, "source": self.source,
+                "notes": list(self.notes),
                 "measured_us": dict(self.measured),
                 "candidates": [{"name": c.name, "priority": c.priority, "priority_note": c.priority_note,
                                 "tier": c.tier, "plugin": c.plugin, "status": c.status, "reasons": list(c.reasons)}

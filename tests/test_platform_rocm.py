@@ -224,11 +224,13 @@ def test_aiter_decode_marshalling(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_aiter_csr_indices_values() -> None:
+    """Entries past a row's length, -1, other negatives and slots past the cache all reach aiter as -1."""
     idx = torch.arange(12, dtype=torch.int32).reshape(3, 4) + 100
     idx[1, 0] = -1
-    flat, indptr = aiter_ops.csr_indices(idx, torch.tensor([4, 2, 0], dtype=torch.int32))
+    idx[0, 2], idx[0, 3] = -7, 112  # invalid (unchecked mode lets them through): pa_decode_sparse skips only -1
+    flat, indptr = aiter_ops.csr_indices(idx, torch.tensor([4, 2, 0], dtype=torch.int32), 112)
     assert indptr.tolist() == [0, 4, 8, 12]
-    assert flat.tolist() == [100, 101, 102, 103, -1, 105, -1, -1, -1, -1, -1, -1]
+    assert flat.tolist() == [100, 101, -1, -1, -1, 105, -1, -1, -1, -1, -1, -1]
 
 
 def test_aiter_decode_swa_only_and_chunked(monkeypatch: pytest.MonkeyPatch) -> None:

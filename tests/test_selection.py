@@ -300,3 +300,15 @@ def test_hopper_single_row_decode_prefers_triton_unless_the_extra_list_is_long(l
     batch = select_kernel(registry, "sparse_attention_decode", {**base, "tokens": "batch"}, info, "cuda_sm90",
                           ov.Overrides())
     assert {c.name: (c.priority, c.priority_note) for c in batch.candidates}[flashmla] == (own, "")
+
+
+def test_explain_says_flashmla_decode_is_not_bounds_checked() -> None:
+    """explain names a chosen vendor kernel that checks no index against its buffer, and a checked one not."""
+    reg = registry_with()
+    case = {"h_q": 64, "fp8": "e4m3fn", "extra_class": "short", "tokens": "few"}
+    d = select_kernel(reg, OP, case, fake("sm90", flash_mla="1.0.0", triton="3"), "cuda_sm90", ov.Overrides())
+    assert d.chosen.name == "flashmla_sm90_sgl" and not d.chosen.bounds_checked
+    assert "flashmla_sm90_sgl is not bounds-checked (indices: only -1 is skipped" in d.explain()
+    assert d.to_json()["bounds_checked"] is False
+    portable = select_kernel(reg, OP, case, fake("sm90", triton="3"), "cuda_sm90", ov.Overrides())
+    assert portable.chosen.name == "triton_sparse_decode" and "bounds-checked" not in portable.explain()

@@ -3,7 +3,8 @@
 
 Inputs checked mode refuses (a position past the page table, a negative page id, a window slot past
 full_to_swa) never index outside a tensor here: such an SWA entry is -1, such a C128 entry -1 and such an
-output location 0 (the dummy slot), as in the portable kernel."""
+output location 0 (the dummy slot), as in the portable kernel. Any negative position gives the row of -1 (an
+unused row: lengths 0, or 1 where a length is at least 1)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def build_attention_metadata(positions: torch.Tensor, page_table: torch.Tensor, 
     t, pages = page_table.shape
     m = out if out is not None else AttentionMetadata.empty(t, pages, positions.device)
     pos = positions.long()
-    length = pos + 1
+    length = (pos + 1).clamp(min=0)  # any negative position is an unused row, as -1
     back = pos[:, None] - torch.arange(WINDOW, device=pos.device)[None, :]
     bs = back.clamp(min=0)
     page = _page_of(page_table, bs)

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dsv4hal_cuda_sm100 import deepgemm_moe, flashinfer_moe
 
 from dsv4hal.hardware import PlatformInfo, version_before
-from dsv4hal.kernels import deepgemm_indexer, deepgemm_mhc
+from dsv4hal.kernels import deepgemm_indexer, deepgemm_mhc, vendor_bounds
 from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, Registry
 
@@ -117,11 +117,12 @@ def register(registry: Registry) -> None:
     registry.add_kernel(KernelImpl(
         op="sparse_attention_decode", name="flashmla_sm100_sgl", target=f"{_MOD}:sparse_attention_decode",
         supports=decode_supports, layout="v4-584-e4m3fn",
+        bounds_checked=False, bounds_note=vendor_bounds.FLASHMLA_DECODE,
         description="FlashMLA SM100 sparse decode, V4 format (sgl-flash-mla legacy library, use_legacy=True)",
         **common))
     registry.add_kernel(KernelImpl(
         op="sparse_attention_prefill", name="flashmla_sm100_sgl", target=f"{_MOD}:sparse_attention_prefill",
-        supports=prefill_supports,
+        supports=prefill_supports, bounds_checked=False, bounds_note=vendor_bounds.FLASHMLA_PREFILL_SM100,
         description="FlashMLA SM100 sparse prefill over the bf16 workspace (sgl-flash-mla, use_legacy=True)",
         **common))
     registry.add_kernel(moe_kernel(

@@ -10,7 +10,7 @@ from dataclasses import replace
 from dsv4hal_cuda_sm90 import deepgemm_moe, marlin_moe, oai_triton_moe, vllm_router
 
 from dsv4hal.hardware import PlatformInfo
-from dsv4hal.kernels import deepgemm_indexer, deepgemm_mhc
+from dsv4hal.kernels import deepgemm_indexer, deepgemm_mhc, vendor_bounds
 from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, Registry
 
@@ -99,11 +99,13 @@ def register(registry: Registry) -> None:
             priority_when=tuple((when, FLASHMLA_SINGLE_ROW_PRIORITY[flavour]) for when in FLASHMLA_SINGLE_ROW_CASES),
             priority_why=FLASHMLA_SINGLE_ROW_WHY,
             tier="vendor", requires=(lib,), supports=flashmla_decode_supports, layout="v4-584-e4m3fn",
+            bounds_checked=False, bounds_note=vendor_bounds.FLASHMLA_DECODE,
             description=f"FlashMLA legacy SM90 sparse decode ({lib})"))
         registry.add_kernel(KernelImpl(
             op="sparse_attention_prefill", name=f"flashmla_sm90_{flavour}",
             target=f"{_FLASHMLA}:sparse_attention_prefill_{flavour}", platforms=(PLATFORM,), priority=prio,
             tier="vendor", requires=(lib,), supports=flashmla_prefill_supports,
+            bounds_checked=False, bounds_note=vendor_bounds.FLASHMLA_PREFILL_SM90,
             description=f"FlashMLA legacy SM90 sparse prefill ({lib})"))
     registry.add_kernel(KernelImpl(
         op="moe_experts", name=marlin_moe.NAME, target="dsv4hal_cuda_sm90.marlin_moe:moe_experts",

@@ -72,12 +72,13 @@ def num_splits(tokens: int, heads: int, width: int, compute_units: int) -> int:
     return max(MIN_SPLITS, min(fill, tiles, MAX_SPLITS))
 
 
-def csr_indices(indices: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[T, W] slot indices and lengths -> (flat int32 [T*W] with entries k >= lengths[t] set to -1,
-    int32 indptr [T+1] = 0, W, 2W, ...)."""
+def csr_indices(indices: torch.Tensor, lengths: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, W] slot indices and lengths -> (flat int32 [T*W] with entries k >= lengths[t] and entries that are
+    not slots of the cache (other negatives, past num_slots) set to -1, int32 indptr [T+1] = 0, W, 2W, ...).
+    pa_decode_sparse skips only -1 and checks no bound: the mask rides on the pass that applies the lengths."""
     t, w = indices.shape
     cols = torch.arange(w, device=indices.device, dtype=torch.int32)
-    live = cols.unsqueeze(0) < lengths.to(torch.int32).unsqueeze(1)
+    live = (cols.unsqueeze(0) < lengths.to(torch.int32).unsqueeze(1)) & (indices >= 0) & (indices < num_slots)
     flat = torch.where(live, indices, torch.full_like(indices, -1)).to(torch.int32).reshape(-1).contiguous()
     indptr = torch.arange(t + 1, device=indices.device, dtype=torch.int32) * w
     return flat, indptr
@@ -115,10 +116,11 @@ def sparse_attention_decode(q: torch.Tensor, swa_cache: V4PagedCache, swa_indice
     outs, lses = [], []
     for start in range(0, t, rows):
         stop = min(t, start + rows)
-        idx, ptr = csr_indices(swa_indices[start:stop], swa_lengths[start:stop])
+        idx, ptr = csr_indices(swa_indices[start:stop], swa_lengths[start:stop], swa_cache.num_slots)
         kw: dict[str, Any] = {}
         if extra is not None:
-            xidx, xptr = csr_indices(extra_indices[start:stop], extra_lengths[start:stop])  # type: ignore[index]
+            xidx, xptr = csr_indices(extra_indices[start:stop], extra_lengths[start:stop],  # type: ignore[index]
+                                     extra_cache.num_slots)  # type: ignore[union-attr]
             kw = dict(extra_cache=extra, extra_indices=xidx, extra_indptr=xptr)
         acc, m2, l = fn(q[start:stop], main, idx, ptr, sink, float(softmax_scale), kv_splits=splits,
                         has_invalid=True, skip_reduce=True, **kw)

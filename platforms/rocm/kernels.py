@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dsv4hal_rocm import aiter_moe
 
 from dsv4hal.hardware import PlatformInfo
+from dsv4hal.kernels import vendor_bounds
 from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, Registry
 
@@ -64,7 +65,8 @@ def register(registry: Registry) -> None:
     registry.add_kernel(KernelImpl(
         op="indexer_topk", name="sgl_kernel_hip_topk", target="dsv4hal_rocm.sgl_ops:indexer_topk",
         platforms=(PLATFORM,), priority=TOPK_PRIORITY, tier="vendor", requires=(SGL_KERNEL,),
-        supports=topk_supports,
+        supports=topk_supports, bounds_checked=False,
+        bounds_note=vendor_bounds.SGL_HIP_TOPK,
         description="sgl-kernel HIP deepseek_v4_topk_transform_512 (radix select + page transform, raw out)"))
     registry.add_kernel(KernelImpl(
         op="sparse_attention_decode", name="aiter_pa_decode_sparse",

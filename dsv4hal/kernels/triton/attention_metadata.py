@@ -19,7 +19,7 @@ def _metadata_kernel(pos_ptr, pt_ptr, stride_pt, f2s_ptr, swa_idx_ptr, swa_len_p
                      C128_BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
-    length = pos + 1
+    length = tl.maximum(pos + 1, 0)  # any negative position is an unused row, as -1 (integer division truncates)
     k = tl.arange(0, 128)
     back = pos - k
     bs = tl.maximum(back, 0)

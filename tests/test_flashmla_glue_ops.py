@@ -11,6 +11,9 @@ What the glue may add, and why (ALLOWED below):
   extra_indices. The benchmark's direct call builds these views once, outside the timed call, which only an engine
   whose buffers never change can do; with fresh tensors a direct call makes them too (DIRECT_PER_CALL below).
 - one squeeze each for out [T, 1, h_q, 512] and lse [T, h_q, 1]: the contract returns [T, h_q, 512] and [T, h_q].
+- outside a declared decode step, one clamp per lengths tensor (swa_lengths, extra_lengths): FlashMLA's scheduler
+  asserts and its kernel reads past the index rows on lengths outside [0, width] (flashmla_glue.within_widths);
+  inside a step the plan's kernel clamps them once for the step.
 Nothing else: no copy, cast, allocation or host-built tensor; the caches' FlashMLA views are built once per cache.
 The bound op (validation memoised on metadata, selection cached per case) adds no torch op at all."""
 
@@ -29,6 +32,7 @@ from dsv4hal.formats.v4_cache import V4PagedCache
 
 OUTPUT_VIEWS = 2  # out.squeeze(1), lse.squeeze(2): FlashMLA's [T, 1, ...] outputs to the contract's shapes
 VIEW_OPS = {"aten.unsqueeze.default", "aten.squeeze.dim"}
+CLAMP = "aten.clamp.default"  # the lengths' clamp into the index widths
 IMPLS = {("sm90", "flash_mla"): "flashmla_sm90_sgl", ("sm90", "vllm"): "flashmla_sm90_vllm",
          ("sm100", "flash_mla"): "flashmla_sm100_sgl"}
 
@@ -144,7 +148,9 @@ def test_decode_adds_only_the_layout_views(monkeypatch: pytest.MonkeyPatch, arch
     input_views = 3 if ratio else 2  # q, swa_indices and extra_indices as [T, 1, ...]
     assert direct == [] and len(per_call) == input_views  # the fake's outputs were allocated beforehand
     for path, fn in _paths(arch, library, args).items():
-        glue = ops_of(fn)
+        clamps = [o for o in ops_of(fn) if o == CLAMP]
+        glue = [o for o in ops_of(fn) if o != CLAMP]
+        assert len(clamps) == (2 if ratio else 1), f"{path}: the lengths are clamped once each: {clamps}"
         assert set(glue) <= VIEW_OPS, f"{path}: an op that is not a view in the per-call path: {glue}"
         assert len(glue) <= len(direct) + input_views + OUTPUT_VIEWS, f"{path}: {glue}"
         assert len(glue) <= len(per_call) + OUTPUT_VIEWS, f"{path}: {glue}"

@@ -14,7 +14,9 @@ add its host time to a call that is host-bound anyway.
 
 Indices follow dsv4hal's one rule: FlashMLA skips -1 and reads any other negative as a slot (-2 reads slot
 0), so other negatives are invalid and checked mode refuses them in the contract, before this binding runs;
-FlashMLA does no bounds checks, so unchecked mode must not be handed invalid indices."""
+FlashMLA's decode does no bounds checks on indices, so unchecked mode must not be handed invalid ones. Lengths are
+different: FlashMLA's scheduler asserts (ending the CUDA context) and its kernels read past the index rows on a
+length outside [0, width], so the binding always hands it lengths clamped into that range (within_widths)."""
 
 from __future__ import annotations
 
@@ -246,5 +248,6 @@ def prefill(flavour: Flavour, q: torch.Tensor, kv: torch.Tensor, indices: torch.
     """sparse_attention_prefill through flash_mla_sparse_fwd: (out bf16 [T, h_q, 512], lse fp32 [T, h_q])."""
     iface, extra_kw = interface(flavour)
     res = iface.flash_mla_sparse_fwd(q, kv.unsqueeze(1), indices.unsqueeze(1), softmax_scale, d_v=HEAD_DIM_V,
-                                     attn_sink=sink, topk_length=lengths, **extra_kw)
+                                     attn_sink=sink, topk_length=within_widths(lengths, indices.shape[-1]),
+                                     **extra_kw)
     return res[0], res[2]

@@ -4,17 +4,15 @@ no torch and no vendor library. Facts: docs/vendor-apis.md 1.3, 1.4; the table i
 
 from __future__ import annotations
 
-# FlashMLA decode skips only -1 (another negative or a slot past the cache is read), and a length past the index
-# width is taken as that many entries
-FLASHMLA_DECODE = ("indices: only -1 is skipped, another negative or a slot past the cache is read; lengths past "
-                   "the index width read past the index row")
-# SM90 prefill masks t >= 0 && t < s_kv (FlashMLA 9241ae3 csrc/sm90/prefill/sparse/phase1.cuh), but reads
-# ceil(length / 64) blocks of indices whatever the width
-FLASHMLA_PREFILL_SM90 = ("lengths past the index width read past the index row (indices: -1, other negatives and "
-                         "indices past kv are skipped)")
-# the SM100 prefill's index masks are not read here (no Blackwell GPU): only -1 and >= s_kv are documented
+# FlashMLA decode skips only -1 (another negative or a slot past the cache is read); the lengths, which it would take
+# as that many entries past the index width, the binding clamps into [0, width] (flashmla_glue.within_widths)
+FLASHMLA_DECODE = ("indices: only -1 is skipped, another negative or a slot past the cache is read (lengths are "
+                   "clamped into the index width by the binding)")
+# SM90 prefill masks t >= 0 && t < s_kv (FlashMLA 9241ae3 csrc/sm90/prefill/sparse/phase1.cuh) and the binding
+# clamps the lengths, so it stays inside its buffers: registered bounds-checked. The SM100 prefill's index masks are
+# not read here (no Blackwell GPU): only -1 and >= s_kv are documented
 FLASHMLA_PREFILL_SM100 = ("indices: only -1 and indices past kv are documented as skipped (another negative is "
-                          "not); lengths past the index width read past the index row")
+                          "not; lengths are clamped into the index width by the binding)")
 # sgl-kernel's HIP deepseek_v4_topk_transform_512 checks neither n <= S nor the page table's width
 SGL_HIP_TOPK = ("lengths past the score width read past the scores row; a page table shorter than a row's "
                 "candidates need is read past its row")

@@ -105,7 +105,6 @@ def register(registry: Registry) -> None:
             op="sparse_attention_prefill", name=f"flashmla_sm90_{flavour}",
             target=f"{_FLASHMLA}:sparse_attention_prefill_{flavour}", platforms=(PLATFORM,), priority=prio,
             tier="vendor", requires=(lib,), supports=flashmla_prefill_supports,
-            bounds_checked=False, bounds_note=vendor_bounds.FLASHMLA_PREFILL_SM90,
             description=f"FlashMLA legacy SM90 sparse prefill ({lib})"))
     registry.add_kernel(KernelImpl(
         op="moe_experts", name=marlin_moe.NAME, target="dsv4hal_cuda_sm90.marlin_moe:moe_experts",

@@ -43,6 +43,10 @@ Q_PREP_OP = "indexer_q_prep"
 INDEX_HEADS = 64
 WEIGHT_FOLD = INDEX_DIM**-0.5 * INDEX_HEADS**-0.5  # 128^-0.5 * 64^-0.5, folded into the head weights (spec 4.2)
 ROPE_PAIRS = 32  # RoPE on the last 64 dims of a head: 32 (re, im) pairs
+# indexer_q_prep saturates the rotated head at +-2^120 before the Hadamard transform: its sums of 128 terms then stay
+# below 2^127 < fp32 max (finite inputs near the float max give finite codes), far above any real query
+Q_PREP_SATURATION = 2.0**120
+F32_MAX = torch.finfo(torch.float32).max  # the folded weights saturate here instead of overflowing to inf
 
 
 def _check_cache(cache: object) -> IndexerPagedCache:

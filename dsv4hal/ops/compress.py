@@ -25,7 +25,8 @@ num_groups: None, or M itself (an int) when the caller knows it, as an engine th
     any call whose cu_seqlens lives on the CPU, refuses a value other than M.
 
 Value checks read cu_seqlens. Checked mode reads it (a device sync) and all floating inputs (finite).
-Unchecked mode reads it only when it lives on the CPU, where reading costs no device sync.
+Unchecked mode reads it only when it lives on the CPU, where reading costs no device sync. A group position past
+the RoPE table (unchecked cu_seqlens on a GPU) is clamped into it: that group rotates by the table's last row.
 
 compress_decode(kv_score, state, slots, positions, ape, norm_weight, cos, sin, ratio, eps=1e-6, hadamard=False)
     -> fp32 [B, hd]: the decode form, one new token per row. state fp32 [S, ring, 2*coff*hd] holds each
@@ -37,6 +38,12 @@ compress_decode(kv_score, state, slots, positions, ape, norm_weight, cos, sin, r
     which of their writes lands there, and their outputs, are unspecified (padding rows may share a dummy slot).
     Checked mode reads slots and positions (ranges) and every float input: kv_score, ape, norm_weight, cos and
     sin finite; the addressed rings' kv finite and their scores finite or -inf (new_state's empty marker).
+    Unchecked, out-of-range indices stay inside the buffers (reference and portable kernel alike):
+    slots: a value outside [0, S) (-1 = unused entry, any other negative, S or more) skips the row: no ring is
+        read or written and its output is a zero row (what a row that closes no group gives).
+    positions: a value outside [0, max_pos) (negative, max_pos or more, up to int32 max) is clamped to 0 or
+        max_pos - 1 before use: the ring row written, whether the token closes a group and the RoPE row all
+        follow the clamped position. An empty table (max_pos 0) rotates by nothing.
 """
 
 from __future__ import annotations
@@ -280,7 +287,8 @@ def compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor
     Rejected (InvalidArgumentError): other dtypes, shapes or devices, widths not 2*coff*hd, hadamard with hd 512,
     cu_seqlens not from 0 to N or decreasing, a RoPE table shorter than the last group's position, num_groups not
     None or an int >= 0, or other than M (cu_seqlens is read when on the CPU or in checked mode). Checked mode also
-    refuses non-finite inputs.
+    refuses non-finite inputs. Unchecked with cu_seqlens on a GPU, a group past the RoPE table rotates by its last
+    row (never a read outside cos/sin).
     """
 
 
@@ -296,8 +304,10 @@ def compress_decode(kv_score: torch.Tensor, state: torch.Tensor, slots: torch.Te
         state: (S, ring, 2 * coff * hd), torch.float32, contiguous; ring >= 8 for C4, >= 128 for C128
             (dsv4hal.formats.compressor_state.new_state makes one: kv 0, score -inf). Mutated: row b writes its
             kv_score into state[slots[b], positions[b] % ring].
-        slots: (B,), torch.int32: each row's ring; rows sharing a ring give unspecified results.
-        positions: (B,), torch.int32: each new token's position.
+        slots: (B,), torch.int32: each row's ring; rows sharing a ring give unspecified results. Unchecked, a
+            slot outside [0, S) (-1 = unused entry) skips the row: no ring read or written, a zero row out.
+        positions: (B,), torch.int32: each new token's position. Unchecked, one outside [0, max_pos) is clamped
+            to 0 or max_pos - 1 (ring row, group closing and RoPE row follow the clamped value).
         ape, norm_weight, cos, sin, ratio, eps, hadamard: as compress.
 
     Returns:

@@ -14,6 +14,12 @@ Output: logit[t, j] = sum_h weights[t, h] * relu(<q[t, h], k_j> * ks_j) for j < 
 and may hold anything (e.g. -1).
 Checked mode reads context_lens, block_table and the float inputs (a device sync): 0 <= ctx <= P*64, every
 used block-table entry in [0, cache pages), q and weights finite.
+Unchecked, out-of-range indices stay inside the buffers (reference and portable kernel alike):
+    block_table: a used entry outside [0, cache pages) (-1 = unused entry, any other negative, pages or more)
+        reads no page: its block's 64 logits are -inf, as positions not present (indexer_topk ranks -inf below
+        every finite score; checked indexer_topk refuses -inf within a row's length, as checked indexer_logits
+        refuses the table).
+    context_lens: a negative length scores nothing (all -inf); one past P*64 scores all P*64 entries.
 
 indexer_q_prep(q, weights, cos, sin, positions, fp8="e4m3fn") -> (q_fp8 [T, 64, 128], weights fp32 [T, 64])
     What indexer_logits takes, from the indexer's two projections (spec 4.2 steps 2-3; SGLang's
@@ -25,7 +31,13 @@ indexer_q_prep(q, weights, cos, sin, positions, fp8="e4m3fn") -> (q_fp8 [T, 64, 
     positions[t], then the Walsh-Hadamard transform over the 128 dims (Sylvester order, scaled by 128^-0.5);
     per (token, head) qs = max(amax, 1e-4) / FP8_MAX (448, or 240 for e4m3fnuz; an IEEE division);
     q_fp8 = fp8(clamp(q / qs, +-FP8_MAX)) to nearest even; weights_out = weights * 128^-0.5 * 64^-0.5 * qs.
+    Saturation: the rotated head is clamped to +-2^120 (Q_PREP_SATURATION) before the Hadamard transform, so
+    that its sums stay finite, and weights_out to the fp32 max: finite q and weights, even near the float max,
+    give finite outputs (codes at +-FP8_MAX) for a RoPE table within [-1, 1]. No real input reaches either bound.
     Checked mode reads positions (in [0, max_pos)) and the float inputs (finite).
+    Unchecked, positions outside [0, max_pos) (negative, max_pos or more, up to int32 max) are clamped to 0 or
+    max_pos - 1 (reference and portable kernel alike): never a read outside cos/sin. An empty table rotates by
+    nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +55,10 @@ Q_PREP_OP = "indexer_q_prep"
 INDEX_HEADS = 64
 WEIGHT_FOLD = INDEX_DIM**-0.5 * INDEX_HEADS**-0.5  # 128^-0.5 * 64^-0.5, folded into the head weights (spec 4.2)
 ROPE_PAIRS = 32  # RoPE on the last 64 dims of a head: 32 (re, im) pairs
+# indexer_q_prep saturates the rotated head at +-2^120 before the Hadamard transform: its sums of 128 terms then stay
+# below 2^127 < fp32 max (finite inputs near the float max give finite codes), far above any real query
+Q_PREP_SATURATION = 2.0**120
+F32_MAX = torch.finfo(torch.float32).max  # the folded weights saturate here instead of overflowing to inf
 
 
 def _check_cache(cache: object) -> IndexerPagedCache:
@@ -118,7 +134,8 @@ def indexer_logits(q: torch.Tensor, weights: torch.Tensor, cache: IndexerPagedCa
         cache: IndexerPagedCache.
         context_lens: (T,), torch.int32: compressed entries token t sees (L_t // 4), 0 <= ctx <= P * 64.
         block_table: (T, P), torch.int32: the cache page of each 64-entry block of token t; entries past
-            ceil(ctx / 64) are never read.
+            ceil(ctx / 64) are never read. Unchecked, a used entry outside [0, cache pages) (-1 included) reads
+            no page: that block's 64 logits are -inf.
 
     Returns:
         (T, P * 64), torch.float32: sum_h weights[t, h] * relu(<q[t, h], k_j> * ks_j) for j < context_lens[t],
@@ -175,14 +192,16 @@ def indexer_q_prep(q: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, si
         weights: (T, 64), torch.float32 or torch.bfloat16, unit stride along heads: x @ weights_proj^T.
         cos: (max_pos, 32), torch.float32: the layer's RoPE table (YaRN or not is the caller's choice).
         sin: (max_pos, 32), torch.float32: same shape as cos.
-        positions: (T,), torch.int32: each token's position, < max_pos.
+        positions: (T,), torch.int32: each token's position, < max_pos. Unchecked, one outside [0, max_pos) is
+            clamped to 0 or max_pos - 1.
         fp8: "e4m3fn" or "e4m3fnuz": the FP8 flavour of the indexer cache the logits will read.
 
     Returns:
         q_fp8: (T, 64, 128), float8_e4m3fn or float8_e4m3fnuz: fp8(clamp(h / qs, +-FP8_MAX)), h the head after
             RoPE on its last 64 dims at positions[t] and the Walsh-Hadamard transform (scaled 128^-0.5), qs =
             max(amax(h), 1e-4) / FP8_MAX per (token, head).
-        weights: (T, 64), torch.float32: weights * 128^-0.5 * 64^-0.5 * qs.
+        weights: (T, 64), torch.float32: weights * 128^-0.5 * 64^-0.5 * qs, saturated at the fp32 max (the
+            rotated head saturates at +-2^120 before the transform: finite inputs give finite outputs).
 
     Rejected (InvalidArgumentError): other dtypes, shapes, layouts or devices, an unknown fp8 flavour. Checked
     mode also refuses positions outside the RoPE table and non-finite q, weights, cos or sin.

@@ -2,6 +2,8 @@
 
 moe_route(router_logits, bias=None, top_k=6, routed_scaling_factor=1.5, hash_table=None, input_ids=None)
     -> (topk_ids int32 [T, k], topk_weights fp32 [T, k])
+    Unchecked, a hash-table id outside [0, E) or an input id outside [0, vocab) is a dropped route (id -1,
+    weight 0), never a read outside the table or the router's experts.
 moe_experts(x, topk_ids, topk_weights, weights: PreparedWeights, swiglu_limit=10.0) -> bf16 [T, H]
     routed experts only; the caller adds the shared expert. `weights` come from
     platform.ops.moe_experts.prepare_weights(ExpertWeights): the kernel is chosen then, the weights are laid
@@ -89,7 +91,8 @@ def validate_moe_route(
 
     router_logits fp32 [T, E]; bias fp32 [E] or None; 1 <= top_k <= E; routed_scaling_factor finite > 0;
     hash_table int32 [vocab, top_k] and input_ids int32/int64 [T] together or not at all; one device.
-    checked=True also reads values: finite logits and bias, hash-table ids in [0, E), input ids in [0, vocab)."""
+    checked=True also reads values: finite logits and bias, hash-table ids in [0, E), input ids in [0, vocab).
+    Unchecked, hash indices out of range drop routes (moe_route's docstring) instead of reading outside."""
     logits = check_tensor(ROUTE_OP, "router_logits", router_logits, dtype=torch.float32, shape=(None, None))
     t, e = logits.shape
     if bias is not None:
@@ -302,13 +305,18 @@ def moe_route(router_logits: torch.Tensor, bias: torch.Tensor | None = None, top
         top_k: an int in [1, E] (6 in V4).
         routed_scaling_factor: a positive finite float (1.5 in V4).
         hash_table: (vocab, top_k), torch.int32, expert ids per token id (hash layers); None with input_ids None.
-        input_ids: (T,), torch.int32 or torch.int64; given iff hash_table is.
+            Unchecked, an id outside [0, E) (-1 included) is a dropped route: id -1, weight 0.
+        input_ids: (T,), torch.int32 or torch.int64; given iff hash_table is. Unchecked, one outside [0, vocab)
+            (-1 included) reads no table row: all its token's routes are dropped (ids -1, weights 0).
 
     Returns:
         topk_ids: (T, k), torch.int32; topk_weights: (T, k), torch.float32 (k = hash_table's width or top_k).
+        Dropped routes (unchecked hash indices) have id -1 (moe_experts skips negative ids) and weight 0; the
+        token's kept weights are renormalised among themselves; a token with none kept has weights 0, not NaN.
 
     Rejected (InvalidArgumentError): other dtypes, shapes or devices, top_k outside [1, E], only one of
-    hash_table/input_ids. Checked mode also refuses non-finite logits or bias and out-of-range table entries.
+    hash_table/input_ids. Checked mode also refuses non-finite logits or bias and out-of-range table entries
+    and input ids.
     """
 
 

@@ -11,7 +11,7 @@ import torch
 
 # The compressor state is a format the engine holds (formats/compressor_state.py); re-exported here.
 from dsv4hal.formats.compressor_state import OVERLAP_RATIO, coff_for, new_state, window_rows  # noqa: F401
-from dsv4hal.reference.rope import apply_rope
+from dsv4hal.reference.rope import apply_rope, table_positions, table_rows
 
 
 def compression_positions(cu_seqlens: torch.Tensor, ratio: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,10 +100,11 @@ def compress(
 
 def _pool_norm_rope(kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor, norm_weight: torch.Tensor,
                     cos: torch.Tensor, sin: torch.Tensor, eps: float, hadamard: bool) -> torch.Tensor:
-    """Per-channel softmax over the window rows, RMSNorm, RoPE at the group's first position, Hadamard."""
+    """Per-channel softmax over the window rows, RMSNorm, RoPE at the group's first position (clamped into the
+    table, as the kernels do when unchecked), Hadamard."""
     pooled = (torch.softmax(score, dim=1) * kv).sum(dim=1)
     out = rms_norm(pooled, norm_weight.float(), eps)
-    out = apply_rope(out, cos[positions], sin[positions])
+    out = apply_rope(out, *table_rows(cos, sin, positions))
     return hadamard_transform(out) if hadamard else out
 
 
@@ -121,11 +122,18 @@ def compress_decode(
     hadamard: bool = False,
 ) -> torch.Tensor:
     """Decode form: write each row's kv_score into its request's ring at position % ring, then compress the
-    window ending at that position. fp32 [B, hd]; rows whose token does not close a group are 0."""
+    window ending at that position. fp32 [B, hd]; rows whose token does not close a group are 0.
+
+    Unchecked indices (as the kernels): a slot outside [0, S) skips the row (its ring is neither read nor written,
+    its output is a zero row); a position outside the RoPE table is clamped into it before anything else."""
     hd = norm_weight.shape[0]
     ring = state.shape[1]
-    pos, slot = positions.long(), slots.long()
-    state[slot, pos % ring] = kv_score.float()
+    pos, slot = table_positions(positions, cos), slots.long()
+    live = (slot >= 0) & (slot < state.shape[0])
+    state[slot[live], pos[live] % ring] = kv_score.float()[live]  # no negative index wraps into another ring
+    if state.shape[0] == 0:  # no ring: every row is skipped
+        return kv_score.new_zeros(kv_score.shape[0], hd, dtype=torch.float32)
+    slot = torch.where(live, slot, 0)  # skipped rows read ring 0 and drop the result
     window = window_rows(ratio)
     back = pos[:, None] - window + 1 + torch.arange(window, device=pos.device)  # oldest .. newest position
     ordered = state[slot[:, None], back % ring].reshape(-1, state.shape[2])  # [B * window, width]
@@ -136,4 +144,4 @@ def compress_decode(
     else:
         kv, score = _window_c128(ordered, base, ape.float(), hd)
     out = _pool_norm_rope(kv, score, first.clamp(min=0), norm_weight, cos, sin, eps, hadamard)
-    return torch.where(((pos + 1) % ratio == 0)[:, None], out, 0.0)
+    return torch.where((live & ((pos + 1) % ratio == 0))[:, None], out, 0.0)

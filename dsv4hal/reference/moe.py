@@ -59,18 +59,33 @@ def moe_route(
     """router_logits fp32 [T, E] -> (topk_ids int32 [T, k], topk_weights fp32 [T, k]).
 
     With hash_table (int32 [vocab, k]) and input_ids [T] the ids come from the table (bias and top_k unused);
-    otherwise they are the top_k of s + bias, in descending order."""
+    otherwise they are the top_k of s + bias, in descending order. Unchecked hash indices drop routes (as the
+    Triton router): a table id outside [0, E) gives id -1 and weight 0, an input id outside [0, vocab) drops all
+    of its token's routes; the kept weights are renormalised among themselves, and a token with none kept has
+    weights 0."""
     scores = F.softplus(router_logits.float()).sqrt()
     if hash_table is not None:
         if input_ids is None:
             raise ValueError("moe_route: hash routing needs input_ids alongside hash_table")
-        ids = hash_table[input_ids.long()].long()
+        ids = _hashed_ids(hash_table, input_ids.long(), scores.shape[1])
     else:
         biased = scores if bias is None else scores + bias.float()
         ids = biased.topk(top_k, dim=-1).indices
-    weights = scores.gather(1, ids)
-    weights = weights / weights.sum(dim=-1, keepdim=True) * routed_scaling_factor
+    weights = torch.where(ids >= 0, scores.gather(1, ids.clamp(min=0)), 0.0)
+    total = weights.sum(dim=-1, keepdim=True)
+    weights = weights / torch.where(total == 0, 1.0, total) * routed_scaling_factor  # no route kept: 0, not NaN
     return ids.to(torch.int32), weights
+
+
+def _hashed_ids(hash_table: torch.Tensor, tokens: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """int64 [T, k] table rows of the tokens, -1 for an id outside [0, E) and for every route of a token outside
+    [0, vocab) (dropped routes: no read outside the table, no expert outside the router's)."""
+    vocab, k = hash_table.shape
+    if vocab == 0:
+        return torch.full((tokens.shape[0], k), -1, dtype=torch.long, device=tokens.device)
+    ids = hash_table[tokens.clamp(0, vocab - 1)].long()
+    kept = ((tokens >= 0) & (tokens < vocab))[:, None] & (ids >= 0) & (ids < num_experts)
+    return torch.where(kept, ids, -1)
 
 
 def moe_experts(

@@ -82,3 +82,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: b
     rotated = torch.stack((re * c - im * s, re * s + im * c), dim=-1).flatten(-2)
     nope = x[..., : d - ROPE_DIM].float().expand(*rotated.shape[:-1], d - ROPE_DIM)
     return torch.cat((nope, rotated), dim=-1).to(x.dtype)
+
+
+def table_positions(positions: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    """int64 positions clamped into the table's rows [0, max_pos): what unchecked mode does with a position outside
+    the table (checked mode refuses it), so that no row outside the table is ever indexed."""
+    return positions.long().clamp(0, max(cos.shape[0] - 1, 0))
+
+
+def table_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) rows [N, 32] at positions clamped into the table; an empty table rotates by nothing (cos 1,
+    sin 0): a call with rows and an empty table passes only unchecked mode, and the kernels do the same."""
+    if cos.shape[0] == 0:
+        shape = (positions.shape[0], cos.shape[1])
+        return (torch.ones(shape, dtype=cos.dtype, device=cos.device),
+                torch.zeros(shape, dtype=sin.dtype, device=sin.device))
+    rows = table_positions(positions, cos)
+    return cos[rows], sin[rows]

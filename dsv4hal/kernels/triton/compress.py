@@ -10,11 +10,14 @@ Decode: program b copies its kv_score row into its ring (state[slot, pos % ring]
 says); when its token closes a group it pools the window, taking the newest row from kv_score and the older ones
 from the ring (the same values as reading back the ring row it writes), else it writes a zero row. Fixed grid,
 fixed-size output, no host sync: CUDA-graph safe. Rows that share a slot share a ring: as with the reference's
-scatter on a GPU, which of their writes lands is unspecified.
+scatter on a GPU, which of their writes lands is unspecified. Unchecked indices stay inside the buffers: a slot
+outside [0, S) skips its row (no ring read or write, a zero row out), a position outside [0, max_pos) is clamped
+into the RoPE table (its ring row and whether it closes a group follow the clamped position).
 
 Prefill: the output has M = sum_b L_b // ratio rows, a count that lives on the device: reading it is the one host
 sync, unless the caller passes num_groups (M known on the host): then there is none and the call is graph-safe.
-A program past the true M (a num_groups too large, in unchecked mode) writes a zero row and reads nothing."""
+A program past the true M (a num_groups too large, in unchecked mode) writes a zero row and reads nothing. A group
+position past the RoPE table (unchecked cu_seqlens on a GPU) reads the table's last row."""
 
 from __future__ import annotations
 
@@ -56,6 +59,21 @@ def hadamard128(y):
 
 
 @triton.jit
+def table_row(pos, max_pos):
+    """pos clamped into a RoPE table of max_pos >= 1 rows (rope_table): an unchecked position never reads outside."""
+    return tl.minimum(tl.maximum(pos, 0), max_pos - 1)
+
+
+def rope_table(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables a kernel reads: unit column stride, and one identity row (cos 1, sin 0) for an empty table, so that
+    a clamped position always has a row to read (no call with rows passes checked mode with an empty table)."""
+    if cos.shape[0] == 0:
+        return (torch.ones(1, cos.shape[1], dtype=cos.dtype, device=cos.device),
+                torch.zeros(1, sin.shape[1], dtype=sin.dtype, device=sin.device))
+    return _unit_cols(cos), _unit_cols(sin)
+
+
+@triton.jit
 def rope_last64(y, cos_row_ptr, sin_row_ptr, HD: tl.constexpr):
     """y [HD] fp32 with RoPE on its last 64 dims (32 interleaved (re, im) pairs, as reference.rope.apply_rope);
     cos/sin_row_ptr point at the position's 32 table values."""
@@ -68,8 +86,8 @@ def rope_last64(y, cos_row_ptr, sin_row_ptr, HD: tl.constexpr):
 
 
 @triton.jit
-def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, cu_ptr, n_req, slots_ptr, pos_ptr, ape_ptr,
-                     w_ptr, cos_ptr, sin_ptr, stride_rope, out_ptr, eps,
+def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, n_slots, cu_ptr, n_req, slots_ptr, pos_ptr, ape_ptr,
+                     w_ptr, cos_ptr, sin_ptr, stride_rope, max_pos, out_ptr, eps,
                      RATIO: tl.constexpr, WINDOW: tl.constexpr, HD: tl.constexpr, COFF: tl.constexpr,
                      DECODE: tl.constexpr, HADAMARD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr,
                      STAGES: tl.constexpr):
@@ -78,14 +96,15 @@ def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, cu_ptr, n_req, slots
     d = tl.arange(0, HD)
     if DECODE:
         slot = tl.load(slots_ptr + pid).to(tl.int64)
-        pos = tl.load(pos_ptr + pid).to(tl.int64)
+        live = (slot >= 0) & (slot < n_slots)  # a slot outside the state: the row is skipped, its ring untouched
+        pos = table_row(tl.load(pos_ptr + pid).to(tl.int64), max_pos)
         row_ptr = ks_ptr + pid * stride_ks
-        ring_base = ring_ptr + slot * ring_len * width
+        ring_base = ring_ptr + tl.where(live, slot, 0) * ring_len * width
         # the new token's row, stored into its ring at the end: its ring row is outside the window's older rows
         # (ring >= window), so the window's loads need not wait behind this store
         wcols = tl.arange(0, width)
         new_row = tl.load(row_ptr + wcols)
-        closes = (pos + 1) % RATIO == 0
+        closes = live & ((pos + 1) % RATIO == 0)
         first = pos + 1 - RATIO
         out_row = pid
         row0 = pid * 0  # unused by the decode loads
@@ -156,14 +175,16 @@ def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, cu_ptr, n_req, slots
             acc = acc * alpha + pexp * kv_n
         c = acc / l_i
         y = c * tl.rsqrt(tl.sum(c * c, axis=0) / HD + eps) * tl.load(w_ptr + d)
-        y = rope_last64(y, cos_ptr + first * stride_rope, sin_ptr + first * stride_rope, HD)
+        rope_row = table_row(first, max_pos)
+        y = rope_last64(y, cos_ptr + rope_row * stride_rope, sin_ptr + rope_row * stride_rope, HD)
         if HADAMARD:
             y = hadamard128(y)
         tl.store(out_ptr + out_row * HD + d, y)
     else:
         tl.store(out_ptr + out_row * HD + d, tl.zeros([HD], dtype=tl.float32))
     if DECODE:
-        tl.store(ring_base + (pos % ring_len) * width + wcols, new_row)
+        # a mask compared per column (the interpreter refuses a scalar bool and-ed into a block mask)
+        tl.store(ring_base + (pos % ring_len) * width + wcols, new_row, mask=wcols < tl.where(live, width, 0))
 
 
 def _config(ratio: int, hd: int, decode: bool) -> tuple[int, int, int, int]:
@@ -197,11 +218,12 @@ def _launch(grid: int, kv_score: torch.Tensor, ring: torch.Tensor, cu: torch.Ten
     window, block_r, warps, stages = config or _config(ratio, hd, decode)
     if cos.stride() != sin.stride():  # the kernel indexes both tables with one row stride
         cos, sin = cos.contiguous(), sin.contiguous()
-    cos, sin = _unit_cols(cos), _unit_cols(sin)
+    cos, sin = rope_table(cos, sin)
     coff = 2 if ratio == 4 else 1
     _compress_kernel[(grid,)](
-        kv_score, kv_score.stride(0), ring, ring.shape[1] if decode else 1, cu, cu.shape[0] - 1, slots,
-        positions, ape.contiguous(), norm_weight.contiguous(), cos, sin, cos.stride(0), out, float(eps),
+        kv_score, kv_score.stride(0), ring, ring.shape[1] if decode else 1, ring.shape[0] if decode else 1, cu,
+        cu.shape[0] - 1, slots, positions, ape.contiguous(), norm_weight.contiguous(), cos, sin, cos.stride(0),
+        cos.shape[0], out, float(eps),
         RATIO=ratio, WINDOW=window, HD=hd, COFF=coff, DECODE=decode, HADAMARD=bool(hadamard), BLOCK_R=block_r,
         BLOCK_B=256, STAGES=stages, num_warps=warps)
 

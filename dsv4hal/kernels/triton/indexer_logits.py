@@ -4,7 +4,8 @@ Bandwidth-bound design: a program owns one query token and a run of consecutive 
 context. It loads the token's 64 x 128 FP8 queries and 64 head weights once, then for each block reads the
 cache page once (8 KiB of values, 256 B of scales) and computes all 64 heads in one [64 x 128] x [128 x 64]
 dot, applies scale, ReLU and the head weights, and writes 64 logits. Blocks past the context are only
-written (-inf), never read, so block-table entries past ceil(ctx / 64) may hold anything.
+written (-inf), never read, so block-table entries past ceil(ctx / 64) may hold anything. A used entry outside
+[0, num_pages) (unchecked mode) is skipped the same way: its 64 logits are -inf and no page is read.
 
 FP8 operands: e4m3fn caches on NVIDIA use the tensor cores' FP8 dot directly. e4m3fnuz caches, ROCm and the
 interpreter decode the bytes with the integer codec (fp8_codec) to fp16, which holds every e4m3/e4m3fnuz
@@ -37,12 +38,13 @@ def _fp8_operand(raw, NATIVE: tl.constexpr, FNUZ: tl.constexpr):
 
 @triton.jit
 def _indexer_logits_kernel(q_ptr, w_ptr, cache_ptr, ctx_ptr, bt_ptr, out_ptr, stride_ctx, stride_bt, stride_bt1,
-                           stride_out, page_bytes, num_blocks, blocks_per_prog, H: tl.constexpr, D: tl.constexpr,
-                           P: tl.constexpr, NATIVE: tl.constexpr, FNUZ: tl.constexpr):
+                           stride_out, page_bytes, num_pages, num_blocks, blocks_per_prog, H: tl.constexpr,
+                           D: tl.constexpr, P: tl.constexpr, NATIVE: tl.constexpr, FNUZ: tl.constexpr):
     t = tl.program_id(0)
     first = tl.program_id(1) * blocks_per_prog
     last = tl.minimum(first + blocks_per_prog, num_blocks)
-    ctx = tl.load(ctx_ptr + t * stride_ctx)
+    # past the table's P*64 entries a length means the same as P*64, and ctx + P - 1 cannot overflow int32
+    ctx = tl.minimum(tl.load(ctx_ptr + t * stride_ctx), num_blocks * P)
     used = tl.minimum(tl.maximum((ctx + P - 1) // P, first), last)  # blocks [first, used) hold context
     h = tl.arange(0, H)
     d = tl.arange(0, D)
@@ -53,14 +55,18 @@ def _indexer_logits_kernel(q_ptr, w_ptr, cache_ptr, ctx_ptr, bt_ptr, out_ptr, st
         w = tl.load(w_ptr + t.to(tl.int64) * H + h)
         for b in range(first, used):
             page = tl.load(bt_ptr + t.to(tl.int64) * stride_bt + b * stride_bt1).to(tl.int64)
-            base = cache_ptr + page * page_bytes
-            k = _fp8_operand(tl.load(base + j[None, :] * D + d[:, None]), NATIVE, FNUZ)  # [D, P]: k transposed
-            ks = tl.load((base + P * D).to(tl.pointer_type(tl.float32)) + j)
+            present = (page >= 0) & (page < num_pages)  # else the block is skipped: -inf, nothing read
+            base = cache_ptr + tl.where(present, page, 0) * page_bytes
+            # per-lane masks (the interpreter refuses a scalar bool and-ed into a block mask)
+            rows = tl.where(present, P, 0)
+            k = _fp8_operand(tl.load(base + j[None, :] * D + d[:, None], mask=j[None, :] < rows, other=0),
+                             NATIVE, FNUZ)  # [D, P]: k transposed
+            ks = tl.load((base + P * D).to(tl.pointer_type(tl.float32)) + j, mask=j < rows, other=0.0)
             s = tl.dot(q, k)  # [H, P] fp32
             s = tl.maximum(s * ks[None, :], 0.0)
             logit = tl.sum(s * w[:, None], axis=0)
             pos = b * P + j
-            tl.store(out_row + pos, tl.where(pos < ctx, logit, float("-inf")))
+            tl.store(out_row + pos, tl.where((pos < ctx) & (j < rows), logit, float("-inf")))
     for b in range(used, last):  # past the context: -inf, nothing read
         tl.store(out_row + b * P + j, tl.full([P], float("-inf"), tl.float32))
 
@@ -92,7 +98,8 @@ def indexer_logits(q: torch.Tensor, weights: torch.Tensor, cache: IndexerPagedCa
     grid = (t, triton.cdiv(p, bpp))
     _indexer_logits_kernel[grid](
         q8, weights.contiguous(), cache.data, context_lens, block_table, out, context_lens.stride(0),
-        block_table.stride(0), block_table.stride(1), out.stride(0), cache.data.stride(0), p, bpp, H=HEADS,
+        block_table.stride(0), block_table.stride(1), out.stride(0), cache.data.stride(0), cache.num_pages, p, bpp,
+        H=HEADS,
         D=INDEX_DIM, P=PAGE_SIZE, NATIVE=_native(cache), FNUZ=cache.fp8 == "e4m3fnuz", num_warps=4)
     return out
 

@@ -2,7 +2,9 @@
 
 sqrt(softplus(logit)) scores; the ids are the top_k of score + bias by repeated arg-max (ties to the lower id), or
 a row of the hash table; the weights are the unbiased scores at those ids, renormalised and scaled. Fixed-size
-outputs and no host sync: CUDA-graph safe."""
+outputs and no host sync: CUDA-graph safe. Unchecked hash indices drop routes, as the reference: a table id outside
+[0, E) gives id -1 and weight 0; an input id outside [0, vocab) reads no table row and drops all its routes; a token
+with no route kept gets weights 0."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ MAX_TOP_K = 16
 
 
 @triton.jit
-def _route_kernel(logits_ptr, stride_l, bias_ptr, table_ptr, stride_t, tokens_ptr, ids_ptr, w_ptr, E, scale,
+def _route_kernel(logits_ptr, stride_l, bias_ptr, table_ptr, stride_t, vocab, tokens_ptr, ids_ptr, w_ptr, E, scale,
                   HAS_BIAS: tl.constexpr, HASH: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
                   BLOCK_K: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
@@ -31,7 +33,11 @@ def _route_kernel(logits_ptr, stride_l, bias_ptr, table_ptr, stride_t, tokens_pt
     w = tl.zeros([BLOCK_K], dtype=tl.float32)
     if HASH:
         tok = tl.load(tokens_ptr + t).to(tl.int64)
-        ids = tl.load(table_ptr + tok * stride_t + kk, mask=kk < TOP_K, other=0)
+        tok_ok = (tok >= 0) & (tok < vocab)
+        # a per-lane mask (the interpreter refuses a scalar bool and-ed into a block mask)
+        ids = tl.load(table_ptr + tl.where(tok_ok, tok, 0) * stride_t + kk, mask=kk < tl.where(tok_ok, TOP_K, 0),
+                      other=-1)
+        ids = tl.where((ids >= 0) & (ids < E), ids, -1)  # weight 0 below: no lane matches -1
         for j in tl.static_range(TOP_K):
             idj = tl.sum(tl.where(kk == j, ids, 0), axis=0)
             w = tl.where(kk == j, tl.sum(tl.where(e == idj, s, 0.0), axis=0), w)
@@ -48,7 +54,8 @@ def _route_kernel(logits_ptr, stride_l, bias_ptr, table_ptr, stride_t, tokens_pt
             b = tl.where(e == idj, float("-inf"), b)
     kmask = kk < TOP_K
     w = tl.where(kmask, w, 0.0)
-    w = w / tl.sum(w, axis=0) * scale
+    total = tl.sum(w, axis=0)
+    w = w / tl.where(total == 0.0, 1.0, total) * scale  # no route kept: weights 0, not NaN
     tl.store(ids_ptr + t * TOP_K + kk, ids, mask=kmask)
     tl.store(w_ptr + t * TOP_K + kk, w, mask=kmask)
 
@@ -71,7 +78,7 @@ def moe_route(router_logits: torch.Tensor, bias: torch.Tensor | None = None, top
     table = hash_table.contiguous() if hashed else ids
     tokens = input_ids.contiguous() if hashed else ids
     bias_t = bias.contiguous() if bias is not None and not hashed else logits
-    _route_kernel[(t,)](logits, logits.stride(0), bias_t, table, table.stride(0), tokens, ids, weights, e,
-                        float(routed_scaling_factor), HAS_BIAS=bias is not None and not hashed, HASH=hashed,
+    _route_kernel[(t,)](logits, logits.stride(0), bias_t, table, table.stride(0), table.shape[0], tokens, ids,
+                        weights, e, float(routed_scaling_factor), HAS_BIAS=bias is not None and not hashed, HASH=hashed,
                         TOP_K=k, BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(k))
     return ids, weights

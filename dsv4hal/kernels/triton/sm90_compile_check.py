@@ -34,16 +34,17 @@ def checks() -> list[dict]:
 
     out = []
     q_types = {"q_ptr": "*bf16", "w_ptr": "*fp32", "stride_w": "i32", "cos_ptr": "*fp32", "stride_cos": "i32",
-               "sin_ptr": "*fp32", "stride_sin": "i32", "pos_ptr": "*i32", "q8_ptr": "*u8", "w_out_ptr": "*fp32",
-               "fp8_max": "fp32", "fold": "fp32"}
+               "sin_ptr": "*fp32", "stride_sin": "i32", "max_pos": "i32", "pos_ptr": "*i32", "q8_ptr": "*u8",
+               "w_out_ptr": "*fp32", "fp8_max": "fp32", "fold": "fp32"}
     for fnuz in (False, True):
         for fusion in (False, True):
             const = {"BLOCK_H": BLOCK_H, "FNUZ": fnuz, "HW": not fnuz}
             out.append({"kernel": "indexer_q_prep", "fnuz": fnuz, "fp_fusion": fusion,
                         **compile_sm90(_q_prep_kernel, q_types, const, num_warps=2, enable_fp_fusion=fusion)})
-    c_types = {"ks_ptr": "*fp32", "stride_ks": "i32", "ring_ptr": "*fp32", "ring_len": "i32", "cu_ptr": "*i32",
-               "n_req": "i32", "slots_ptr": "*i32", "pos_ptr": "*i32", "ape_ptr": "*fp32", "w_ptr": "*fp32",
-               "cos_ptr": "*fp32", "sin_ptr": "*fp32", "stride_rope": "i32", "out_ptr": "*fp32", "eps": "fp32"}
+    c_types = {"ks_ptr": "*fp32", "stride_ks": "i32", "ring_ptr": "*fp32", "ring_len": "i32", "n_slots": "i32",
+               "cu_ptr": "*i32", "n_req": "i32", "slots_ptr": "*i32", "pos_ptr": "*i32", "ape_ptr": "*fp32",
+               "w_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "stride_rope": "i32", "max_pos": "i32",
+               "out_ptr": "*fp32", "eps": "fp32"}
     for ratio, decode in ((4, True), (4, False), (128, False)):
         window, block_r, warps, stages = compress._config(ratio, 128, decode)
         const = {"RATIO": ratio, "WINDOW": window, "HD": 128, "COFF": 2 if ratio == 4 else 1, "DECODE": decode,

@@ -14,9 +14,6 @@ from); outputs compared with the default's. Run with DG_PRINT_CONFIGS=1 to log e
 --block-n T:DROPPED,...: deepgemm_moe.PSUM_BLOCK_N None (DeepGEMM's heuristic) against 128, the call and its two
 GEMMs alone, rounds alternating, at each token count and share of dropped routes.
 
---triton-gemm T,...: both GEMMs through DeepGEMM and through a Triton grouped FP8 GEMM prototype
-(bench/proto_grouped_fp8_gemm.py) at several launch settings, in turns, outputs compared.
-
     python3 bench/ab_moe_fp8_prefill.py --json out.json --old .kernels/old_moe_quant.py [--knobs]
     python3 bench/ab_moe_fp8_prefill.py --json out.json --block-n 4096:0,4096:0.5,1024:0,64:0"""
 
@@ -194,50 +191,6 @@ def block_n_rows(op: Callable, prepared: object, cases: list[tuple[int, float]],
     return out
 
 
-# BLOCK_N, warps, stages, TMA of the prototype's launches (what each gave: bench/proto_grouped_fp8_gemm.py)
-TRITON_CONFIGS = ((128, 8, 4, False), (128, 8, 3, True), (128, 8, 4, True), (128, 8, 6, True), (256, 8, 4, True),
-                  (64, 4, 6, True))
-
-
-def triton_gemm_rows(prepared: object, t: int, gen: torch.Generator, rounds: int) -> list[dict]:
-    """Both GEMMs of the psum call at T tokens through DeepGEMM (BLOCK_N 128, as the binding runs them) and through
-    the Triton grouped FP8 GEMM prototype (bench/proto_grouped_fp8_gemm.py) at each TRITON_CONFIGS setting, in
-    turns; each Triton output's relative L2 difference from DeepGEMM's over the rows of routes."""
-    from dsv4hal_cuda_sm90 import deepgemm_moe
-    from proto_grouped_fp8_gemm import grouped_fp8_gemm
-
-    g = _gemm_inputs(prepared, t, gen)
-    w, routes, kw, valid = g["w"], g["routes"], g["kw"], g["valid"]
-    dg = deepgemm_moe._psum_gemm(128)
-    gemms = {"gemm1": (g["a1"], (w.w13, w.w13_scale), g["d1"]), "gemm2": (g["a2"], (w.w2, w.w2_scale), g["d2"])}
-    want = {}
-    for name, (a, b, d) in gemms.items():
-        dg(a, b, d, routes.expert_end, **kw)
-        want[name] = d[valid].float()
-    runs: dict[str, Callable[[str], None]] = {
-        "deepgemm (BLOCK_N 128)": lambda name: dg(*gemms[name], routes.expert_end, **kw)}
-    for c in TRITON_CONFIGS:
-        runs[f"triton {c[0]}/{c[1]}w/{c[2]}s{'/tma' if c[3] else ''}"] = lambda name, c=c: grouped_fp8_gemm(
-            *gemms[name], routes.block_expert, block_n=c[0], warps=c[1], stages=c[2], tma=c[3])
-    out = []
-    for r in range(rounds):
-        for impl, run in runs.items():
-            row: dict = {"T": t, "impl": impl, "round": r}
-            try:
-                for name in gemms:
-                    if r == 0:
-                        d = gemms[name][2]
-                        d.fill_(float("nan"))
-                        run(name)
-                        row[f"{name}_rel_l2"] = float((d[valid].float() - want[name]).norm() / want[name].norm())
-                    row[f"{name}_us"] = graph_us(lambda name=name, run=run: run(name), inner=5, reps=15)
-            except Exception as exc:  # a setting that does not compile or fit is recorded, not fatal
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            out.append(row)
-            print(json.dumps(row), flush=True)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True)
@@ -246,7 +199,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--knobs", action="store_true", help="DeepGEMM's num_sms and BLOCK_N multiple")
     ap.add_argument("--block-n", help="T:DROPPED,... cases of the heuristic BLOCK_N against 128 in turns")
-    ap.add_argument("--triton-gemm", help="T,... : both GEMMs through DeepGEMM and the Triton prototype")
     args = ap.parse_args()
     import dsv4hal
     from dsv4hal.bench.common import bound_op
@@ -271,10 +223,6 @@ def main() -> None:
     if args.block_n:
         cases = [(int(t), float(d)) for t, d in (c.split(":") for c in args.block_n.split(","))]
         out["block_n"] = block_n_rows(op, prepared, cases, gen, args.rounds)
-        path.write_text(json.dumps(out, indent=1) + "\n")
-    if args.triton_gemm:
-        out["triton_gemm"] = [r for t in args.triton_gemm.split(",")
-                               for r in triton_gemm_rows(prepared, int(t), gen, args.rounds)]
         path.write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -1,6 +1,6 @@
-"""The call sequence of the FlashMLA scheduler assertion (issue 12, part 1), as a GPU regression check.
+"""The call sequence that fired FlashMLA's scheduler assertion, as a GPU regression check.
 
-Cause, found on the H200 (bench/results/h200/flashmla-sequence.md): not FlashMLA and not the binding, but
+Cause (H200; result: bench/results/h200/flashmla-sequence.json): not FlashMLA and not the binding, but
 stream order in the timing harness. `triton.testing.do_bench_cudagraph` runs its first, eager call of the
 function on a fresh side stream that does not wait for the current stream, so the decode call can read
 `topk_length`, `extra_topk_length` and the indices before the kernels that write them (queued on the default

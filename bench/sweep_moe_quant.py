@@ -124,8 +124,8 @@ def call_rows(t: int, gen: torch.Generator) -> list[dict]:
     for name, fn in parts.items():
         rows.append({"T": t, "part": name, "us": graph_us(fn, inner=5, reps=15)})
     rows.append({"T": t, "part": "sum of parts", "us": sum(r["us"] for r in rows[1:])})
-    # the call and its two quantizer launches with the former tiles (16 rows x 1 group, one stage: the eleventh
-    # session's start), beside the current ones in this run, and the call's outputs compared
+    # the call and its two quantizer launches with the former tiles (16 rows x 1 group, one stage), beside the
+    # current ones in this run, and the call's outputs compared
     saved = moe_quant.MAX_BLOCK_R, moe_quant.DENSE_STAGES
     moe_quant.MAX_BLOCK_R, moe_quant.DENSE_STAGES = 16, 1
     try:

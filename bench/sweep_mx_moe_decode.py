@@ -3,7 +3,7 @@ decoded by inline PTX, or by plain Triton as a GPU without the PTX runs it) in s
 row kernels, Marlin and triton_kernels, on the same V4-Flash experts and routing, in one run. Every output is
 checked against the float64 oracle first (relative L2); the time is a CUDA graph replay of the whole moe_experts
 call (route alignment where it runs, both GEMMs, the combine), quoted as the share of copy bandwidth the distinct routed
-experts' bytes would take (issue 16's decode goals: >= 0.50 at T = 1, 0.75 at 8 and 64).
+experts' bytes would take (the decode goals: >= 0.50 at T = 1, 0.75 at 8 and 64).
 
     python3 bench/sweep_mx_moe_decode.py --json out/sweep-mx-moe-decode.json [--grid NAME (GRIDS)]
 """

@@ -35,47 +35,15 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
                 for bh, bk, w, st in ((32, 32, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2),
                                       (32, 64, 4, 2), (64, 32, 4, 3), (16, 32, 4, 2), (64, 16, 4, 2))]
 # the sampled top-k (the static kernel for rows wider than 16384): samples, the bisections from the keys' common high
-# bits, the sample threshold's resolution, the filter's chunk a program. Each also timed pass by pass (cumulative). This
-# session's three sweeps (some options tried there were taken out again, measured slower: two bits a bisection
-# step, the interval in thirds, an early-stopping sample search, an atomic a candidate):
-# tune-triton-topk-sweep1.json and -sweep2.json, and the third in log-session6.txt (its JSON did not come back). The
-# first here is the default below 8 rows (when the expected candidates fit; topk_sampled.default_config), the first
-# per-key one below the default from 8 rows.
-# The seventh session's sweeps: the filter pass (~70 us of 104 at 64 x 256K) with its loads pipelined over a chunk
-# of several blocks (filter_stages), and its warps (tune-triton-topk-session7.json); then sampling fused into the
-# filter (every filter program computes the threshold: one launch less on the critical path) for few rows: slower at
-# every shape (log-session8.txt, tune-triton-topk-fused.json: 23.5 against 22.2 us at 1 x 256K; 3x slower at 64 rows).
-# The eighth session's: the select pass's K-th key by radix select (four 256-bin tl.histogram passes over the
-# candidate tile) against the bisection: exact on the GPU and the CPU, but the select pass took 26-27 us against 8.6
-# (the row kernel at 64 x 8192: 28.0 against 16.7 us), so it was taken out again (tune-triton-topk-radix.json).
-# The ninth session's: the sample and select passes on 1, 2 or 4 warps (their default is tile_warps: 4), in case a
-# bisection's chain of reductions ran faster inside one warp, as mHC's Sinkhorn did (1.9x). It did not: over a
-# tile of 2048-4096 keys each step's work a thread dominates, and every fewer-warp variant was slower at every shape
-# (1 x 256K: sample 7.6 -> 9.7 us on 2 warps, 13.1 on 1; the select pass 9.3 -> 17.5 on 2, 49.7 on 1), as was the
-# row kernel on 2 or 4 warps (64 x 8192: 41.3 / 18.5 against 15.6 us on 8; tune-triton-topk-warps.json). Those
-# configs are gone from here; the options (sample_warps, select_warps) stay, as filter_warps does.
-# The eleventh session's: the filter pass runs at ~1 TB/s (63.5 of 86 us at 64 x 256K). First sweep
-# (tune-triton-topk-filter.json): the rows' counts count_stride int32s apart (128 B, 4 KB: no change alone) and with
-# them a slot an atomic a key (per_key: no block sum and prefix sum; measured slower in the sixth session with the
-# counts adjacent): 64 x 256K 89.2 -> 52.1 us (ns2048, chunk 1024: filter pass 70.9 -> 32.3), 8 rows 27.5 -> 24.3, one
-# row 19.3 -> 20.2. This second sweep: per_key's chunk, block and warps at 4096 samples (many rows), and at how many
-# rows per_key starts to pay (tune-triton-topk-perkey.json): per_key from 8 rows, chunk 1024 in one block, 4 warps
-# (64 x 256K 56.2 us at 4096 samples). A third sweep (tune-triton-topk-skip.json) measured blocks of 128-512 keys
-# that skip the atomics and stores when none of their keys is a candidate (an option taken out again: slower at every
-# shape, 59.0-63.9 against 56.5 us at 64 x 256K). Fourth (tune-triton-topk-lean.json): the lean filter (loads masked by
-# the width, so vectorised; raw bits compared as signed ints for a non-negative threshold; indices stored only, the
-# select pass reading the candidates' scores again), against the same filter without it, in both slot modes: 64 x
-# 256K 56.5 -> 52.5 us (filter 32.4 -> 25.5, select 11.6 -> 14.7), 16 rows equal, 1-8 rows ~1 us slower: the default
-# from topk_sampled.LEAN_MIN_ROWS rows. Fifth (tune-triton-topk-bits.json, the twelfth session), variants of each
-# shape's defaults, taken out again: the k-th key searches resolving two bits a block reduction (three trials counted
-# in one int64 sum: 0.5-1 us slower for the sampled top-k at every shape, 10-20% slower for the row kernel), and the
-# lean filter storing the scores' bits beside their indices so that the select pass reads them in order (equal at
-# 1-16 rows, 51.6 -> 56.4 us at 64 x 256K). Sixth (tune-triton-topk-fbp.json), against the new default (the sample
-# positions by a shift, not a 64-bit division: 51.3 -> 48.4 us at 64 x 256K, 17.8 -> 16.5 at one row): the select
-# launch's exact fallback with its chunks shared by fewer programs a row (one, or four: the fast path unchanged,
-# 48.3-48.5 us; every row forced onto the fallback 328.6 -> 534.8 us with one), taken out. Seventh
-# (tune-triton-topk-half.json): the select pass's fast path on a tile of half the size for rows with at most CAP / 2
-# candidates (half_tile), and the filter's chunk of several blocks with its loads pipelined.
+# bits, the sample threshold's resolution, the filter's chunk a program, each also timed pass by pass (cumulative).
+# H200 results, one entry each in bench/results/h200/tune-triton-topk.json: the launch shape ("launch_shape"; the
+# first config is the default below 8 rows, the first per-key one from 8 rows), per-key filter slots from 8 rows,
+# chunk 1024 in one block, 4 warps ("filter_per_key": 64 x 256K 56.2 us at 4096 samples), the lean filter from
+# topk_sampled.LEAN_MIN_ROWS rows ("filter_lean": 64 x 256K 56.5 -> 52.5 us, 1-8 rows ~1 us slower), sample
+# positions by a shift ("filter_divide": 51.3 -> 48.4 us), the half tile ("half_tile"), the fallback inside the
+# select launch ("fallback_in_select"), and, slower at every shape and so not options any more: sampling fused into
+# the filter ("filter_fused_not_kept"), a radix select ("radix_select_not_kept"), blocks that skip their atomics
+# ("filter_skip_not_kept"), the sample and select passes on 1 or 2 warps ("select_warps").
 TOPK_VARIANTS: dict[str, dict] = {"default": {}, "half": {"half_tile": True},
                                   "chunk2048-st2": {"chunk": 2048, "filter_stages": 2},
                                   "chunk4096-st3": {"chunk": 4096, "filter_stages": 3}}
@@ -87,7 +55,7 @@ ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512), (64, 8256, 512)
 ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
 TOPK_SHAPES = [(1, 262144, 512), (8, 262144, 512), (16, 262144, 512), (64, 262144, 512), (64, 65536, 1024)]
-# the exact fallback inside the select launch (tenth session), every row forced onto it (cap = k and a margin past
+# the exact fallback inside the select launch, every row forced onto it (cap = k and a margin past
 # the samples: threshold 0, so count = n > cap), at the select launch's default warps and at 4, against the former
 # fallback's launches alone (triton_chunked_topk on every row), which a flagged row used to cost after the passes
 FALLBACK_SHAPES = [(1, 262144, 512), (64, 262144, 512)]

@@ -361,7 +361,7 @@ def memory_growth(mem: list[dict[str, float]]) -> tuple[dict[str, float] | None,
     of the rise of its floor (lowest read) and of its ceiling (highest read). A leak raises every read, so both
     rise; the allocator's caching of eager prefills of random lengths moves single reads up and down by a few
     percent with no trend, which moves one of them at most (a ceiling-only measure failed H200 soaks whose one high
-    read landed in the later half: soak-1min.json, reserved 956-1013 MB, allocated flat within 0.1%). spread:
+    read landed in the later half: soak-memory-swing.json, reserved 956-1013 MB, allocated flat within 0.1%). spread:
     (max - min) / min of all reads, that swing, reported beside it."""
     if len(mem) < 2:
         return None, None

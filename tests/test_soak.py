@@ -93,7 +93,7 @@ def test_memory_growth_sees_a_leak_not_the_allocator_swing() -> None:
 
 
 def test_one_high_read_late_in_the_run_is_not_growth() -> None:
-    """The twenty-first session's H200 soak (soak-1min.json, reserved MB per round, allocated flat within 0.1%): its
+    """An H200 soak (bench/results/h200/soak-memory-swing.json, reserved MB per round, allocated flat within 0.1%): its
     one read at 1012.9 MB in the later half failed a ceiling-only measure (+2.3%)."""
     h200 = [958.4, 960.5, 958.4, 958.4, 960.5, 958.4, 985.7, 960.5, 983.6, 989.9, 983.6, 960.5, 985.7, 981.5, 989.9,
             956.3, 960.5, 985.7, 958.4, 958.4, 1012.9, 985.7, 981.5, 985.7, 958.4]

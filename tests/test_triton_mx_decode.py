@@ -103,7 +103,7 @@ def _integer_ops(bits: tuple[tuple[int, int], ...]) -> int:
 def test_element_order_takes_the_fewest_integer_instructions() -> None:
     """MX_BITS is an order of the fewest integer instructions among all orders (each code's magnitude bits
     contiguous), the PTX built from it has that many plus an `or` for each code with two offsets (which ptxas
-    fuses into a LOP3; the SASS count, 6 LOP3 and 5 shifts a register, is in bench/results/h200/README.md), one
+    fuses into a LOP3; on sm_90 the SASS has 6 LOP3 and 5 shifts a register), one
     multiply a code when the scales are narrow and two else, and the nibble order takes more."""
     import itertools
 

@@ -105,7 +105,7 @@ GEMM_OP = "mhc_pre_gemm"
 GEMM_HIDDEN = (4096, 7168)  # V4-Flash, V4-Pro
 GEMM_TOKENS = (1, 8, 64, 512, 4096)
 GEMM_ROWS = 24  # 4 pre + 4 post + 16 comb
-TRITON = "triton_partials"  # a "triton" prefix, as bench/plot_kernels.py looks for in every mhc row
+TRITON = "triton_partials"  # a "triton" prefix, as the mhc plot looks for in every row
 DEEP_GEMM = "deep_gemm"
 # DeepGEMM 2.5.0 (csrc/jit_kernels/impls/sm{90,100}_tf32_hc_prenorm_gemm.hpp): one CTA per (64-token block,
 # split), the split owning a share of K's 64-column blocks; K % 64 == 0, rows a multiple of 8 and at most

@@ -34,8 +34,8 @@ def host_us_interleaved(fns: Mapping[str, Callable[[], object]], *, calls: int =
     """Host enqueue time per call of each function, measured in turns: each round times `calls` calls of every
     function one after another (synchronising between them, untimed), and each keeps its fastest round. A host
     whose speed drifts (other tenants, clocks) then slows all functions of a round alike, so ratios between them
-    hold where separate measurements seconds apart differed by up to 40% (bench/results/h200, sixth session). On a
-    machine without CUDA there is nothing to synchronise (host-only parts: bench/host_parts.py)."""
+    hold where separate measurements seconds apart differed by up to 40% (H200). On a
+    machine without CUDA there is nothing to synchronise (host-only parts)."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for fn in fns.values():
         fn()

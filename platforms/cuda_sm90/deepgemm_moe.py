@@ -56,7 +56,8 @@ PSUM_MIN_VERSION = (2, 5, 0)  # the release whose SM90 psum layout was checked (
 # BLOCK_N the psum GEMMs are configured with (None: DeepGEMM's heuristic's own). At V4-Flash shapes the heuristic
 # picks 192 for both GEMMs (N = 4096: 21 tiles and a third); set_block_size_multiple_of((1, 128)) leaves it 128 only.
 # DeepGEMM keeps that setting process-wide and has no getter: it is set around each GEMM launch and put back to its
-# default (1, 1) after. Measured in turns in bench/ab_moe_fp8_prefill.py --block-n (bench/results/h200).
+# default (1, 1) after. Measured in turns by bench/ab_moe_fp8_prefill.py --block-n
+# (bench/results/h200/ab-moe-fp8-block-n.json).
 PSUM_BLOCK_N: int | None = 128
 
 

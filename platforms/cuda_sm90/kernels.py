@@ -21,11 +21,11 @@ FLASHMLA_SGL_PRIORITY = 300  # sgl-flash-mla is FlashMLA's own build: preferred 
 FLASHMLA_VLLM_PRIORITY = 290  # vLLM's bundled FlashMLA: the same kernels, used when only vLLM is installed
 # One query row (T = 1) over the SWA window alone or with a short extra list (<= 1024 entries): the portable
 # triton_sparse_decode (100) beats FlashMLA in all 6 such buckets of the H200 lock (bench/results/h200/
-# cuda_sm90.lock.json: 11.4-15.3 against 21.9-35.9 us, 1.7-2.8x; bench-attention.json agrees at 1.2-2.4x). So
+# cuda_sm90.lock.json: 11.4-15.3 against 21.9-35.9 us, 1.7-2.8x; bench-attention.json agrees at 1.7-2.6x). So
 # FlashMLA goes below it there. With a long C128 list (1M context) FlashMLA stays first (37-50 against 111-189 us)
 # These are GPU times (graph replays: how engines run decode). Launched eagerly, the Triton kernel's host time is
-# 69-87 us a call against 45-59 for the bound FlashMLA call (bench-attention-host-case-key-r*.json), so an eager
-# single-row call is host-bound either way and waits ~30 us longer: force FlashMLA for eager single-row serving.
+# 81-90 us a call against 48-51 for the bound FlashMLA call (bench-attention.json, host_us), so an eager
+# single-row call is host-bound either way and waits ~30-40 us longer: force FlashMLA for eager single-row serving.
 FLASHMLA_SINGLE_ROW_PRIORITY = {"sgl": 95, "vllm": 94}
 FLASHMLA_SINGLE_ROW_CASES = ({"tokens": "single", "extra_class": None}, {"tokens": "single", "extra_class": "short"})
 FLASHMLA_SINGLE_ROW_WHY = ("H200 graph replays: triton_sparse_decode 1.7-2.8x faster for one query row; launched "
@@ -36,15 +36,15 @@ DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200
 # per-row layout, faster in 9 of the 10 shapes of bench/results/h200/bench-moe.json (1.07-1.34x from T=8, 1.5-3.6x with
 # 50-90% of the routes dropped for expert parallelism); slower only for one token (98.7 against 75.1 us)
 DEEPGEMM_MOE_PSUM_PRIORITY = 291
-# OpenAI's triton_kernels (vLLM 0.24's bundle) for MXFP4 experts, against Marlin on the H200 (V4-Flash, bench-moe.json,
-# 2026-12-01, sixth session): 1.11x faster at T=16, 1.09x at 32, 1.13x at 64, 1.24x at 512, 1.96x at 4096 (0.49 of the
-# bf16 peak), but 2.9x slower at T=1 and 1.42x at T=8. Weights prepared for more than 64 tokens a call
-# (prepare_weights(tokens=...), the class prefill) get it; the classes few and decode: below
+# OpenAI's triton_kernels (vLLM 0.24's bundle) for MXFP4 experts, against Marlin on the H200 (V4-Flash, bench-moe.json):
+# 1.11x faster at T=16, 1.09x at 32, 1.13x at 64, 1.24x at 512, 1.96x at 4096 (0.49 of the bf16 peak), but 2.9x slower
+# at T=1 and 1.42x at T=8. Weights prepared for more than 64 tokens a call (prepare_weights(tokens=...), the class
+# prefill) get it; the classes few and decode: below
 OAI_TRITON_MOE_PRIORITY = 250
 OAI_TRITON_MOE_PREFILL_PRIORITY = 310
 # The classes few and decode (<= 64 tokens a call): the portable triton_fused_moe (100; its MXFP4 decode kernels with
 # the weight rows as the dot's M, layout triton-moe-v2) beats both libraries at every measured T on the H200
-# (sweep-mx-moe-decode-v2.json, 2026-12-01, fourteenth session): 48.0 / 110.7 / 189.5 / 335.8 / 769.7 us at
+# (sweep-mx-moe-decode.json, "grid_v2"): 48.0 / 110.7 / 189.5 / 335.8 / 769.7 us at
 # T = 1 / 4 / 8 / 16 / 64 against Marlin's 54.4 / 141.6 / 251.3 / 445.2 / 1012.7 and triton_kernels' 96.4 / 201.3 /
 # 283.3 / 419.9 / 909.8. So both go below it there, Marlin still above triton_kernels
 MARLIN_DECODE_PRIORITY = 95
@@ -56,7 +56,7 @@ ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (sam
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
 # mhc_pre and mhc_post_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): above the Triton kernels
 # (100, 101), faster in every measured H200 shape (2026-12-01: tune 5.2 vs 5.6 us and 13.3 vs 14.8 for mhc_pre;
-# bench-mhc-session5.json 13.7 vs 14.5 us at T=1 and 17.5 vs 19.8 at T=64 for mhc_post_pre), conformance passed forced
+# bench-mhc.json 9.1 vs 9.6 us at T=1 and 11.8 vs 14.0 at T=64 for mhc_post_pre), conformance passed forced
 DEEPGEMM_MHC_PRIORITY = 102
 
 FLASHMLA_H_Q = (64, 128)

@@ -190,7 +190,7 @@ def _compress_kernel(ks_ptr, stride_ks, ring_ptr, ring_len, n_slots, cu_ptr, n_r
 def _config(ratio: int, hd: int, decode: bool) -> tuple[int, int, int, int]:
     """(window rows, rows per chunk, warps, pipeline stages): C4 pools its 8 rows in one chunk; C128 streams
     its 128 rows in chunks, loading the next while it pools the current one. Prefill: the fastest of a sweep over
-    32K tokens on the H200 (profile-compress-sweep.txt: C4 hd 128 one warp 22.9 us against 39.1 for two; C4 hd 512
+    32K tokens on the H200 (profile-compress.txt: C4 hd 128 one warp 22.9 us against 39.1 for two; C4 hd 512
     two warps 71.2 against 75.0 for four; C128 hd 512 chunks of 8 rows, four warps, three stages 35.1 against 41.6);
     decode keeps the settings it was measured with (bench-compress.json)."""
     if ratio == 4:

@@ -59,10 +59,10 @@ _MX_ASM = not _DOT_F32 and torch.version.hip is None
 # 4096 (bench/results/h200/tune-moe.json; every one checked against the float64 oracle there). BLOCK_M is the
 # rows of one expert block: 16 for decode (a few pairs per expert), 64-128 for prefill. MXFP4 decode runs the
 # swapped kernels (below) with blocks of 8 routes, the fastest of 43 settings at T = 1 .. 64 on the H200 and
-# 4.7-5.5x the row kernels (bench/results/h200/sweep-mx-moe-decode*.json); "swap" (MXFP4 only): False selects the
+# 4.7-5.5x the row kernels (bench/results/h200/sweep-mx-moe-decode.json); "swap" (MXFP4 only): False selects the
 # row kernels. "pair" (swapped kernels): gate and up rows of the same outputs in one tile, twice the gate-up programs;
 # None (the default) pairs when the unpaired grid would give each SM fewer than two programs: on the H200 V4-Flash
-# at T = 1 (192 programs for 132 SMs) 47.1 -> 42.8 us, and slower from T = 2 (sweep-mx-moe-decode-v3.json).
+# at T = 1 (192 programs for 132 SMs) 47.1 -> 42.8 us, and slower from T = 2 (sweep-mx-moe-decode.json, "grid_v3").
 CONFIGS = {
     ("mxfp4", "decode"): {"block_m": 8, "block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3,
                           "swap": True},
@@ -75,8 +75,8 @@ SWAP_MAX_BLOCK_K = 1024  # the swapped MXFP4 kernels' K tile: 512 bytes of a wei
 SWAP_MIN_BLOCK_K = 64  # each of its four dots needs K >= 16; H and I must be multiples (else: the row kernels)
 DOWN_KEYS = ("block_n", "block_k", "num_warps", "num_stages")  # config "down": the swapped down kernel's own tiles
 # The swapped down kernel's default tiles for 2 .. 16 tokens: 128 output rows a program instead of 64 (half the
-# programs, each streaming twice the rows). On the H200 (V4-Flash, four runs: sweep-mx-moe-decode-v5.json,
-# ab-mx-moe-decode*.json) 1-5% faster at T = 2 .. 16, and slower at T = 1 (by 2-3 us) and T = 64 (by 1-7%).
+# programs, each streaming twice the rows). On the H200 (V4-Flash, four runs: sweep-mx-moe-decode.json "grid_v5",
+# ab-mx-moe-decode.json) 1-5% faster at T = 2 .. 16, and slower at T = 1 (by 2-3 us) and T = 64 (by 1-7%).
 DOWN_WIDE = {"block_n": 128}
 DOWN_WIDE_TOKENS = range(2, 17)
 ROW_DECODE_TILES = {"block_m": 16, "block_n": 64, "block_k": 64}  # the row kernels' decode tiles (the former default)
@@ -536,7 +536,7 @@ def _mx_down_swapped(
     """y^T tile [BLOCK_N, BLOCK_M] += route weight * W2 h^T for one expert block (fp32 atomics into y [T, H]); h
     split [rows, 4, I / 4]. BLOCK_K divides I. FUSE_CAST: the last program of each column tile writes it to out bf16
     [T, H] (_cast_when_last; else the caller casts y). (Splitting K over more programs for few tokens measured slower
-    on the H200 at every T, sweep-mx-moe-decode-v3.json.)"""
+    on the H200 at every T, sweep-mx-moe-decode.json "grid_v3".)"""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)

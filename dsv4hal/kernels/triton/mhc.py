@@ -161,7 +161,8 @@ def _comb_tile(mix_ws, row, smask, r, s2, base_ptr, hc_eps, iters):
     """comb of one token as a [4, 4] tile: the 16 logits' partials summed over the splits in one reduction, the row
     softmax, then Sinkhorn (columns first, as DeepSeek's reference) with each normalisation one small reduction.
     Faster than 16 scalars, one reduction over the splits each, for every implementation at every T timed on the
-    H200 (DeepGEMM mhc_pre at T = 8 / 64 / 512: 13.5 -> 11.6, 14.9 -> 14.4, 24.9 -> 16.8 us; sweep-mhc-apply.json)."""
+    H200 (DeepGEMM mhc_pre at T = 8 / 64 / 512: 13.5 -> 11.6, 14.9 -> 14.4, 24.9 -> 16.8 us; sweep-mhc-apply.json,
+    "comb_tile")."""
     i4 = tl.arange(0, 4)
     e = i4[:, None] * 4 + i4[None, :]  # row-major [j, k]
     m = tl.sum(tl.load(mix_ws + row[:, None, None] + 8 + e[None, :, :], mask=smask[:, None, None], other=0.0),
@@ -326,15 +327,15 @@ def _gated(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
 def apply_config(t: int, d: int) -> dict[str, int]:
     """The apply launch's d block and warps. One warp a program: the Sinkhorn's 39 dependent normalisations of a
     [4, 4] tile are then shuffles inside a warp, not round trips through shared memory between four warps. H200,
-    DeepGEMM's partials, d = 4096 (sweep-mhc-apply-warps.json, the ninth session): the launch 8.8 -> 4.6 us at
+    DeepGEMM's partials, d = 4096 (sweep-mhc-apply.json, "warps"): the launch 8.8 -> 4.6 us at
     T = 1, 8.5 -> 5.3 at T = 8, 11.4 -> 6.1 at T = 64, 9.7 -> 7.2 at T = 512 (outputs within one bf16 rounding of
     y: the sum over the four streams is ordered otherwise). The Sinkhorn is ~1.9 us of the launch (20 iterations
-    against 1, profile-mhc-phases.json); measured and not kept (the tenth session, sweep-mhc-apply-sinkhorn.json):
-    the approximate division, 16 scalars with no reduction in the loop, both: within +-0.5 us of the tile at every
-    T, slower at T = 512. Post and the Sinkhorn in a program of their own after the d blocks (comb_apart), so that
-    no y waits for the Sinkhorn's chain, up to COMB_APART_MAX_T tokens (the twelfth session,
-    sweep-mhc-apply-apart.json, same outputs bit for bit): the launch 4.92 -> 4.77 us at T = 1, 5.25 -> 4.82 at
-    T = 8, 5.79 -> 5.26 at T = 64, and 7.06 -> 7.32 at T = 512 (there every d block waits anyway)."""
+    against 1); measured and not kept (sweep-mhc-apply.json, "sinkhorn_variants_not_kept"): the approximate
+    division, 16 scalars with no reduction in the loop, both: within +-0.5 us of the tile at every T, slower at T =
+    512. Post and the Sinkhorn in a program of their own after the d blocks (comb_apart), so that no y waits for the
+    Sinkhorn's chain, up to COMB_APART_MAX_T tokens (sweep-mhc-apply.json, "post_pre_apart"; same outputs bit for
+    bit): the launch 4.92 -> 4.77 us at T = 1, 5.25 -> 4.82 at T = 8, 5.79 -> 5.26 at T = 64, and 7.06 -> 7.32 at
+    T = 512 (there every d block waits anyway)."""
     return {"block_d": min(256 if t <= 16 else 1024, triton.next_power_of_2(d)), "num_warps": 1,
             "comb_apart": t <= COMB_APART_MAX_T}
 

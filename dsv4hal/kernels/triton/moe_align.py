@@ -25,16 +25,16 @@ import triton.language as tl
 from dsv4hal.kernels.moe_align import AlignedRoutes, route_blocks
 
 C = 64  # routes per sub-chunk: the [C, C] rank tile stays spill-free (ptxas sm_90: 128 registers at 2 warps)
-# Up to this many routes one program does everything in one launch. Its sub-chunks run one after another: on the
-# H200 (E 256, blocks of 8; bench/results/h200/sweep-moe-align.json) one program took 6.8 / 8.6 / 13.9 / 17.5 us at
-# 96 / 192 / 384 / 512 routes, two launches over several programs 6.6-6.8 us at every count from 96
+# Up to this many routes one program does everything in one launch. Its sub-chunks run one after another: on the H200 (E
+# 256, blocks of 8; bench/results/h200/sweep-moe-align.json, "one_program") one program took 6.8 / 8.6 / 13.9 / 17.5 us
+# at 96 / 192 / 384 / 512 routes, two launches over several programs 6.6-6.8 us at every count from 96
 FUSED_MAX_ROUTES = 2 * C
 MAX_PROGRAMS = 128  # each PLACE program reads all NC histogram rows, so NC stays modest
 FILL = 1024
 SCAN_ELEMENTS = 4096  # histogram entries a _scan_kernel program holds (32 a thread at 4 warps)
 # From this many programs the SCAN launch runs between COUNT and PLACE; with fewer, each PLACE program sums the NC
-# histogram rows itself. H200, E 256, CUDA graphs, both ways in turns (sweep-moe-align-prefill-scan.json,
-# sweep-moe-align-scan.json; identical outputs): NC 128 (T = 4096, blocks of 128) 15.2-15.3 -> 12.7 us, NC 96
+# histogram rows itself. H200, E 256, CUDA graphs, both ways in turns (sweep-moe-align.json,
+# "scan_prefill" and "scan_decode"; identical outputs): NC 128 (T = 4096, blocks of 128) 15.2-15.3 -> 12.7 us, NC 96
 # (T = 1024) 10.2-10.3 -> 9.1; NC 48 (T = 512) 8.3-8.5 -> 8.8-9.0, NC 3-8 (decode, blocks of 8) 6.4-6.7 -> 7.4-7.9.
 SCAN_MIN_PROGRAMS = 64
 

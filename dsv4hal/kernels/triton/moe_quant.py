@@ -31,7 +31,7 @@ from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _swiglu_f32_fast,
 
 GROUP = 128
 TILE = 16  # (row, group) pairs a program quantizes at once: 2048 elements, 16 a thread at 4 warps
-# Rows a tile holds at most. H200, T = 4096 (V4-Flash, top-6; sweep-moe-quant.json, -quant2.json): 4 rows x 4 groups
+# Rows a tile holds at most. H200, T = 4096 (V4-Flash, top-6; sweep-moe-quant.json, "tiles"): 4 rows x 4 groups
 # with the loads pipelined over 3 stages take the gather pass 71.9 -> 61.2 us and the SwiGLU pass 133.4 -> 97.2
 # against 16 x 1 in one stage (the best of 70 settings: 60.0 and 95.9). The SwiGLU pass is then bound by its
 # instructions (libdevice expf and an IEEE division an element, torch's roundings), not by bandwidth (0.62 of copy).
@@ -39,22 +39,22 @@ MAX_BLOCK_R = 4
 DENSE_STAGES = 3  # the pipeline stages of tiles of several rows; a decode tile (one row) keeps one
 # From this many tokens the GATHER source is quantized a token, then copied to its routes' rows (two launches);
 # fewer tokens quantize each route's row directly (one launch). H200, V4-Flash, top-6, CUDA graphs, 3 rounds
-# (sweep-moe-per-token-few.json, sweep-moe-per-token.json): one launch -> two, us: T = 1 3.6 -> 5.9-6.4, 8 6.0-6.1
+# (sweep-moe-quant.json, "per_token_few", "per_token"): one launch -> two, us: T = 1 3.6 -> 5.9-6.4, 8 6.0-6.1
 # -> 6.8-6.9, 16 9.6-9.7 -> 7.6-7.7, 32 17.1-17.2 -> 9.5-9.6, 64 21.6-22.3 -> 10.1-10.9, 1024 22.4-25.2 ->
 # 18.8-19.3, 4096 64.0-118.6 -> 59.0-71.5; the same bytes. Where no padding row needs writing (the psum layout, no
 # pow2 scales) the tokens' codes go straight to their routes' rows instead (_quant_scatter_kernel, one launch): T =
-# 4096 58.8-60.4 -> 50.1-50.3 us (sweep-moe-fast-swiglu.json, 3 rounds).
+# 4096 58.8-60.4 -> 50.1-50.3 us (sweep-moe-quant.json, "swiglu_fast", 3 rounds).
 PER_TOKEN_MIN_TOKENS = 16
 # The SWIGLU source with the hardware's approximate exp and division (moe_activation._swiglu_f32_fast) instead of
-# torch's exact roundings (libdevice expf, an IEEE division): the pass is bound by those instructions (see
-# MAX_BLOCK_R). A code can then differ from the exact form's by one FP8 step (an element's bf16 value one ulp off
-# moves a code only when it sits on a rounding boundary); moe_experts' tolerance is set for activation quantization as
-# a whole. H200, GEMM1's real output at T = 4096 (sweep-moe-fast-swiglu.json, 3 rounds): 94.5-128.4 -> 67.0-78.0 us,
-# and 0 of its 50.3M codes and 393K scales differed. fast=False in quantize_routed_rows keeps torch's roundings.
+# torch's exact roundings (libdevice expf, an IEEE division): the pass is bound by those instructions (see MAX_BLOCK_R).
+# A code can then differ from the exact form's by one FP8 step (an element's bf16 value one ulp off moves a code only
+# when it sits on a rounding boundary); moe_experts' tolerance is set for activation quantization as a whole. H200,
+# GEMM1's real output at T = 4096 (sweep-moe-quant.json, "swiglu_fast", 3 rounds): 94.5-128.4 -> 67.0-78.0 us, and 0 of
+# its 50.3M codes and 393K scales differed. fast=False in quantize_routed_rows keeps torch's roundings.
 FAST_SWIGLU = True
 # The scatter's tile: one token a program, this many 128-groups a step. H200, V4-Flash top-6, CUDA graphs
-# (sweep-moe-scatter-grid.json; every tile gave the same bytes), us for (BLOCK_T, BLOCK_G) at 4 warps: T = 4096 (4, 4)
-# 50.1, (1, 16) 51.1, (1, 32) 49.5; T = 256 (4, 4) 9.5, (2, 8) 6.6, (1, 16) 5.6, (1, 32) 5.5 (more programs).
+# (sweep-moe-quant.json, "scatter_grid"; every tile gave the same bytes), us for (BLOCK_T, BLOCK_G) at 4 warps: T = 4096
+# (4, 4) 50.1, (1, 16) 51.1, (1, 32) 49.5; T = 256 (4, 4) 9.5, (2, 8) 6.6, (1, 16) 5.6, (1, 32) 5.5 (more programs).
 SCATTER_GROUPS = 32
 COPY_ROWS = 4  # rows a program of the copy pass moves
 COPY_WORDS = 1024  # 4-byte words of codes a step of the copy pass moves a row (4 KiB)

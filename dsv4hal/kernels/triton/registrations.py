@@ -74,7 +74,7 @@ def register(registry: Registry) -> None:
     topk("triton_radix_topk", "topk", 0, "radix select on order-preserving 32-bit keys (4 histogram levels of 8 bits "
          "find the k-th key), then an atomic collect pass with the page transform")
     # above triton_radix_topk where a row fits it (size=small): 3.0-3.7x faster at 8192 scores on the H200, and 3.1-3.7x
-    # in every tuned bucket (bench/results/h200/bench-topk.json, cuda_sm90.lock-2026-12-01-16ops.json)
+    # in every tuned bucket (bench/results/h200/bench-topk.json, cuda_sm90.lock.json)
     topk("triton_row_topk", "topk_row", 2, "one launch, one program per row of at most 16384 scores: the row as a "
          "register tile of 32-bit keys, bisection over the key bits for the exact k-th key, one prefix sum for the "
          "output slots", _row_topk_supports)

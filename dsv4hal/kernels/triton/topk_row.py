@@ -31,8 +31,8 @@ from dsv4hal.kernels.triton.topk import _order_key, _store_selected, topk_output
 MAX_ROW = 16384  # widest row one program holds: 32 keys a thread at 16 warps (the op's case size=small)
 MIN_BLOCK = 256  # keep every thread of 4+ warps owning at least one key; shorter rows only mask more
 # A row at most this much past a power of two is held as two tiles (launch_config). H200, 64 rows of k = 512
-# (tune-topk-tail.json): 8256 (tail 64) 25.5 -> 17.6 us, 9216 (1024) 25.9 -> 19.9, 10240 (2048) 26.9 -> 21.0,
-# each against its best padded tile; tune-topk-tail-half.json: 12288 (4096) 27.0 -> 23.0 (and the others again:
+# (tune-triton-topk.json "row_tail_tile"): 8256 (tail 64) 25.5 -> 17.6 us, 9216 (1024) 25.9 -> 19.9, 10240 (2048) 26.9
+# -> 21.0, each against its best padded tile; "row_tail_half_tile": 12288 (4096) 27.0 -> 23.0 (and the others again:
 # 25.9 -> 17.8, 25.5 -> 19.1, 26.5 -> 20.9). Wider tails were not measured.
 TAIL_FRACTION = 1 / 2
 TAIL_MIN_BLOCK = 8192  # tails were measured on 8192-key tiles only: narrower rows keep one padded tile

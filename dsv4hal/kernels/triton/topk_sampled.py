@@ -21,7 +21,8 @@ case, and an exact fallback in the same launches for the rows where the estimate
      follow.
 Sampling fused into the filter (every filter program computing the threshold itself: one launch less) was
 measured slower at every shape on the H200 (23.5 against 22.2 us at 1 x 256K, 3x slower at 64 rows;
-tune-triton-topk-fused.json) and taken out, as was a radix select for pass 3 (tune-triton-topk-radix.json).
+tune-triton-topk.json, "filter_fused_not_kept") and taken out, as was a radix select for pass 3
+("radix_select_not_kept").
 Outputs: the contract's set; on the fast path keys above T first, then ties, each in candidate order (which blocks
 reserve, or keys take, their slots first varies from run to run, as in the radix kernel's collect pass); on the
 chunked fallback keys above T in index order, then the lowest-index ties (triton_row_topk's outputs bit for bit);
@@ -42,7 +43,7 @@ from dsv4hal.kernels.triton.topk_row import _kth_key, _kth_key_in_range, _select
 # Scores sampled a row: the threshold's rank error is ~sqrt(r) of the ~2k target. At k = 512 over 256K scores,
 # 2048 samples (r = 16) leave a row more than CAP candidates with probability 6.6e-4 (the 16th largest sample lies
 # past 4096 keys: P(Gamma(16) > 32)), and such a row falls back (~40 us on the H200); 4096 samples (r = 24) make
-# it 3e-9. 2048 samples cost ~2.5 us less (H200, log-session6.txt, sweep 3: 20.3 against 22.8 us at 1 x 256K), so
+# it 3e-9. 2048 samples cost ~2.5 us less (H200: 20.3 against 22.8 us at 1 x 256K), so
 # they serve calls of up to FEW_ROWS rows (a fallback in < 0.6% of calls) whose expected candidate count,
 # 2k + MARGIN * S / 2048, is at most half of CAP; 4096 the rest (at k = 1024 over 256K, 2048 samples expect 3072
 # candidates: P(> CAP) ~ 6%, and the H200 measured a fallback there, 71.1 us; bench-topk.json).
@@ -52,27 +53,27 @@ FEW_ROWS = 8
 CAP = 4096  # candidates the select program holds (one register tile): ~2k expected, at k <= 1024
 MARGIN = 8  # samples added to the target rank, so that a short tail still yields >= k candidates
 # scores a filter program reads, in one step: 1024 gave the fastest filter pass of 512-4096 on the H200 (at 1 x 256K
-# 3.2 against 8.4 us for 4096 in four steps: more programs in flight; tune-triton-topk-sweep2.json)
+# 3.2 against 8.4 us for 4096 in four steps: more programs in flight; tune-triton-topk.json, "launch_shape")
 CHUNK = 1024
 BLOCK = 1024  # scores a filter step holds (with block slots, one atomic reserves those of its candidates)
 # From PER_KEY_MIN_ROWS rows, each key >= t takes its slot with an atomic of its own (no block sum and prefix sum,
 # which made the filter pass instruction-bound at ~1 TB/s), on row counts COUNT_STRIDE int32s apart: H200,
-# tune-triton-topk-perkey.json, at 4096 samples: 64 x 256K 86.9 -> 56.2 us (filter pass 63.7 -> 32.3), 16 rows
-# 38.5 -> 30.4; at 2048 samples 8 rows 26.6 -> 23.6; slower at 1-4 rows (18.2 -> 19.1 at one). The sixth session's
-# per-key filter, with the counts adjacent, was slower (+7 us at 64 x 256K). With it, a program filters one block of
+# tune-triton-topk.json "filter_per_key", at 4096 samples: 64 x 256K 86.9 -> 56.2 us (filter pass 63.7 -> 32.3), 16 rows
+# 38.5 -> 30.4; at 2048 samples 8 rows 26.6 -> 23.6; slower at 1-4 rows (18.2 -> 19.1 at one). A per-key
+# filter with the counts adjacent was slower (+7 us at 64 x 256K). With it, a program filters one block of
 # 1024 (chunks of 2048 or 4096 a program, or 8 warps, were 1-4 us slower at 64 rows). Measured and taken out: blocks
 # of 128-512 keys that skip the atomics and stores when none of their keys is a candidate (one reduction a block):
-# slower at every shape (64 x 256K 59.0-63.9 against 56.5 us; tune-triton-topk-skip.json).
+# slower at every shape (64 x 256K 59.0-63.9 against 56.5 us; "filter_skip_not_kept").
 PER_KEY_MIN_ROWS = 8
 COUNT_STRIDE = 32  # 128 bytes: one row count a cache line
-# From LEAN_MIN_ROWS rows the filter is lean (_filter_chunk): H200, tune-triton-topk-lean.json, per key at 4096
+# From LEAN_MIN_ROWS rows the filter is lean (_filter_chunk): H200, tune-triton-topk.json "filter_lean", per key at 4096
 # samples: 64 x 256K 56.5 -> 52.5 us (filter pass 32.4 -> 25.5; the select pass, reading the candidates' scores
 # again, 11.6 -> 14.7), 16 rows equal (30.6, 30.8), 8 rows 27.3 -> 28.2, one row (block slots) 17.3 -> 18.1. Between
 # 16 and 64 rows nothing was timed: 32 is the midpoint.
 LEAN_MIN_ROWS = 32
 # The select pass takes a tile of CAP / 2 for rows with at most that many candidates (the common case: ~2k + MARGIN
-# samples' worth), the whole tile otherwise (half_tile; H200, tune-triton-topk-half.json, in one run: 64 x 256K 47.9 ->
-# 46.5 us, 16 rows 26.1 -> 24.0, 8 rows 22.5 -> 21.2, one row and 64 x 64K at k = 1024 unchanged)
+# samples' worth), the whole tile otherwise (half_tile; H200, tune-triton-topk.json "half_tile", in one run: 64 x 256K
+# 47.9 -> 46.5 us, 16 rows 26.1 -> 24.0, 8 rows 22.5 -> 21.2, one row and 64 x 64K at k = 1024 unchanged)
 
 
 @triton.jit
@@ -86,7 +87,8 @@ def _sample_threshold(scores_ptr, stride_s, row, n, K: tl.constexpr, NS: tl.cons
         nv = tl.minimum(n, NS)
         m = i < nv
         # distinct, evenly spaced in [0, n): i * n // nv, with nv either NS (a power of two: a shift, where a 64-bit
-        # division by nv cost ~3 us of the pass at 64 x 256K on the H200, tune-triton-topk-fbp.json) or n (then i)
+        # division by nv cost ~3 us of the pass at 64 x 256K on the H200, tune-triton-topk.json "filter_divide") or n
+        # (then i)
         pos = tl.where(n >= NS, (i.to(tl.int64) * n) // NS, i.to(tl.int64))
         x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + pos, mask=m, other=0.0)
         key = tl.where(m, _order_key(x), 0)  # unsampled slots get key 0: never counted by the bisection
@@ -253,10 +255,10 @@ def fallback_chunk(width: int, k: int) -> int | None:
 def default_config(rows: int, width: int, k: int) -> dict:
     """The launch options for `rows` rows of `width` scores at `k`. range on: 1-2.5 us less at every shape timed (the
     searches start below the bits the keys share). The sample and select passes on fewer warps than tile_warps were
-    slower at every shape timed (H200, tune-triton-topk-warps.json); the select launch also holds the fallback's
-    chunk and merge tiles, so it gets the warps of the larger tile (8 at 256K: the fast path 17.0 us at 1 x 256K
-    against 18.0 on 4 warps, a forced fallback 48.5 against 80.8, whose merge tile spills on 4;
-    tune-triton-topk-fallback.json)."""
+    slower at every shape timed (H200, tune-triton-topk.json "select_warps"); the select launch also holds the
+    fallback's chunk and merge tiles, so it gets the warps of the larger tile (8 at 256K: the fast path 17.0 us at
+    1 x 256K against 18.0 on 4 warps, a forced fallback 48.5 against 80.8, whose merge tile spills on 4;
+    tune-triton-topk.json "fallback_in_select")."""
     few = rows <= FEW_ROWS and 2 * k + MARGIN * width // NSAMPLE_FEW_ROWS <= CAP // 2
     ns = NSAMPLE_FEW_ROWS if few else NSAMPLE
     fb = fallback_chunk(width, k)

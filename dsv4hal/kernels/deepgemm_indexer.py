@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dsv4hal.hardware import version_before
+from dsv4hal.kernels import vendor_bounds
 from dsv4hal.registry import KernelImpl
 
 if TYPE_CHECKING:
@@ -85,7 +86,8 @@ def kernel(platform: str, name: str, priority: int,
     return KernelImpl(
         op="indexer_logits", name=name, target="dsv4hal.kernels.deepgemm_indexer:indexer_logits",
         platforms=(platform,), priority=priority, tier="vendor", requires=(LIBRARY, "triton"),
-        supports=supports_fn, layout="indexer-132-e4m3fn",
+        supports=supports_fn, layout="indexer-132-e4m3fn", bounds_checked=False,
+        bounds_note=vendor_bounds.DEEPGEMM_PAGED_MQA_LOGITS,
         description=f"DeepGEMM fp8_paged_mqa_logits ({arch} kernel) over a zero-copy view of the 132-byte cache "
                     "(next_n 1), Triton -inf tail")
 

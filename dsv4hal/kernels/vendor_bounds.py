@@ -16,3 +16,10 @@ FLASHMLA_PREFILL_SM100 = ("indices: only -1 and indices past kv are documented a
 # sgl-kernel's HIP deepseek_v4_topk_transform_512 checks neither n <= S nor the page table's width
 SGL_HIP_TOPK = ("lengths past the score width read past the scores row; a page table shorter than a row's "
                 "candidates need is read past its row")
+# DeepGEMM's paged MQA logits reads the pages the block table names and the table entries the context lengths
+# cover; neither is checked against its buffer in the binding, and DeepGEMM 2.5.0 documents no mask for them
+DEEPGEMM_PAGED_MQA_LOGITS = ("block_table entries and context_lens are used as given: a page id outside the cache or a "
+                             "length past the table's width is read (not verified on the GPU to fault or not)")
+# vLLM's topk_softplus_sqrt indexes its hash table by input id and takes the table's entries as expert ids
+VLLM_ROUTER = ("input_ids index the hash table and its entries index the experts as given: an id outside either is "
+               "read or written past its buffer")

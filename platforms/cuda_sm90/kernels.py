@@ -136,6 +136,7 @@ def register(registry: Registry) -> None:
     registry.add_kernel(KernelImpl(
         op="moe_route", name=vllm_router.NAME, target="dsv4hal_cuda_sm90.vllm_router:moe_route",
         platforms=(PLATFORM,), priority=ROUTER_PRIORITY, tier="vendor", supports=vllm_router.supports,
+        bounds_checked=False, bounds_note=vendor_bounds.VLLM_ROUTER,
         description=f"vLLM 0.24 torch.ops._moe_C.{vllm_router.OP_NAME} (library from {vllm_router.lib.ENV_LIB})"))
     registry.add_kernel(deepgemm_indexer.kernel(PLATFORM, DEEPGEMM_INDEXER, DEEPGEMM_INDEXER_PRIORITY,
                                                 deepgemm_indexer_supports, "SM90"))

@@ -8,10 +8,13 @@
 #   memcheck.json          compute-sanitizer --tool memcheck over the guard tests and the index-taking ops' conformance
 #                          cases (the CPU-sized ones, eager), where the CUDA toolkit has the sanitizer
 #   gpu-tests.json         the whole test suite on the GPU
+#   bench-attention.json   dsv4hal bench attention --quick: the bound calls' GPU and host time against the direct call
 # Needs the vendor libraries importable (README: "Installing for a GPU"); run from the repository root:
-#   bash bench/gpu_checks.sh [safety|sequence|memcheck|tests|all]
+#   bash bench/gpu_checks.sh [safety] [sequence] [memcheck] [tests] [host]     (none: all of them)
+# R=DIR puts the files there instead.
 set -uo pipefail
-part=${1:-all}
+parts=" ${*:-all} "
+want() { [[ $parts == *" $1 "* || $parts == *" all "* ]]; }
 export PYTHONUNBUFFERED=1
 card=$(python3 -c "import torch; n = torch.cuda.get_device_name().upper(); print('h200' if 'H200' in n else 'h100' if 'H100' in n else n.split()[-1].lower())")
 R=${R:-bench/results/$card}
@@ -56,12 +59,14 @@ run_pytest() {  # NAME TIMEOUT FILES...: pytest on the GPU into $R/NAME.json
   junit_json "/tmp/$name.xml" "$R/$name.json" "$cmd"
 }
 
-if [[ $part == safety || $part == all ]]; then
+if want safety; then
   stamp "guard-memory tests and the FlashMLA glue on the GPU"
-  run_pytest memory-safety 400 tests/test_unchecked_bounds*.py tests/test_flashmla_decode_op.py \
-    tests/test_flashmla_sched.py tests/test_gpu_flashmla_sequence.py
+  run_pytest memory-safety 400 tests/test_unchecked_bounds.py tests/test_unchecked_bounds_kernels.py \
+    tests/test_flashmla_decode_op.py tests/test_flashmla_sched.py tests/test_flashmla_glue_ops.py \
+    tests/test_indexer_q_prep.py tests/test_triton_compress.py tests/test_compress_decode.py \
+    tests/test_indexer_logits_kernels.py tests/test_triton_sm90_compile.py
 fi
-if [[ $part == sequence || $part == all ]]; then
+if want sequence; then
   stamp "randomized shape sequences through the vendor-bound ops, then garbage inputs"
   timeout 500 python3 -m dsv4hal.conformance.sequence --rounds 2 --json "$R/shape-sequence.json" \
     > /tmp/sequence.log 2>&1
@@ -75,7 +80,7 @@ for c in r["cells"]:
         print(c["status"], c["op"], c["implementation"], c["case"], c["mode"], str(c["detail"])[:200])
 PY
 fi
-if [[ $part == memcheck || $part == all ]]; then
+if want memcheck; then
   stamp "compute-sanitizer memcheck"
   san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [[ -z $san ]]; then
@@ -120,8 +125,13 @@ print(json.dumps(res, indent=1)[:3000])
 PY
   fi
 fi
-if [[ $part == tests || $part == all ]]; then
+if want tests; then
   stamp "the whole test suite on the GPU"
   run_pytest gpu-tests 580 -x --maxfail 30 tests
+fi
+if want host; then
+  stamp "host cost of the bound attention calls against the direct vendor call"
+  timeout 200 python3 -m dsv4hal bench attention --quick --json "$R/bench-attention.json" > /tmp/bench-attention.log 2>&1
+  echo "rc=$?"; grep -v Warn /tmp/bench-attention.log | tail -8 | cut -c1-300
 fi
 stamp done

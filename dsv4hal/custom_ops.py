@@ -29,10 +29,13 @@ from typing import Any
 import torch
 from torch.library import custom_op
 
-from dsv4hal.errors import Dsv4HalError
+from dsv4hal.errors import Dsv4HalError, InvalidArgumentError
 from dsv4hal.formats.indexer_cache import IndexerPagedCache
 from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
+from dsv4hal.ops import checks
 from dsv4hal.ops.attention_metadata import WINDOW, AttentionMetadata, c128_width
+from dsv4hal.ops.checks import check_materializable
+from dsv4hal.ops.signatures import OpDefinition
 from dsv4hal.prepared import PreparedWeights
 
 is_compiling: Callable[[], bool] = torch.compiler.is_compiling
@@ -464,11 +467,81 @@ def flatten(op: str, platform: int, *args: Any, **kwargs: Any) -> tuple[Any, tup
     return getattr(torch.ops.dsv4hal, name), flat
 
 
-def traced(op: str) -> Callable[..., Any]:
-    """What platform.ops.<op> calls while Dynamo traces: (platform handle, the op's own arguments)."""
+# ---------------------------------------------------------------- validation while Dynamo traces
+# The traced call validates the op's arguments before flattening them, as eager does: Dynamo traces the validation
+# (it reads types, dtypes, shapes, strides, devices and scalar values, never tensor contents), so a call that passes
+# leaves guards and no graph node, and costs nothing when the compiled code runs. A call that fails must reach the
+# caller as the same typed error as in eager. An exception raised in traced code reaches the caller of a
+# fullgraph=True compile only as Dynamo's own "Observed exception" error, so the error Dynamo caught is raised again
+# from a function Dynamo runs rather than traces (_refuse, assume_constant_result), as an instance of its class that
+# is also Dynamo's Unsupported: Dynamo lets an Unsupported through unchanged (fullgraph=True), or breaks the graph
+# there and runs the call eagerly (fullgraph=False), which raises the plain typed error.
+
+# The device's memory size, which validation compares sizes with (ops.checks.check_alloc), is a host query Dynamo
+# cannot trace (os.sysconf, a CUDA property): it runs it and takes the result as a constant.
+torch._dynamo.assume_constant_result(checks._memory_bytes)
+
+_refusals: dict[type, type] = {}
+
+
+def _refusal_type(cls: type[Dsv4HalError]) -> type[Dsv4HalError]:
+    """cls, also a torch._dynamo.exc.Unsupported (cls when this torch has no such class)."""
+    sub = _refusals.get(cls)
+    if sub is None:
+        try:
+            from torch._dynamo.exc import Unsupported
+        except ImportError:  # pragma: no cover  (another torch: the plain class, which Dynamo then reports)
+            return cls
+        sub = _refusals[cls] = type(cls.__name__, (cls, Unsupported), {"__module__": cls.__module__,
+                                                                       "__qualname__": cls.__qualname__})
+    return sub
+
+
+def refusal(cls: type[Dsv4HalError], message: str, remedy: str | None,
+            fields: tuple[tuple[str, object], ...] = ()) -> Dsv4HalError:
+    """The error `cls(...)` with this message, remedy and attributes, as _refuse raises it while Dynamo traces."""
+    sub = _refusal_type(cls)
+    err = sub.__new__(sub)
+    if sub is not cls:
+        from torch._dynamo.exc import Unsupported
+
+        try:  # what Dynamo reads of an Unsupported it lets through or breaks the graph at
+            Unsupported.__init__(err, message, "dsv4hal argument validation")  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001  (another torch's Unsupported: its message alone)
+            pass
+    for name, value in fields:
+        setattr(err, name, value)
+    Dsv4HalError.__init__(err, message, remedy=remedy)
+    return err
+
+
+@torch._dynamo.assume_constant_result
+def _refuse(cls: type[Dsv4HalError], message: str, remedy: str | None,
+            fields: tuple[tuple[str, object], ...]) -> None:
+    # run by Dynamo, not traced: the exception leaves the tracer as raised
+    raise refusal(cls, message, remedy, fields)
+
+
+def _fields(e: Dsv4HalError) -> tuple[tuple[str, object], ...]:
+    if isinstance(e, InvalidArgumentError):
+        return (("op", e.op), ("argument", e.argument), ("expected", e.expected), ("got", e.got))
+    return ()
+
+
+def traced(op: str, definition: OpDefinition[..., Any] | None = None) -> Callable[..., Any]:
+    """What platform.ops.<op> calls while Dynamo traces: (platform handle, the op's own arguments). With the op's
+    definition, the arguments are validated first (unchecked: values are not known while tracing)."""
     flat_fn, post = _FLAT[op], _POST.get(op)
+    validate = None if definition is None else definition.validate
+    params = () if definition is None else definition.params
 
     def call(platform: int, *args: Any, **kwargs: Any) -> Any:
+        if validate is not None:
+            try:
+                check_materializable(op, args, kwargs, params)
+                validate(*args, **kwargs, checked=False)
+            except Dsv4HalError as e:
+                _refuse(type(e), e.message, e.remedy, _fields(e))
         name, flat = flat_fn(platform, *args, **kwargs)
         out = getattr(torch.ops.dsv4hal, name)(*flat)
         return out if post is None else post(out, *args, **kwargs)

@@ -8,9 +8,9 @@ unspecified, but no kernel reads or writes outside its buffers for it)."""
 from __future__ import annotations
 
 import math
+import operator
 import os
 from collections.abc import Sequence
-from functools import cache
 from numbers import Real
 
 import torch
@@ -78,9 +78,20 @@ def check_positive_float(op: str, name: str, value: object, *, allow_inf: bool =
     return float(value)
 
 
-@cache
+_memory: dict[tuple[str, int | None], int] = {}
+
+
 def _memory_bytes(device_type: str, index: int | None) -> int:
-    """Total memory of a device (a host query, cached: no sync and no CUDA call after the first)."""
+    """Total memory of a device (a host query made once: no sync and no CUDA call after the first). torch.compile
+    runs it rather than traces it (dsv4hal.custom_ops marks it a constant)."""
+    key = (device_type, index)
+    n = _memory.get(key)
+    if n is None:
+        n = _memory[key] = _query_memory(device_type, index)
+    return n
+
+
+def _query_memory(device_type: str, index: int | None) -> int:
     if device_type == "cuda":
         return int(torch.cuda.get_device_properties(index if index is not None else 0).total_memory)
     try:
@@ -89,14 +100,17 @@ def _memory_bytes(device_type: str, index: int | None) -> int:
         return 1 << 62
 
 
-def check_alloc(op: str, what: str, nbytes: int, device: torch.device) -> None:
-    """Refuse an output that cannot be allocated on `device` before allocating it: inputs may be expand
-    views (stride 0) whose sizes say nothing about memory that exists."""
+def check_alloc(op: str, what: str, nbytes: int, device: torch.device, *, kind: str = "outputs") -> None:
+    """Refuse an output (or a buffer of another `kind`) that cannot be allocated on `device` before allocating
+    it: inputs may be expand views (stride 0) whose sizes say nothing about memory that exists."""
     limit = _memory_bytes(device.type, device.index)
     if nbytes > limit:
-        raise InvalidArgumentError(op, what, f"outputs that fit the device's {limit / 2**30:.1f} GiB",
-                                   f"{nbytes / 2**30:.1f} GiB of outputs",
-                                   remedy="split the call into smaller batches")
+        if kind == "outputs":
+            raise InvalidArgumentError(op, what, f"outputs that fit the device's {limit / 2**30:.1f} GiB",
+                                       f"{nbytes / 2**30:.1f} GiB of outputs",
+                                       remedy="split the call into smaller batches")
+        raise InvalidArgumentError(op, what, f"{kind} within the device's {limit / 2**30:.1f} GiB",
+                                   f"{nbytes / 2**30:.1f} GiB", remedy=f"ask for fewer {what.split()[0]}")
 
 
 def check_materializable(op: str, args: Sequence[object], kwargs: dict[str, object],
@@ -121,6 +135,26 @@ def check_materializable(op: str, args: Sequence[object], kwargs: dict[str, obje
                 raise InvalidArgumentError(op, name, f"a tensor that fits the device's {limit / 2**30:.1f} GiB",
                                            f"an expand view of {nbytes / 2**30:.1f} GiB {describe(t)}",
                                            remedy="pass a smaller batch, or a dense tensor")
+
+
+def check_count(op: str, name: str, value: object, *, minimum: int = 0) -> int:
+    """An integer (a numpy or torch integer too, never a bool or a float) >= minimum: a size or a count."""
+    try:
+        n = -1 if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        n = minimum - 1
+    if n < minimum:
+        raise InvalidArgumentError(op, name, f"an int >= {minimum}", repr(value))
+    return n
+
+
+def check_device(op: str, name: str, device: object) -> torch.device:
+    """A torch.device, or a string torch.device accepts ("cpu", "cuda:0")."""
+    try:
+        return torch.device(device)  # type: ignore[call-overload]
+    except (RuntimeError, TypeError):
+        raise InvalidArgumentError(op, name, "a torch.device or a device string such as 'cuda:0'",
+                                   repr(device)) from None
 
 
 def check_choice(op: str, name: str, value: object, allowed: Sequence[object]) -> None:

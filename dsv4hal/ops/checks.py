@@ -26,6 +26,12 @@ def describe(t: object) -> str:
     return type(t).__name__ if t is not None else "None"
 
 
+def show(value: object) -> str:
+    """A scalar argument as an error message shows it: its repr, or for a tensor its description (torch.compile,
+    which traces validation, cannot take a tensor's repr)."""
+    return describe(value) if isinstance(value, torch.Tensor) else repr(value)
+
+
 def check_tensor(
     op: str,
     name: str,
@@ -74,7 +80,7 @@ def check_positive_float(op: str, name: str, value: object, *, allow_inf: bool =
     ok = isinstance(value, Real) and not isinstance(value, bool) and not math.isnan(value) and value > 0
     if not ok or (not allow_inf and math.isinf(value)):
         raise InvalidArgumentError(op, name, "a positive " + ("number" if allow_inf else "finite number"),
-                                   repr(value))
+                                   show(value))
     return float(value)
 
 
@@ -144,7 +150,7 @@ def check_count(op: str, name: str, value: object, *, minimum: int = 0) -> int:
     except TypeError:
         n = minimum - 1
     if n < minimum:
-        raise InvalidArgumentError(op, name, f"an int >= {minimum}", repr(value))
+        raise InvalidArgumentError(op, name, f"an int >= {minimum}", show(value))
     return n
 
 
@@ -154,7 +160,7 @@ def check_device(op: str, name: str, device: object) -> torch.device:
         return torch.device(device)  # type: ignore[call-overload]
     except (RuntimeError, TypeError):
         raise InvalidArgumentError(op, name, "a torch.device or a device string such as 'cuda:0'",
-                                   repr(device)) from None
+                                   show(device)) from None
 
 
 def check_choice(op: str, name: str, value: object, allowed: Sequence[object]) -> None:
@@ -165,7 +171,7 @@ def check_choice(op: str, name: str, value: object, allowed: Sequence[object]) -
         return type(value) is type(a) and value == a
 
     if not any(same(a) for a in allowed):
-        raise InvalidArgumentError(op, name, "one of " + ", ".join(map(repr, allowed)), repr(value))
+        raise InvalidArgumentError(op, name, "one of " + ", ".join(map(repr, allowed)), show(value))
 
 
 def check_finite(op: str, name: str, t: torch.Tensor) -> None:

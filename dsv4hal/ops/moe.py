@@ -25,7 +25,15 @@ from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
 from dsv4hal.formats.mxfp4 import GROUP as MXFP4_GROUP
 from dsv4hal.formats.mxfp4 import NAN_SCALE_BYTE
 from dsv4hal.ops.buckets import MOE_TOKEN_CLASSES
-from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_materializable, check_tensor, describe
+from dsv4hal.ops.checks import (
+    check_alloc,
+    check_choice,
+    check_finite,
+    check_materializable,
+    check_tensor,
+    describe,
+    show,
+)
 from dsv4hal.ops.signatures import define
 from dsv4hal.prepared import PreparedWeights
 
@@ -54,7 +62,7 @@ def _check_positive(op: str, name: str, value: object, *, allow_inf: bool) -> fl
     ok = isinstance(value, Real) and not isinstance(value, bool) and value > 0 and not math.isnan(value)
     if not ok or (not allow_inf and math.isinf(value)):
         raise InvalidArgumentError(op, name, "a positive " + ("number" if allow_inf else "finite number"),
-                                   repr(value))
+                                   show(value))
     return float(value)
 
 
@@ -95,7 +103,7 @@ def validate_moe_route(
     if bias is not None:
         _tensor(ROUTE_OP, "bias", bias, dtype=torch.float32, shape=(e,), device=logits.device)
     if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= e:
-        raise InvalidArgumentError(ROUTE_OP, "top_k", f"an int in [1, {e}] (E = {e})", repr(top_k))
+        raise InvalidArgumentError(ROUTE_OP, "top_k", f"an int in [1, {e}] (E = {e})", show(top_k))
     _check_positive(ROUTE_OP, "routed_scaling_factor", routed_scaling_factor, allow_inf=False)
     if (hash_table is None) != (input_ids is None):
         given, missing = ("hash_table", "input_ids") if input_ids is None else ("input_ids", "hash_table")

@@ -131,7 +131,7 @@ def check_materializable(op: str, args: Sequence[object], kwargs: dict[str, obje
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             continue
-        if t.is_meta:
+        if t.device.type == "meta":  # not t.is_meta: Dynamo, which traces this, keeps that read in the graph
             raise InvalidArgumentError(op, name, "a tensor with data", describe(t),
                                        remedy="meta tensors only describe shapes; allocate it on a device")
         if t.dim() and 0 in t.stride():

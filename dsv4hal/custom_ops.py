@@ -3,7 +3,9 @@ op as one opaque node whatever kernel runs inside (vendor, Triton or the referen
 `.tolist()` Dynamo could not trace).
 
 How an engine uses it: nothing changes. `platform.ops.X(...)` checks torch.compiler.is_compiling(); while Dynamo
-traces, it calls `torch.ops.dsv4hal.X` with the arguments flattened to tensors and scalars (below), and the
+traces, it validates the arguments as eager mode does (unchecked; a bad call raises eager's typed error, see
+"validation while Dynamo traces" below), calls `torch.ops.dsv4hal.X` with them flattened to tensors and scalars
+(below), and the
 custom op's eager implementation rebuilds them and calls the same bound op, which validates and dispatches as in
 eager mode. Each op has a fake implementation giving exact output shapes and dtypes (compress's row count is
 data dependent: an unbacked size). Ops that write in place declare what they mutate: pack_store `cache`,
@@ -524,6 +526,8 @@ def flatten(op: str, platform: int, *args: Any, **kwargs: Any) -> tuple[Any, tup
 # from a function Dynamo runs rather than traces (_refuse, assume_constant_result), as an instance of its class that
 # is also Dynamo's Unsupported: Dynamo lets an Unsupported through unchanged (fullgraph=True), or breaks the graph
 # there and runs the call eagerly (fullgraph=False), which raises the plain typed error.
+# What the validation read becomes Dynamo guards, checked on every call of the compiled function (on the CI
+# machine ~10 us an op, in C++) unless the engine skips guard evaluation or replays a CUDA graph.
 
 # The device's memory size, which validation compares sizes with (ops.checks.check_alloc), is a host query Dynamo
 # cannot trace (os.sysconf, a CUDA property): it runs it and takes the result as a constant.

@@ -43,8 +43,8 @@ from dsv4hal.formats.indexer_cache import IndexerPagedCache
 from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
 from dsv4hal.ops import checks
 from dsv4hal.ops.attention_metadata import WINDOW, AttentionMetadata, c128_width
+from dsv4hal.ops.catalog import OPS_BY_NAME
 from dsv4hal.ops.checks import check_materializable, describe
-from dsv4hal.ops.signatures import OpDefinition
 from dsv4hal.prepared import PreparedWeights
 
 is_compiling: Callable[[], bool] = torch.compiler.is_compiling
@@ -580,28 +580,28 @@ def _fields(e: Dsv4HalError) -> tuple[tuple[str, object], ...]:
     return ()
 
 
-def traced(op: str, definition: OpDefinition[..., Any] | None = None) -> Callable[..., Any]:
-    """What platform.ops.<op> calls while Dynamo traces: (platform handle, the op's own arguments). With the op's
-    definition, the arguments are validated first (unchecked: values are not known while tracing)."""
+def traced(op: str, validate: bool = True) -> Callable[..., Any]:
+    """What platform.ops.<op> calls while Dynamo traces: (platform handle, the op's own arguments). With `validate`
+    (the platform's), the arguments are validated first, unchecked: values are not known while tracing."""
     flat_fn, post = _FLAT[op], _POST.get(op)
-    validate = None if definition is None else definition.validate
-    params = () if definition is None else definition.params
+    definition = OPS_BY_NAME[op].definition()
+    params = definition.params
 
     @torch._dynamo.assume_constant_result
     def check_call(count: int, names: tuple[str, ...]) -> bool:
         # run, not traced: a call that does not bind would fail inside Dynamo's inlining, before validation
         try:
-            definition.check_call((None,) * count, dict.fromkeys(names))  # type: ignore[union-attr]
+            definition.check_call((None,) * count, dict.fromkeys(names))
         except Dsv4HalError as e:
             raise refusal(type(e), e.message, e.remedy) from None
         return True
 
     def call(platform: int, *args: Any, **kwargs: Any) -> Any:
-        if validate is not None:
+        if validate:
             check_call(len(args), tuple(kwargs))
             try:
                 check_materializable(op, args, kwargs, params)
-                validate(*args, **kwargs, checked=False)
+                definition.validate(*args, **kwargs, checked=False)
             except Dsv4HalError as e:
                 _refuse(type(e), e.message, e.remedy, _fields(e))
         name, flat = flat_fn(platform, *args, **kwargs)

@@ -106,7 +106,7 @@ class BoundOp(Generic[P, R]):
 
         self._materializable = check_materializable
         self._compiling: Callable[[], bool] = custom_ops.is_compiling
-        self._traced = custom_ops.traced(spec.name, d if platform.validate else None)
+        self._traced = custom_ops.traced(spec.name, platform.validate)
         self._by_case: dict[tuple, tuple[Decision, Callable[..., Any]]] = {}
         # the op's case key (OpDefinition.key) -> kernel: an unvalidated call's lookup, without building the case
         self._case_key: Callable[..., tuple] | None = d.key

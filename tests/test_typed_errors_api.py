@@ -107,6 +107,8 @@ BAD_FORMAT_CALLS = [
     ("V4PagedCache.empty", "page_size", lambda: V4PagedCache.empty(1, 2.0)),
     ("V4PagedCache.empty", "fp8", lambda: V4PagedCache.empty(1, 256, "e5m2")),
     ("V4PagedCache.empty", "device", lambda: V4PagedCache.empty(1, 256, device="gpu0")),
+    ("IndexerPagedCache.empty", "device", lambda: IndexerPagedCache.empty(1, device="cuda:0" if not
+                                                                         torch.cuda.is_available() else "gpu")),
     ("IndexerPagedCache.empty", "fp8", lambda: IndexerPagedCache.empty(1, "e5m2")),
     ("IndexerPagedCache.empty", "num_pages", lambda: IndexerPagedCache.empty(-2)),
     ("convert_cache", "dst", lambda: convert_cache(V4PagedCache.empty(1, 64), "e5m2")),

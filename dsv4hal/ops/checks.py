@@ -157,10 +157,14 @@ def check_count(op: str, name: str, value: object, *, minimum: int = 0) -> int:
 def check_device(op: str, name: str, device: object) -> torch.device:
     """A torch.device, or a string torch.device accepts ("cpu", "cuda:0")."""
     try:
-        return torch.device(device)  # type: ignore[call-overload]
+        dev = torch.device(device)  # type: ignore[call-overload]
     except (RuntimeError, TypeError):
         raise InvalidArgumentError(op, name, "a torch.device or a device string such as 'cuda:0'",
                                    show(device)) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():  # a query that does not initialise CUDA
+        raise InvalidArgumentError(op, name, "a device this machine has", f"{dev} (no CUDA device is available)",
+                                   remedy="allocate on 'cpu', or run where torch sees a GPU")
+    return dev
 
 
 def check_choice(op: str, name: str, value: object, allowed: Sequence[object]) -> None:

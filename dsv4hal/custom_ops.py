@@ -523,16 +523,26 @@ def flatten(op: str, platform: int, *args: Any, **kwargs: Any) -> tuple[Any, tup
 # leaves guards and no graph node, and costs nothing when the compiled code runs. A call that fails must reach the
 # caller as the same typed error as in eager. An exception raised in traced code reaches the caller of a
 # fullgraph=True compile only as Dynamo's own "Observed exception" error, so the error Dynamo caught is raised again
-# from a function Dynamo runs rather than traces (_refuse, assume_constant_result), as an instance of its class that
+# from a function Dynamo runs rather than traces (_refuse, _run_not_traced), as an instance of its class that
 # is also Dynamo's Unsupported: Dynamo lets an Unsupported through unchanged (fullgraph=True), or breaks the graph
 # there and runs the call eagerly (fullgraph=False), which raises the plain typed error.
 # What the validation reads becomes Dynamo guards, checked on every call of the compiled function unless the engine
 # skips guard evaluation or replays a CUDA graph: on the CI machine 5 to 10 us for each op the function uses (most
 # guards are on the validation's own functions and constants, shared by every call site of the op).
 
+
+
+def _run_not_traced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark fn as torch._dynamo.assume_constant_result does: Dynamo calls it rather than traces it, and takes what it
+    returns as a constant. The mark is set here rather than by that function, whose import (torch._dynamo) would load
+    Triton when a CPU platform binds its ops; the compile tests fail if Dynamo stops reading it."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
 # The device's memory size, which validation compares sizes with (ops.checks.check_alloc), is a host query Dynamo
 # cannot trace (os.sysconf, a CUDA property): it runs it and takes the result as a constant.
-torch._dynamo.assume_constant_result(checks._memory_bytes)
+_run_not_traced(checks._memory_bytes)
 
 _refusals: dict[type, type] = {}
 
@@ -568,7 +578,7 @@ def refusal(cls: type[Dsv4HalError], message: str, remedy: str | None,
     return err
 
 
-@torch._dynamo.assume_constant_result
+@_run_not_traced
 def _refuse(cls: type[Dsv4HalError], message: str, remedy: str | None,
             fields: tuple[tuple[str, object], ...]) -> None:
     # run by Dynamo, not traced: the exception leaves the tracer as raised
@@ -588,7 +598,7 @@ def traced(op: str, validate: bool = True) -> Callable[..., Any]:
     definition = OPS_BY_NAME[op].definition()
     params = definition.params
 
-    @torch._dynamo.assume_constant_result
+    @_run_not_traced
     def check_call(count: int, names: tuple[str, ...]) -> bool:
         # run, not traced: a call that does not bind would fail inside Dynamo's inlining, before validation
         try:

@@ -93,7 +93,7 @@ def row_scales(amax: torch.Tensor, fp8: FP8Flavor = "e4m3fn", scale: str = "amax
     if scale == "pow2":  # 2**ceil(log2 s) from the bits: exact, unlike exp2(ceil(log2(s))) in floating point
         s = torch.ldexp(torch.ones_like(s), pow2_ceil_exponent(s))
     elif scale != "amax":
-        check_choice("row_scales", "scale", scale, SCALE_MODES)
+        raise InvalidArgumentError("row_scales", "scale", "an indexer scale mode: one of 'amax', 'pow2'", repr(scale))
     return s
 
 

@@ -9,8 +9,10 @@ class Dsv4HalError(Exception):
     """Base class of every error dsv4hal raises on purpose."""
 
     def __init__(self, message: str, *, remedy: str | None = None) -> None:
-        self.remedy = remedy
-        super().__init__(f"{message}\nRemedy: {remedy}" if remedy else message)
+        self.message, self.remedy = message, remedy
+        # args set here rather than by Exception.__init__, which torch.compile's tracer cannot call: it traces
+        # the ops' validation and must be able to build these errors (dsv4hal.custom_ops)
+        self.args = (f"{message}\nRemedy: {remedy}" if remedy else message,)
 
 
 def format_reasons(reasons: Mapping[str, Iterable[str]]) -> str:
@@ -55,7 +57,7 @@ class InvalidArgumentError(Dsv4HalError, ValueError):
 
     def __init__(self, op: str, argument: str, expected: str, got: str, *, remedy: str | None = None) -> None:
         self.op, self.argument, self.expected, self.got = op, argument, expected, got
-        super().__init__(f"{op}: argument '{argument}' expected {expected}, got {got}", remedy=remedy)
+        Dsv4HalError.__init__(self, f"{op}: argument '{argument}' expected {expected}, got {got}", remedy=remedy)
 
 
 class PreparedWeightsMismatchError(Dsv4HalError):
@@ -66,6 +68,15 @@ class UnknownNameError(Dsv4HalError, KeyError):
     """A lookup by name (op, architecture) found nothing. Also a KeyError, for callers that catch lookups."""
 
     __str__ = Exception.__str__  # KeyError's repr-quoting would mangle the message and its remedy
+
+
+class UnknownOpError(UnknownNameError, AttributeError):
+    """platform.ops has no op of that name. Also an AttributeError, so hasattr(platform.ops, name) stays False."""
+
+
+class BadCallError(Dsv4HalError, TypeError):
+    """An op was called with arguments its signature does not take: too many or too few, or an unknown keyword
+    (such as checked=, which is the platform's mode). Also a TypeError, as Python raises for a bad call."""
 
 
 class UnknownArchError(Dsv4HalError, ValueError):

@@ -19,7 +19,7 @@ from dsv4hal.errors import (
     InvalidArgumentError,
     PluginFaultError,
     PreparedWeightsMismatchError,
-    UnknownNameError,
+    UnknownOpError,
     UnsupportedCaseError,
     format_reasons,
 )
@@ -106,7 +106,7 @@ class BoundOp(Generic[P, R]):
 
         self._materializable = check_materializable
         self._compiling: Callable[[], bool] = custom_ops.is_compiling
-        self._traced = custom_ops.traced(spec.name)
+        self._traced = custom_ops.traced(spec.name, platform.validate)
         self._by_case: dict[tuple, tuple[Decision, Callable[..., Any]]] = {}
         # the op's case key (OpDefinition.key) -> kernel: an unvalidated call's lookup, without building the case
         self._case_key: Callable[..., tuple] | None = d.key
@@ -196,7 +196,11 @@ class BoundOp(Generic[P, R]):
                         self._checks.add(*split, fn)
                     return fn(*args, **kwargs)
             self._materializable(self.name, args, kwargs, self._params)  # expand views too large to copy
-            self._validate(*args, **kwargs, checked=p.checked)
+            try:
+                self._validate(*args, **kwargs, checked=p.checked)
+            except TypeError:
+                self.definition.check_call(args, kwargs)  # arguments the signature does not take: typed
+                raise
         if self._weights_pos >= 0:
             return self._call_prepared(args, kwargs)
         case_key = self._case_key
@@ -225,7 +229,11 @@ class BoundOp(Generic[P, R]):
         remember the kernel for this metadata (for an op with weights: the kernel they were prepared for, called
         on their payload; the key holds the weights' token, so equal metadata means the same kernel)."""
         self._materializable(self.name, args, kwargs, self._params)
-        self._validate(*args, **kwargs, checked=False)
+        try:
+            self._validate(*args, **kwargs, checked=False)
+        except TypeError:
+            self.definition.check_call(args, kwargs)
+            raise
         if self._weights_pos >= 0:
             fn = self._on_payload(self._prepared_kernel(args, kwargs))
         else:
@@ -373,8 +381,16 @@ class Ops:
     def __getitem__(self, name: str) -> BoundOp[..., Any]:
         op = self._ops.get(name) if isinstance(name, str) else None
         if op is None:
-            raise UnknownNameError(f"unknown op {name!r}", remedy=f"valid ops: {', '.join(OP_NAMES)}")
+            raise _unknown_op(name)
         return op
+
+    def __getattr__(self, name: str) -> BoundOp[..., Any]:
+        # only for names __init__ did not set: every op is an attribute, so this is always a miss
+        raise _unknown_op(name)
+
+
+def _unknown_op(name: object) -> UnknownOpError:
+    return UnknownOpError(f"unknown op {name!r}", remedy=f"valid ops: {', '.join(OP_NAMES)}")
 
 
 class Platform:

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import torch
 
+from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.ops.checks import check_alloc, check_choice, check_count, check_device
+
 OVERLAP_RATIO = 4  # the only ratio whose window reaches into the previous group
+RATIOS = (OVERLAP_RATIO, 128)  # the compressed layers' ratios (C4, C128)
 
 
 def coff_for(ratio: int) -> int:
@@ -23,7 +27,16 @@ def new_state(num_slots: int, ratio: int, width: int, device: torch.device | str
               ring: int | None = None) -> torch.Tensor:
     """Compressor state rings fp32 [num_slots, ring, width]: kv halves 0, score halves -inf (spec 2.4).
     Ring 8 for C4 and 128 for C128 (16 and 256 with speculative decoding)."""
-    ring = ring or window_rows(ratio)
-    state = torch.zeros(num_slots, ring, width, dtype=torch.float32, device=device)
+    op = "new_state"
+    num_slots = check_count(op, "num_slots", num_slots)
+    check_choice(op, "ratio", ratio, RATIOS)
+    width = check_count(op, "width", width, minimum=2)
+    if width % 2:
+        raise InvalidArgumentError(op, "width", "an even int (kv and score halves)", repr(width))
+    window = window_rows(ratio)  # type: ignore[arg-type]
+    ring = window if ring is None else check_count(op, "ring", ring, minimum=window)
+    dev = check_device(op, "device", device)
+    check_alloc(op, "num_slots (state size)", num_slots * ring * width * 4, dev, kind="a state")
+    state = torch.zeros(num_slots, ring, width, dtype=torch.float32, device=dev)
     state[..., width // 2:] = float("-inf")
     return state

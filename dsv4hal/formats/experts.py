@@ -8,8 +8,10 @@ from typing import Literal
 
 import torch
 
+from dsv4hal.formats.fp8 import FP8_FLAVORS
 from dsv4hal.formats.fp8_block import dequantize_fp8_block, quantize_fp8_block
 from dsv4hal.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from dsv4hal.ops.checks import check_choice, check_tensor
 
 ExpertFormat = Literal["mxfp4", "fp8_block"]
 EXPERT_FORMATS: tuple[ExpertFormat, ...] = ("mxfp4", "fp8_block")
@@ -50,23 +52,24 @@ def quantize_experts(
     """fp32 master weights w13 [E, 2I, H], w2 [E, H, I] -> ExpertWeights in `format`.
 
     pow2_scales (fp8_block only) rounds block scales up to powers of two, the UE8M0 checkpoint variant."""
+    check_choice("quantize_experts", "format", format, EXPERT_FORMATS)
+    check_choice("quantize_experts", "fp8", fp8, FP8_FLAVORS)
+    for name, w in (("w13", w13), ("w2", w2)):
+        check_tensor("quantize_experts", name, w, shape=(None, None, None))
     if format == "mxfp4":
         w13_q, w13_s = quantize_mxfp4(w13)
         w2_q, w2_s = quantize_mxfp4(w2)
-    elif format == "fp8_block":
+    else:
         w13_q, w13_s = quantize_fp8_block(w13, fp8=fp8, pow2_scales=pow2_scales)
         w2_q, w2_s = quantize_fp8_block(w2, fp8=fp8, pow2_scales=pow2_scales)
-    else:
-        raise ValueError(f"unknown expert format {format!r}; expected one of {EXPERT_FORMATS}")
     return ExpertWeights(format, w13_q, w13_s, w2_q, w2_s, fp8)
 
 
 def _dequantize(fmt: str, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if fmt == "mxfp4":
         return dequantize_mxfp4(q, scale)
-    if fmt == "fp8_block":
-        return dequantize_fp8_block(q, scale)
-    raise ValueError(f"unknown expert format {fmt!r}; expected one of {EXPERT_FORMATS}")
+    check_choice("dequantize_experts", "format", fmt, EXPERT_FORMATS)
+    return dequantize_fp8_block(q, scale)
 
 
 def dequantize_experts(ew: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,6 +11,8 @@ from typing import Literal
 
 import torch
 
+from dsv4hal.errors import InvalidArgumentError
+
 FP8Flavor = Literal["e4m3fn", "e4m3fnuz"]
 FP8_FLAVORS: tuple[FP8Flavor, ...] = ("e4m3fn", "e4m3fnuz")
 
@@ -22,10 +24,10 @@ UE8M0_BIAS = 127
 
 
 def fp8_dtype(flavor: str) -> torch.dtype:
-    try:
-        return FP8_DTYPE[flavor]
-    except KeyError:
-        raise ValueError(f"unknown FP8 flavour {flavor!r}; expected one of {FP8_FLAVORS}") from None
+    dtype = FP8_DTYPE.get(flavor) if isinstance(flavor, str) else None
+    if dtype is None:
+        raise InvalidArgumentError("fp8_dtype", "flavor", "one of " + ", ".join(map(repr, FP8_FLAVORS)), repr(flavor))
+    return dtype
 
 
 def ue8m0_decode(exp_byte: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.fp8 import FP8_MAX, fp8_dtype, pow2_ceil_exponent
 
 BLOCK = 128
@@ -52,7 +53,7 @@ def _block_scales(w: torch.Tensor, rows: int, cols: int, fp8: str, pow2_scales: 
 
 def _quantize(w: torch.Tensor, rows: int, cols: int, fp8: str, pow2_scales: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if w.dim() < 2:
-        raise ValueError(f"FP8 block quantization needs a tensor of rank >= 2; got shape {tuple(w.shape)}")
+        raise InvalidArgumentError("quantize_fp8_block", "w", "a tensor of rank >= 2", f"shape {tuple(w.shape)}")
     w = w.to(torch.float32)
     scale = _block_scales(w, rows, cols, fp8, pow2_scales)
     n, k = w.shape[-2:]
@@ -65,8 +66,8 @@ def _dequantize(q: torch.Tensor, scale: torch.Tensor, rows: int, cols: int) -> t
     n, k = q.shape[-2:]
     want = (*q.shape[:-2], _ceil_div(n, rows), _ceil_div(k, cols))
     if tuple(scale.shape) != want:
-        raise ValueError(f"FP8 block scale shape {tuple(scale.shape)} does not match values {tuple(q.shape)} "
-                         f"with {rows}x{cols} blocks; expected {want}")
+        raise InvalidArgumentError("dequantize_fp8_block", "scale", f"scale shape {want} (values {tuple(q.shape)} in "
+                                   f"{rows}x{cols} blocks)", f"{tuple(scale.shape)}")
     return q.to(torch.float32) * _expand_scales(scale.to(torch.float32), rows, cols, n, k)
 
 
@@ -87,7 +88,7 @@ def act_quant_1x128(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token activation quantization: x [T, K] -> (fp8 [T, K], fp32 scales [T, ceil(K/128)])."""
     if x.dim() != 2:
-        raise ValueError(f"act_quant_1x128 expects x of shape [T, K]; got {tuple(x.shape)}")
+        raise InvalidArgumentError("act_quant_1x128", "x", "shape [T, K]", f"{tuple(x.shape)}")
     return _quantize(x, 1, BLOCK, fp8, pow2_scales)
 
 

@@ -17,17 +17,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.cache_object import CacheObject
 from dsv4hal.formats.fp8 import (
     FP8_FLAVORS,
     FP8_MAX,
     FP8Flavor,
     float_to_fp8_bytes,
-    fp8_dtype,
     fp8_to_float,
     pow2_ceil_exponent,
 )
-from dsv4hal.ops.checks import check_choice, check_tensor
+from dsv4hal.ops.checks import check_alloc, check_choice, check_count, check_device, check_tensor
 
 INDEX_DIM = 128
 PAGE_SIZE = 64
@@ -55,8 +55,12 @@ class IndexerPagedCache(CacheObject):
         cls, num_pages: int, fp8: FP8Flavor = "e4m3fn", device: torch.device | str = "cpu"
     ) -> IndexerPagedCache:
         """A zero-filled cache (zeros rather than garbage so unwritten slots are deterministic)."""
-        fp8_dtype(fp8)  # rejects unknown flavours early
-        return cls(torch.zeros(num_pages, PAGE_BYTES, dtype=torch.uint8, device=device), fp8)
+        op = "IndexerPagedCache.empty"
+        num_pages = check_count(op, "num_pages", num_pages)
+        check_choice(op, "fp8", fp8, FP8_FLAVORS)
+        dev = check_device(op, "device", device)
+        check_alloc(op, "num_pages (cache size)", num_pages * PAGE_BYTES, dev, kind="a cache")
+        return cls(torch.zeros(num_pages, PAGE_BYTES, dtype=torch.uint8, device=dev), fp8)
 
     @property
     def num_pages(self) -> int:
@@ -89,14 +93,13 @@ def row_scales(amax: torch.Tensor, fp8: FP8Flavor = "e4m3fn", scale: str = "amax
     if scale == "pow2":  # 2**ceil(log2 s) from the bits: exact, unlike exp2(ceil(log2(s))) in floating point
         s = torch.ldexp(torch.ones_like(s), pow2_ceil_exponent(s))
     elif scale != "amax":
-        raise ValueError(f"unknown indexer scale mode {scale!r}; expected one of {SCALE_MODES}")
+        raise InvalidArgumentError("row_scales", "scale", "an indexer scale mode: one of 'amax', 'pow2'", repr(scale))
     return s
 
 
 def quantize_rows(k: torch.Tensor, fp8: FP8Flavor = "e4m3fn", scale: str = "amax") -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 [N, 128] -> (uint8 FP8 bytes [N, 128], fp32 scale [N]) per the format above."""
-    if k.dim() != 2 or k.shape[1] != INDEX_DIM:
-        raise ValueError(f"quantize_rows expects [N, {INDEX_DIM}], got {tuple(k.shape)}")
+    check_tensor("quantize_rows", "k", k, shape=(None, INDEX_DIM))
     k = k.float()
     s = row_scales(k.abs().amax(dim=1), fp8, scale)
     return float_to_fp8_bytes(k / s[:, None], fp8), s
@@ -109,7 +112,8 @@ def write_rows(cache: IndexerPagedCache, loc: torch.Tensor, raw: torch.Tensor, s
     nothing reads) those rows are written there instead. Duplicate slots keep one of their rows."""
     if loc.dim() != 1 or raw.shape != (loc.shape[0], INDEX_DIM) or scale.shape != loc.shape:
         shapes = f"loc {tuple(loc.shape)}, bytes {tuple(raw.shape)}, scale {tuple(scale.shape)}"
-        raise ValueError(f"write_rows expects loc [N], bytes [N, {INDEX_DIM}], scale [N]; got {shapes}")
+        raise InvalidArgumentError("write_rows", "loc, raw, scale", f"loc [N], bytes [N, {INDEX_DIM}], scale [N]",
+                                   shapes)
     if loc.shape[0] == 0 or cache.num_slots == 0:
         return
     loc = loc.long()

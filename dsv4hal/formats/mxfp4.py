@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.fp8 import pow2_ceil_exponent, ue8m0_decode, ue8m0_encode_exponent
 
 GROUP = 32  # K elements sharing one scale byte
@@ -33,8 +34,8 @@ E2M1_THRESHOLDS: tuple[float, ...] = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 def _check_k(k: int, what: str) -> None:
     if k % GROUP != 0:
-        raise ValueError(f"MXFP4 needs the last dim of {what} to be a multiple of {GROUP} (one scale a 32-group); "
-                         f"got {k}. Pad K to a multiple of {GROUP} first.")
+        raise InvalidArgumentError("mxfp4", what, f"a last dim that is a multiple of {GROUP} (one scale a 32-group)",
+                                   f"{k}", remedy=f"pad K to a multiple of {GROUP} first")
 
 
 def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
@@ -94,12 +95,13 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_mxfp4(packed: torch.Tensor, scale_exp: torch.Tensor) -> torch.Tensor:
     """(packed uint8 [..., K/2], scale_exp uint8 [..., K/32]) -> float32 [..., K]."""
     if packed.dtype != torch.uint8 or scale_exp.dtype != torch.uint8:
-        raise ValueError(f"MXFP4 bytes and scales must be uint8; got {packed.dtype} and {scale_exp.dtype}")
+        raise InvalidArgumentError("dequantize_mxfp4", "packed, scale_exp", "uint8 bytes and scales",
+                                   f"{packed.dtype} and {scale_exp.dtype}")
     k = packed.shape[-1] * 2
     _check_k(k, "the unpacked weight")
     if tuple(scale_exp.shape) != (*packed.shape[:-1], k // GROUP):
-        raise ValueError(f"MXFP4 scale shape {tuple(scale_exp.shape)} does not match packed shape "
-                         f"{tuple(packed.shape)}; expected {(*packed.shape[:-1], k // GROUP)}")
+        raise InvalidArgumentError("dequantize_mxfp4", "scale_exp", f"scale shape {(*packed.shape[:-1], k // GROUP)} "
+                                   f"(packed shape {tuple(packed.shape)})", f"{tuple(scale_exp.shape)}")
     values = _byte_table(packed.device)[packed.long()].reshape(*packed.shape[:-1], k // GROUP, GROUP)
     scale = ue8m0_decode(scale_exp)
     scale = torch.where(scale_exp == NAN_SCALE_BYTE, torch.full_like(scale, float("nan")), scale)

@@ -26,6 +26,7 @@ from dsv4hal.formats.fp8 import (
     ue8m0_decode,
     ue8m0_encode_exponent,
 )
+from dsv4hal.ops.checks import check_alloc, check_choice, check_count, check_device, describe
 
 NOPE_DIM = 448
 ROPE_DIM = 64
@@ -68,8 +69,13 @@ class V4PagedCache(CacheObject):
         cls, num_pages: int, page_size: int, fp8: FP8Flavor = "e4m3fn", device: torch.device | str = "cpu"
     ) -> V4PagedCache:
         # Zero-initialised like the production pool: pad bytes and unwritten slots read as zero.
-        data = torch.zeros(num_pages, page_bytes(page_size), dtype=torch.uint8, device=device)
-        return cls(data, page_size, fp8)
+        op = "V4PagedCache.empty"
+        num_pages = check_count(op, "num_pages", num_pages)
+        page_size = check_count(op, "page_size", page_size, minimum=1)
+        check_choice(op, "fp8", fp8, FP8_FLAVORS)
+        dev = check_device(op, "device", device)
+        check_alloc(op, "num_pages (cache size)", num_pages * page_bytes(page_size), dev, kind="a cache")
+        return cls(torch.zeros(num_pages, page_bytes(page_size), dtype=torch.uint8, device=dev), page_size, fp8)
 
     @property
     def num_pages(self) -> int:
@@ -256,8 +262,10 @@ def convert_cache(cache: V4PagedCache, dst: FP8Flavor) -> V4PagedCache:
 
     Only nope and scale bytes of every slot change; rope, pad and page padding bytes are copied.
     e4m3fn -> e4m3fnuz is lossless for every scale byte in [1, 254] (writers produce 105..248)."""
-    if dst not in FP8_FLAVORS:
-        raise ValueError(f"unknown FP8 flavour {dst!r}; expected one of {FP8_FLAVORS}")
+    if not isinstance(cache, V4PagedCache):
+        raise InvalidArgumentError("convert_cache", "cache", "a V4PagedCache", describe(cache))
+    cache.validate("convert_cache", "cache")
+    check_choice("convert_cache", "dst", dst, FP8_FLAVORS)
     data = cache.data.clone()
     if dst == cache.fp8:
         return V4PagedCache(data, cache.page_size, dst)

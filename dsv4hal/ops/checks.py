@@ -8,9 +8,9 @@ unspecified, but no kernel reads or writes outside its buffers for it)."""
 from __future__ import annotations
 
 import math
+import operator
 import os
 from collections.abc import Sequence
-from functools import cache
 from numbers import Real
 
 import torch
@@ -24,6 +24,12 @@ def describe(t: object) -> str:
     if isinstance(t, torch.Tensor):
         return f"{t.dtype} tensor of shape {tuple(t.shape)} on {t.device}"
     return type(t).__name__ if t is not None else "None"
+
+
+def show(value: object) -> str:
+    """A scalar argument as an error message shows it: its repr, or for a tensor its description (torch.compile,
+    which traces validation, cannot take a tensor's repr)."""
+    return describe(value) if isinstance(value, torch.Tensor) else repr(value)
 
 
 def check_tensor(
@@ -74,13 +80,24 @@ def check_positive_float(op: str, name: str, value: object, *, allow_inf: bool =
     ok = isinstance(value, Real) and not isinstance(value, bool) and not math.isnan(value) and value > 0
     if not ok or (not allow_inf and math.isinf(value)):
         raise InvalidArgumentError(op, name, "a positive " + ("number" if allow_inf else "finite number"),
-                                   repr(value))
+                                   show(value))
     return float(value)
 
 
-@cache
+_memory: dict[tuple[str, int | None], int] = {}
+
+
 def _memory_bytes(device_type: str, index: int | None) -> int:
-    """Total memory of a device (a host query, cached: no sync and no CUDA call after the first)."""
+    """Total memory of a device (a host query made once: no sync and no CUDA call after the first). torch.compile
+    runs it rather than traces it (dsv4hal.custom_ops marks it a constant)."""
+    key = (device_type, index)
+    n = _memory.get(key)
+    if n is None:
+        n = _memory[key] = _query_memory(device_type, index)
+    return n
+
+
+def _query_memory(device_type: str, index: int | None) -> int:
     if device_type == "cuda":
         return int(torch.cuda.get_device_properties(index if index is not None else 0).total_memory)
     try:
@@ -89,14 +106,17 @@ def _memory_bytes(device_type: str, index: int | None) -> int:
         return 1 << 62
 
 
-def check_alloc(op: str, what: str, nbytes: int, device: torch.device) -> None:
-    """Refuse an output that cannot be allocated on `device` before allocating it: inputs may be expand
-    views (stride 0) whose sizes say nothing about memory that exists."""
+def check_alloc(op: str, what: str, nbytes: int, device: torch.device, *, kind: str = "outputs") -> None:
+    """Refuse an output (or a buffer of another `kind`) that cannot be allocated on `device` before allocating
+    it: inputs may be expand views (stride 0) whose sizes say nothing about memory that exists."""
     limit = _memory_bytes(device.type, device.index)
     if nbytes > limit:
-        raise InvalidArgumentError(op, what, f"outputs that fit the device's {limit / 2**30:.1f} GiB",
-                                   f"{nbytes / 2**30:.1f} GiB of outputs",
-                                   remedy="split the call into smaller batches")
+        if kind == "outputs":
+            raise InvalidArgumentError(op, what, f"outputs that fit the device's {limit / 2**30:.1f} GiB",
+                                       f"{nbytes / 2**30:.1f} GiB of outputs",
+                                       remedy="split the call into smaller batches")
+        raise InvalidArgumentError(op, what, f"{kind} within the device's {limit / 2**30:.1f} GiB",
+                                   f"{nbytes / 2**30:.1f} GiB", remedy=f"ask for fewer {what.split()[0]}")
 
 
 def check_materializable(op: str, args: Sequence[object], kwargs: dict[str, object],
@@ -111,7 +131,7 @@ def check_materializable(op: str, args: Sequence[object], kwargs: dict[str, obje
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             continue
-        if t.is_meta:
+        if t.device.type == "meta":  # not t.is_meta: Dynamo, which traces this, keeps that read in the graph
             raise InvalidArgumentError(op, name, "a tensor with data", describe(t),
                                        remedy="meta tensors only describe shapes; allocate it on a device")
         if t.dim() and 0 in t.stride():
@@ -123,6 +143,30 @@ def check_materializable(op: str, args: Sequence[object], kwargs: dict[str, obje
                                            remedy="pass a smaller batch, or a dense tensor")
 
 
+def check_count(op: str, name: str, value: object, *, minimum: int = 0) -> int:
+    """An integer (a numpy or torch integer too, never a bool or a float) >= minimum: a size or a count."""
+    try:
+        n = -1 if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        n = minimum - 1
+    if n < minimum:
+        raise InvalidArgumentError(op, name, f"an int >= {minimum}", show(value))
+    return n
+
+
+def check_device(op: str, name: str, device: object) -> torch.device:
+    """A torch.device, or a string torch.device accepts ("cpu", "cuda:0")."""
+    try:
+        dev = torch.device(device)  # type: ignore[call-overload]
+    except (RuntimeError, TypeError):
+        raise InvalidArgumentError(op, name, "a torch.device or a device string such as 'cuda:0'",
+                                   show(device)) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():  # a query that does not initialise CUDA
+        raise InvalidArgumentError(op, name, "a device this machine has", f"{dev} (no CUDA device is available)",
+                                   remedy="allocate on 'cpu', or run where torch sees a GPU")
+    return dev
+
+
 def check_choice(op: str, name: str, value: object, allowed: Sequence[object]) -> None:
     """`value` is one of `allowed` and of its type (512.0 and True are not the int choices 512 and 1)."""
     def same(a: object) -> bool:
@@ -131,7 +175,7 @@ def check_choice(op: str, name: str, value: object, allowed: Sequence[object]) -
         return type(value) is type(a) and value == a
 
     if not any(same(a) for a in allowed):
-        raise InvalidArgumentError(op, name, "one of " + ", ".join(map(repr, allowed)), repr(value))
+        raise InvalidArgumentError(op, name, "one of " + ", ".join(map(repr, allowed)), show(value))
 
 
 def check_finite(op: str, name: str, t: torch.Tensor) -> None:

@@ -54,7 +54,7 @@ import torch
 
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.compressor_state import window_rows
-from dsv4hal.ops.checks import check_choice, check_finite, check_same_device, check_tensor, describe
+from dsv4hal.ops.checks import check_choice, check_finite, check_same_device, check_tensor, describe, show
 from dsv4hal.ops.signatures import define
 
 OP = "compress"
@@ -83,9 +83,9 @@ def _head_dim(op: str, kv_score: torch.Tensor, ratio: int) -> int:
 
 def _check_scalars(op: str, eps: object, hadamard: object, hd: int) -> None:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-        raise InvalidArgumentError(op, "eps", "a positive finite float", repr(eps))
+        raise InvalidArgumentError(op, "eps", "a positive finite float", show(eps))
     if not isinstance(hadamard, bool):
-        raise InvalidArgumentError(op, "hadamard", "a bool", repr(hadamard))
+        raise InvalidArgumentError(op, "hadamard", "a bool", show(hadamard))
     if hadamard and hd != HADAMARD_DIM:
         raise InvalidArgumentError(
             op, "hadamard", f"False for hd {hd}", "True", remedy="only the indexer compressor (hd 128) rotates"
@@ -97,7 +97,7 @@ def _check_layer(op: str, kv_score: object, ratio: object, ape: object, norm_wei
     """Checks both forms share: ratio, kv_score [*, 2*coff*hd] fp32, the layer's ape, norm weight and RoPE
     table. Returns kv_score, hd and the parameter tensors by name."""
     if isinstance(ratio, bool) or not isinstance(ratio, int):
-        raise InvalidArgumentError(op, "ratio", "an int in (4, 128)", repr(ratio))
+        raise InvalidArgumentError(op, "ratio", "an int in (4, 128)", show(ratio))
     check_choice(op, "ratio", ratio, RATIOS)
     kv_score = check_tensor(op, "kv_score", kv_score, dtype=torch.float32, shape=(None, None))
     hd = _head_dim(op, kv_score, ratio)
@@ -121,7 +121,7 @@ def num_groups_of(cu_seqlens: torch.Tensor, ratio: int) -> int:
 
 def _check_num_groups(num_groups: object) -> None:
     if num_groups is not None and (isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0):
-        raise InvalidArgumentError(OP, "num_groups", "None or an int >= 0 (M = sum_b L_b // ratio)", repr(num_groups),
+        raise InvalidArgumentError(OP, "num_groups", "None or an int >= 0 (M = sum_b L_b // ratio)", show(num_groups),
                                    remedy="pass the number of compressed rows the prompts close, or None")
 
 
@@ -135,7 +135,7 @@ def _check_cu_seqlens_values(cu: torch.Tensor, n: int, ratio: int, max_pos: int,
     if bool((lengths < 0).any()):
         raise InvalidArgumentError(OP, "cu_seqlens", "non-decreasing offsets", "a decreasing step")
     if num_groups is not None and (m := num_groups_of(cu, ratio)) != num_groups:
-        raise InvalidArgumentError(OP, "num_groups", f"M = sum_b L_b // ratio = {m}", repr(num_groups),
+        raise InvalidArgumentError(OP, "num_groups", f"M = sum_b L_b // ratio = {m}", show(num_groups),
                                    remedy="pass the count cu_seqlens gives, or None")
     longest = int(lengths.max()) if lengths.numel() else 0
     last_pos = (longest // ratio - 1) * ratio  # first position of the last group of the longest request
@@ -168,7 +168,8 @@ def validate(
     check_same_device(OP, {"cu_seqlens": cu, **tensors}, kv_score.device, "kv_score")
     _check_scalars(OP, eps, hadamard, hd)
     _check_num_groups(num_groups)
-    if checked or cu.device.type == "cpu":
+    # a CPU cu_seqlens is read (no device sync), except while torch.compile traces: its values are not known then
+    if checked or (cu.device.type == "cpu" and not torch.compiler.is_compiling()):
         _check_cu_seqlens_values(cu, kv_score.shape[0], ratio, tensors["cos"].shape[0], num_groups)  # type: ignore[arg-type]
     if checked:
         for name, t in (("kv_score", kv_score), *tensors.items()):

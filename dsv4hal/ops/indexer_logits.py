@@ -47,7 +47,7 @@ import torch
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
 from dsv4hal.formats.indexer_cache import INDEX_DIM, PAGE_SIZE, IndexerPagedCache
-from dsv4hal.ops.checks import check_choice, check_finite, check_same_device, check_tensor, describe
+from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_same_device, check_tensor, describe
 from dsv4hal.ops.signatures import define
 
 OP = "indexer_logits"
@@ -105,6 +105,8 @@ def validate(
     block_table = check_tensor(OP, "block_table", block_table, dtype=torch.int32, shape=(t, None))
     check_same_device(OP, {"q": q, "weights": weights, "context_lens": context_lens, "block_table": block_table},
                       dev, "cache")
+    # fp32 [T, P*64]: a block table expanded to many pages (stride 0) is small, its output is not
+    check_alloc(OP, "block_table (output size)", t * block_table.shape[1] * PAGE_SIZE * 4, dev)
     if checked:
         _check_context(context_lens, block_table, cache.num_pages)
         check_finite(OP, "q", q)

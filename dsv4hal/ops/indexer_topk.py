@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_page_table_rows, check_tensor
+from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_page_table_rows, check_tensor, show
 from dsv4hal.ops.signatures import define
 
 OP = "indexer_topk"
@@ -40,7 +40,7 @@ def validate(scores, lengths, k, page_table=None, page_size=64, *, checked: bool
     check_choice(OP, "k", k, K_CHOICES)
     if (not isinstance(page_size, int) or isinstance(page_size, bool) or page_size <= 0
             or page_size & (page_size - 1)):
-        raise InvalidArgumentError(OP, "page_size", "a power-of-two int (64 for the C4 pool)", repr(page_size))
+        raise InvalidArgumentError(OP, "page_size", "a power-of-two int (64 for the C4 pool)", show(page_size))
     if page_table is not None:
         check_tensor(OP, "page_table", page_table, dtype=torch.int32, shape=(b, None), device=scores.device,
                      unit_stride=True)

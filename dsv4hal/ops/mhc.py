@@ -45,7 +45,7 @@ import math
 import torch
 
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import check_finite, check_same_device, check_tensor, describe
+from dsv4hal.ops.checks import check_finite, check_same_device, check_tensor, describe, show
 from dsv4hal.ops.signatures import define
 
 OP_PRE = "mhc_pre"
@@ -71,12 +71,12 @@ def _check_eps(op: str, name: str, eps: object, *, positive: bool = True) -> Non
         want = "a positive finite float" if positive else "a non-negative finite float"
         why = ("rms_eps keeps rsqrt(mean(x^2) + eps) finite for an all-zero token" if name == "rms_eps" else
                "hc_eps keeps the Sinkhorn's divisions (sum + eps) away from 0/0")
-        raise InvalidArgumentError(op, name, want, repr(eps), remedy=f"use the model's value (1e-6): {why}")
+        raise InvalidArgumentError(op, name, want, show(eps), remedy=f"use the model's value (1e-6): {why}")
 
 
 def _check_iters(op: str, sinkhorn_iters: object) -> None:
     if isinstance(sinkhorn_iters, bool) or not isinstance(sinkhorn_iters, int) or sinkhorn_iters < 1:
-        raise InvalidArgumentError(op, "sinkhorn_iters", "an int >= 1", repr(sinkhorn_iters))
+        raise InvalidArgumentError(op, "sinkhorn_iters", "an int >= 1", show(sinkhorn_iters))
 
 
 def _check_params(

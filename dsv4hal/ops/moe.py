@@ -27,7 +27,15 @@ from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
 from dsv4hal.formats.mxfp4 import GROUP as MXFP4_GROUP
 from dsv4hal.formats.mxfp4 import NAN_SCALE_BYTE
 from dsv4hal.ops.buckets import MOE_TOKEN_CLASSES
-from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_tensor, describe
+from dsv4hal.ops.checks import (
+    check_alloc,
+    check_choice,
+    check_finite,
+    check_materializable,
+    check_tensor,
+    describe,
+    show,
+)
 from dsv4hal.ops.signatures import define
 from dsv4hal.prepared import PreparedWeights
 
@@ -56,7 +64,7 @@ def _check_positive(op: str, name: str, value: object, *, allow_inf: bool) -> fl
     ok = isinstance(value, Real) and not isinstance(value, bool) and value > 0 and not math.isnan(value)
     if not ok or (not allow_inf and math.isinf(value)):
         raise InvalidArgumentError(op, name, "a positive " + ("number" if allow_inf else "finite number"),
-                                   repr(value))
+                                   show(value))
     return float(value)
 
 
@@ -98,7 +106,7 @@ def validate_moe_route(
     if bias is not None:
         _tensor(ROUTE_OP, "bias", bias, dtype=torch.float32, shape=(e,), device=logits.device)
     if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= e:
-        raise InvalidArgumentError(ROUTE_OP, "top_k", f"an int in [1, {e}] (E = {e})", repr(top_k))
+        raise InvalidArgumentError(ROUTE_OP, "top_k", f"an int in [1, {e}] (E = {e})", show(top_k))
     _check_positive(ROUTE_OP, "routed_scaling_factor", routed_scaling_factor, allow_inf=False)
     if (hash_table is None) != (input_ids is None):
         given, missing = ("hash_table", "input_ids") if input_ids is None else ("input_ids", "hash_table")
@@ -181,10 +189,18 @@ def _check_expert_weights(w: object, h: int, device: torch.device) -> ExpertWeig
 
 
 def validate_expert_weights(weights: object, *, checked: bool = False) -> ExpertWeights:
-    """Validate logical expert weights before they are prepared for a kernel."""
-    w13 = getattr(weights, "w13", None)
-    h = int(w13.shape[2]) * (2 if getattr(weights, "format", None) == "mxfp4" else 1) if w13 is not None else 0
-    w = _check_expert_weights(weights, h, w13.device if w13 is not None else torch.device("cpu"))
+    """Validate logical expert weights before they are prepared for a kernel (types first: the hidden size and
+    device are read from w13; every tensor's device before checked mode reads values)."""
+    if isinstance(weights, ExpertWeights):
+        check_choice(EXPERTS_OP, "weights.format", weights.format, EXPERT_FORMATS)
+        w13 = check_tensor(EXPERTS_OP, "weights.w13", weights.w13, shape=(None, None, None))
+        h, device = int(w13.shape[2]) * (2 if weights.format == "mxfp4" else 1), w13.device
+    else:
+        h, device = 0, torch.device("cpu")  # _check_expert_weights refuses it
+    w = _check_expert_weights(weights, h, device)
+    fields = ("w13", "w13_scale", "w2", "w2_scale")
+    # meta tensors hold no data: no kernel runs them and checked mode cannot read them
+    check_materializable(EXPERTS_OP, [getattr(w, f) for f in fields], {}, [f"weights.{f}" for f in fields])
     if checked:
         _check_weight_values(w)
     return w

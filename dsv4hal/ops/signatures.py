@@ -18,6 +18,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from dsv4hal.errors import BadCallError
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -61,6 +63,22 @@ class OpDefinition(Generic[P, R]):
         if self.weights_arg is not None and self.weights_arg not in want:
             raise TypeError(f"op {self.name}: weights argument {self.weights_arg!r} is not a parameter")
 
+    def check_call(self, args: tuple, kwargs: Mapping[str, object]) -> None:
+        """Raise BadCallError when `args` and `kwargs` do not fit the op's signature (called after a TypeError, so
+        a call that fits costs nothing)."""
+        if "checked" in kwargs and "checked" not in self.params:
+            raise BadCallError(f"{self.name}: 'checked' is not an argument of the op; checked mode belongs to the "
+                               "platform",
+                               remedy="select the platform with dsv4hal.select_platform(checked=True)") from None
+        try:
+            self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            plain = self.signature.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+                                                       for p in self.signature.parameters.values()],
+                                           return_annotation=inspect.Signature.empty)
+            raise BadCallError(f"{self.name}{plain}: {e}",
+                               remedy=f"call platform.ops.{self.name} with the arguments of this signature") from None
+
     def type_hints(self) -> dict[str, Any]:
         """The resolved annotations (real types, not strings), computed once."""
         if self._hints is None:
@@ -75,8 +93,8 @@ class OpDefinition(Generic[P, R]):
         return self.signature.replace(parameters=params, return_annotation=None if ret is type(None) else ret)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        raise TypeError(f"{self.name} is an op definition; call the op bound to a platform: "
-                        f"dsv4hal.select_platform().ops.{self.name}(...)")
+        raise BadCallError(f"{self.name} is an op definition, not an op",
+                           remedy=f"call the op bound to a platform: dsv4hal.select_platform().ops.{self.name}(...)")
 
     def __repr__(self) -> str:
         return f"<dsv4hal op definition {self.name}{self.signature}>"

@@ -34,7 +34,9 @@ def test_decode_equals_prefill(ratio: int, hd: int, hadamard: bool, ring: int | 
     for b in range(2):
         want = compress(rows[b], torch.tensor([0, length], dtype=torch.int32), ape, w, cos, sin, ratio,
                         hadamard=hadamard)
-        assert torch.equal(torch.stack(got[b]), want)
+        # the same arithmetic in another batching: equal here, within a few ULPs where the CPU's kernels (the
+        # Hadamard's matmul) split the work by batch size, as on some GPU hosts' CPUs
+        torch.testing.assert_close(torch.stack(got[b]), want, rtol=4e-6, atol=1e-6)
 
 
 def _args() -> dict:

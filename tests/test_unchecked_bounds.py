@@ -246,7 +246,13 @@ TOPK_WIDTH = {REF: 640, "triton_radix_topk": 640, "triton_row_topk": 640, "trito
 def _topk_call(p: dsv4hal.Platform, scores: torch.Tensor, lengths: torch.Tensor, table: torch.Tensor):  # noqa: ANN202
     def build(guard: Guards):  # noqa: ANN202
         s, n, pt = guard(scores.to(DEV)), guard(lengths.to(DEV)), guard(table.to(DEV))
-        return (lambda: p.ops.indexer_topk(s, n, K_TOPK, pt)), []
+
+        def call() -> tuple[torch.Tensor, torch.Tensor]:
+            # a row's order is unspecified (the radix kernel places ties by atomics on a GPU): compared sorted
+            raw, pages = p.ops.indexer_topk(s, n, K_TOPK, pt)
+            order = raw.argsort(dim=1)
+            return raw.gather(1, order), pages.gather(1, order)
+        return call, []
 
     raw, pages = assert_confined(build)
     return raw.cpu(), pages.cpu()

@@ -20,6 +20,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +52,15 @@ def _kernel_tier(platform: Platform, spec: CaseSpec, build: Any) -> tuple[str, s
     return name, tier
 
 
-def vendor_cases(platform: Platform) -> list[tuple[CaseSpec, Any]]:
-    """The catalog's cases that this platform runs on a vendor's kernel, in eager and graph modes."""
+def vendor_cases(platform: Platform, full: bool = False) -> list[tuple[CaseSpec, Any]]:
+    """The catalog's cases that this platform runs on a vendor's kernel, in eager and graph modes (full: the
+    full-size model shapes too, minutes each round)."""
     out = []
     reg = platform.registry
     for spec, build in load_catalog():
         if not {"eager", "graph"} & set(spec.modes) or spec.unreachable.keys() >= {"eager", "graph"}:
+            continue
+        if spec.gpu_only and not full:
             continue
         if not any(k.tier == "vendor" and k.applies_to(platform.name) for k in reg.kernels_for(spec.op)):
             continue
@@ -158,18 +162,25 @@ def _garbage_cells(platform: Platform, seed: int) -> list[Cell]:
     return cells
 
 
-def run_sequence(platform: Platform, seed: int = 0, rounds: int = 2) -> list[Cell]:
-    """Every vendor-bound case in both modes, shuffled, `rounds` times with fresh seeds; then the garbage cells."""
-    cases = vendor_cases(platform)
+def run_sequence(platform: Platform, seed: int = 0, rounds: int = 2, full: bool = False,
+                 on_cell: Callable[[list[Cell]], None] | None = None) -> list[Cell]:
+    """The garbage cells first, then every vendor-bound case in both modes, shuffled, `rounds` times with fresh
+    seeds; on_cell(cells so far) after each cell (a report written as it goes survives a time limit)."""
+    cases = vendor_cases(platform, full)
     cells: list[Cell] = []
+    if platform.device_type == "cuda" and DECODE in {s.op for s, _ in cases}:
+        for c in _garbage_cells(platform, seed):
+            cells.append(c)
+            if on_cell:
+                on_cell(cells)
     for r in range(rounds):
         todo = [(s, b, m) for s, b in cases for m in ("eager", "graph")
                 if m in s.modes and m not in s.unreachable and m not in s.deferred]
         random.Random(seed + r).shuffle(todo)
         for spec, build, mode in todo:
             cells.append(run_cell(platform, spec, build, mode, seed + 1000 * r))
-    if platform.device_type == "cuda" and DECODE in {s.op for s, _ in cases}:
-        cells += _garbage_cells(platform, seed)
+            if on_cell:
+                on_cell(cells)
     return cells
 
 
@@ -178,19 +189,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, required=True, help="where the report goes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--full", action="store_true", help="the full-size model shapes too (minutes a round)")
     args = ap.parse_args(argv)
     platform = select_platform()
     t0 = time.perf_counter()
-    cells = run_sequence(platform, args.seed, args.rounds)
-    counts = {s: sum(c.status == s for c in cells) for s in sorted({c.status for c in cells})}
-    report = {"command": "python3 -m dsv4hal.conformance.sequence " + " ".join(sys.argv[1:] if argv is None
-                                                                                else argv),
-              "platform": platform.name, "info": platform.info.to_json(), "seed": args.seed, "rounds": args.rounds,
-              "seconds": round(time.perf_counter() - t0, 1), "summary": counts,
-              "cells": [dataclasses.asdict(c) for c in cells]}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    print(json.dumps({"summary": counts, "cells": len(cells)}))
+    command = "python3 -m dsv4hal.conformance.sequence " + " ".join(sys.argv[1:] if argv is None else argv)
+
+    def write(cells: list[Cell]) -> dict[str, int]:
+        counts = {s: sum(c.status == s for c in cells) for s in sorted({c.status for c in cells})}
+        report = {"command": command, "platform": platform.name, "info": platform.info.to_json(), "seed": args.seed,
+                  "rounds": args.rounds, "full": args.full, "seconds": round(time.perf_counter() - t0, 1),
+                  "summary": counts, "cells": [dataclasses.asdict(c) for c in cells]}
+        args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        return counts
+
+    cells = run_sequence(platform, args.seed, args.rounds, args.full, on_cell=write)
+    print(json.dumps({"summary": write(cells), "cells": len(cells)}))
     return 0 if all(c.status in ("pass", "blocked") for c in cells) else 1
 
 

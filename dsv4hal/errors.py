@@ -89,7 +89,8 @@ class PluginFaultError(PluginLoadError):
 
 
 class LockError(Dsv4HalError):
-    """A lock file (dsv4hal tune) cannot be read: missing, not JSON, or of an unknown format version."""
+    """A lock file (dsv4hal tune) cannot be used: not a path, missing, not UTF-8 JSON, nested too deep, of an unknown
+    format version, or of the wrong shape (dsv4hal.lock_schema names the field by its JSON path)."""
 
 
 class LockMismatchError(LockError):

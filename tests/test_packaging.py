@@ -67,3 +67,18 @@ def test_sdist_ships_the_installable_package_and_no_tests(tmp_path: Path) -> Non
     needed = [f for f in files if f.startswith(("dsv4hal/", "platforms/")) and f.endswith((".py", ".cpp", "py.typed"))]
     assert needed and not set(needed) - shipped, sorted(set(needed) - shipped)
     assert re.search(r"^Requires-Dist: numpy", pkg_info, re.M), "numpy is a dependency (tests/test_import_surface.py)"
+
+
+def test_readme_runs_the_quick_subset_and_ci_the_whole_suite_under_both_tritons() -> None:
+    """The README's test line leaves slow tests out; .ci/run runs every test (no -m) with xdist twice, the second time
+    under triton 3.7.1, stopping at the first failure; the markers are registered under --strict-markers."""
+    pytest_cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "--strict-markers" in pytest_cfg["addopts"]
+    assert {m.split(":")[0] for m in pytest_cfg["markers"]} == {"slow", "gpu"}
+    readme = (ROOT / "README.md").read_text()
+    assert re.search(r"^python3 -m pip install torch==2\.13\.0 -e '\.\[test\]' && python3 -m pytest -n auto "
+                     r"-m \"not slow\"$", readme, re.M)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "set -euo pipefail" in ci and "triton==3.7.1" in ci
+    runs = re.findall(r"^\S*python\S* -m pytest (.*)$", ci, re.M)
+    assert len(runs) == 2 and all("-n auto" in r and "-m " not in r for r in runs), runs

@@ -15,6 +15,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# One torch thread a pytest-xdist worker: the workers already fill the cores (-n auto), and more threads only contend
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 from dsv4hal.hardware import simulated  # noqa: E402
 from dsv4hal.plugins import build_registry  # noqa: E402
 

@@ -89,6 +89,7 @@ def _caches() -> tuple[dsv4hal.V4PagedCache, dsv4hal.V4PagedCache]:
     return swa, c4
 
 
+@pytest.mark.slow
 def test_compiled_fullgraph_decode_matches_eager(platform: dsv4hal.Platform) -> None:
     inp = _decode_inputs(platform)
 

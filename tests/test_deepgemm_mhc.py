@@ -20,6 +20,7 @@ from dsv4hal.reference import mhc as ref_mhc
 from dsv4hal.selection import select_kernel
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.slow  # minutes under the Triton interpreter: the whole suite runs it
 
 H200_SMS = 132
 

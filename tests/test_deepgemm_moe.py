@@ -25,6 +25,8 @@ from dsv4hal.ops.moe import case_expert_weights
 from dsv4hal.reference.moe import quantize_experts
 from dsv4hal.selection import select_kernel
 
+pytestmark = pytest.mark.slow  # minutes under the Triton interpreter: the whole suite runs it
+
 E, H, I = 5, 256, 128
 ALIGN = 128
 

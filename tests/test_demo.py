@@ -17,6 +17,7 @@ TRITON = {"pack_store": "triton_pack_store", "indexer_topk": "triton_radix_topk"
           "build_attention_metadata": "triton_attention_metadata", "sparse_attention_decode": "triton_sparse_decode"}
 
 
+@pytest.mark.slow
 def test_demo_runs_and_reports() -> None:
     res = run_demo(dsv4hal.select_platform("cpu"), batch=2, context=300, steps=2)
     assert len(res["outputs"]) == 3 and all(torch.isfinite(o).all() for o in res["outputs"])
@@ -31,6 +32,7 @@ def test_demo_runs_and_reports() -> None:
         assert run_demo(dsv4hal.select_platform("cpu"), batch=1, context=8, steps=1)["strict"] is True
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="replays the CPU platform's calls (CPU tensors) through the Triton kernels: the "
                     "interpreter's job; on a GPU the conformance catalog runs them natively")
@@ -59,6 +61,7 @@ def test_demo_cli_json(tmp_path) -> None:  # noqa: ANN001
     assert data["decode_tokens_per_s"] > 0 and per_op["sparse_attention_decode"] > 0
 
 
+@pytest.mark.slow
 def test_demo_cli_compile(tmp_path) -> None:  # noqa: ANN001
     """`--compile BACKEND` reaches run_demo and the JSON says which backend compiled the step."""
     out = tmp_path / "demo.json"

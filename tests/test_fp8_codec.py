@@ -81,6 +81,7 @@ def test_hardware_path_is_off_where_it_cannot_run(monkeypatch: pytest.MonkeyPatc
     assert not hardware_fp8(torch.device("cuda", 0))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9)
                     or torch.version.hip is not None, reason="needs an NVIDIA GPU with an fp8 conversion (SM89+)")
 def test_hardware_conversion_gives_the_encoders_bytes() -> None:

@@ -13,8 +13,9 @@ import torch
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("flash_mla") is None,
-                                reason="needs a CUDA GPU with FlashMLA (sgl-flash-mla)")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("flash_mla") is None,
+                                 reason="needs a CUDA GPU with FlashMLA (sgl-flash-mla)")]
 
 
 def test_flashmla_sequence_runs_and_matches_the_reference() -> None:

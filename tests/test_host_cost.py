@@ -277,6 +277,7 @@ def test_a_tensor_guards_that_refuses_its_arguments_turns_the_checks_off(monkeyp
     assert tries == [1] and memo._TensorGuards is None and not op._checks._by_key
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the bound op's kernel and CUDA tensors)")
 def test_tensor_checks_serve_calls_on_the_gpu(monkeypatch) -> None:  # noqa: ANN001
     """On the GPU's platform (its own kernel bound, CUDA tensors): the installed torch's TensorGuards accepts CUDA

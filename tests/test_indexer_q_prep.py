@@ -13,6 +13,7 @@ from dsv4hal.conformance.runner import load_catalog, run_cell
 from dsv4hal.reference.indexer_logits import indexer_q_prep as reference
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.slow  # minutes under the Triton interpreter: the whole suite runs it
 
 from conftest import TRITON_DEVICE, fake, registry_with  # noqa: E402
 

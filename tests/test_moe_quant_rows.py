@@ -29,7 +29,8 @@ from dsv4hal.kernels.triton.fp8_codec import _encode_fp8  # noqa: E402
 from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_limit_args  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+# slow: minutes under the Triton interpreter (the whole suite runs it)
+pytestmark = [pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning"), pytest.mark.slow]
 SENTINEL = 0xA7  # fills every fresh buffer: bytes a kernel leaves alone keep it
 
 

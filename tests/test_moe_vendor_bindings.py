@@ -26,6 +26,8 @@ from dsv4hal.ops.moe import case_expert_weights
 from dsv4hal.reference.moe import quantize_experts
 from dsv4hal.selection import select_kernel
 
+pytestmark = pytest.mark.slow  # minutes under the Triton interpreter: the whole suite runs it
+
 E, H, I = 3, 256, 128
 # flashinfer utils.py srcToDstBlk32RowMap: source row i of a 32-row block lands on row MAP[i]
 SRC_TO_DST_BLK32 = [0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27, 4, 12, 20, 28, 5, 13, 21, 29, 6, 14,

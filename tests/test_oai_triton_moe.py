@@ -146,6 +146,7 @@ def test_prepare_refuses_other_weights_before_importing_the_library() -> None:
         oai.prepare_weights(_weights(h=192, i=96))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_LIBRARY, reason="needs a CUDA GPU with triton_kernels (vLLM 0.24's bundle)")
 @pytest.mark.parametrize(("t", "k", "e", "h", "i"), [(1, 6, 16, 512, 256), (5, 6, 16, 512, 256),
                                                      (64, 6, 32, 1024, 512), (33, 4, 8, 256, 128)])

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 import torch
 
 import dsv4hal
 from dsv4hal.soak import CheckingOps, SoakStats, memory_growth, run_soak
 from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow  # soak runs of the demo's ops
 
 
 def test_cpu_soak_runs_every_demo_op_and_checks_them() -> None:

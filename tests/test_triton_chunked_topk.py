@@ -19,6 +19,7 @@ from tests.test_triton_row_topk import _batch, _table, check_rows
 from tests.topk_forced import DEV, assert_cell_passes, forced_platform, wide_catalog
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.slow  # minutes under the Triton interpreter: the whole suite runs it
 
 from dsv4hal.kernels.triton import topk_row  # noqa: E402
 from dsv4hal.kernels.triton.topk_chunked import MAX_CAND, indexer_topk, launch_config, max_width  # noqa: E402

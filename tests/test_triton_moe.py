@@ -19,6 +19,8 @@ from dsv4hal.reference.moe import ExpertWeights, moe_experts, quantize_experts
 
 pytest.importorskip("triton")
 
+pytestmark = pytest.mark.slow  # minutes under the Triton interpreter: the whole suite runs it
+
 FORCED = {"moe_experts": "triton_fused_moe"}
 # Tighter than the catalog (0.5 x RMS, 10% L2), which leaves room for FP8 activations: this kernel keeps
 # activations bf16 (W4A16 / W8A16, fp32 accumulation) and only rounds h to bf16 between its two GEMMs.
@@ -324,6 +326,7 @@ def test_default_down_tiles_and_cast_by_token_count(monkeypatch: pytest.MonkeyPa
         _check(got.cpu(), moe_experts(x, ids, tw, w))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not _GPU, reason="ordering between programs: the GPU runs them concurrently")
 @pytest.mark.parametrize(("t", "k"), [(1, 6), (3, 6), (64, 6), (64, 1)])
 def test_fused_cast_in_graph_replays_with_new_routing(t: int, k: int) -> None:

@@ -133,6 +133,7 @@ def test_import_stays_free_of_triton() -> None:
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_graph_replay_with_new_routing() -> None:
     static = _ids(16, 6, 0, 256, 0).cuda()

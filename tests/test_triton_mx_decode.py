@@ -86,6 +86,7 @@ def test_plain_decode_every_byte_and_scale() -> None:
     _check(*_run(False, "cpu"))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not _GPU, reason="inline PTX runs on an NVIDIA GPU only")
 @pytest.mark.parametrize("narrow", [False, True])
 def test_ptx_decode_every_byte_and_scale(narrow: bool) -> None:
@@ -135,6 +136,7 @@ def test_reorder_places_each_code_at_its_bits() -> None:
     assert bits == list(range(16))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not _GPU, reason="the plain decode on a GPU: what a GPU without the PTX (ROCm) runs")
 def test_plain_decode_on_the_gpu() -> None:
     """Triton's fp32 multiply flushes subnormals on NVIDIA GPUs: under scale byte 0 (2**-127) every value but 0 is

@@ -14,6 +14,7 @@ from dsv4hal.reference.pack_store import dequant_gather as ref_gather
 from dsv4hal.reference.pack_store import pack_store as ref_store
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.slow  # minutes under the Triton interpreter: the whole suite runs it
 from dsv4hal.kernels.triton import v4_cache_kernels as tk  # noqa: E402
 
 BLOCK_TS = (1, 2, 4, 8, 16)

@@ -199,6 +199,7 @@ def test_a_row_just_past_a_power_of_two_takes_a_tail_tile() -> None:
         assert torch.equal(got[0].cpu(), want[0].cpu()) and torch.equal(got[1].cpu(), want[1].cpu())
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, database=None, derandomize=True)
 @given(block_log=st.integers(9, 11), tail_log=st.integers(6, 9), extra=st.integers(1, 512),
        k=st.sampled_from([512, 1024]), levels=st.integers(1, 9), cut=st.integers(0, 640), seed=st.integers(0, 2**16))

@@ -17,6 +17,8 @@ from tests.topk_forced import DEV, assert_cell_passes, forced_platform, wide_cat
 
 pytest.importorskip("triton")
 
+pytestmark = pytest.mark.slow  # minutes under the Triton interpreter: the whole suite runs it
+
 from dsv4hal.kernels.triton import topk_chunked, topk_row, topk_sampled  # noqa: E402
 
 NAME = "triton_sampled_topk"

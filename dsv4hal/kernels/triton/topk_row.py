@@ -94,7 +94,9 @@ def _kth_key_in_range(key, m, K, floor, COARSE: tl.constexpr):
         last = high >> COARSE
     else:
         last = high * 0
-    return _bisect(key, key, K, floor, lo & ~d, high, last, 0)
+    # lo with the bits of d cleared: `lo & ~d` would need ~ of a uint32, which Triton 3.7's interpreter computes
+    # as a Python -1 that overflows
+    return _bisect(key, key, K, floor, (lo | d) ^ d, high, last, 0)
 
 
 @triton.jit

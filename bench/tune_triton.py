@@ -56,8 +56,8 @@ ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
 TOPK_SHAPES = [(1, 262144, 512), (8, 262144, 512), (16, 262144, 512), (64, 262144, 512), (64, 65536, 1024)]
 # the exact fallback inside the select launch, every row forced onto it (cap = k and a margin past
-# the samples: threshold 0, so count = n > cap), at the select launch's default warps and at 4, against the former
-# fallback's launches alone (triton_chunked_topk on every row), which a flagged row used to cost after the passes
+# the samples: threshold 0, so count = n > cap), at the select launch's default warps and at 4, against the fallback
+# as two launches of its own after the passes (triton_chunked_topk on every row: "former-fallback-launches-alone")
 FALLBACK_SHAPES = [(1, 262144, 512), (64, 262144, 512)]
 FALLBACK_WARPS = (None, 4)
 # pack_store / dequant_gather: tokens per program (BLOCK_T) x warps; (16, 1) is left out, it spills on sm_90

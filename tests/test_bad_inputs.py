@@ -1,8 +1,8 @@
-"""Bad inputs found by fuzzing (issue 12, sections 3 and 4): each test failed before the fix. Strided views,
-floats that checked mode missed, metadata that indexed outside its tables, references that crashed on empty
-inputs, expand views that reached the allocator, plugin faults that escaped, KeyError/ValueError where a typed
-error belongs, unchecked writes outside the cache, and the one meaning of negative indices (-1 unused, any
-other negative refused in checked mode). The conformance runner has no notion of an expected error (a typed
+"""Bad inputs every op must survive with a typed error or a defined result: strided views refused, non-finite
+floats refused by checked mode, metadata kept inside its tables, references correct on empty inputs, expand views
+refused before the allocator, plugin faults contained, typed errors instead of KeyError/ValueError, no unchecked
+write outside the cache, and the one meaning of negative indices (-1 unused, any other negative refused in
+checked mode). The conformance runner has no notion of an expected error (a typed
 error there is a "blocked" cell), so the -2 / INT32_MIN cells live here."""
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ STRIDED = [
 
 @pytest.mark.parametrize(("op", "make", "arg", "dim"), STRIDED, ids=[f"{o}:{a}" for o, _, a, _ in STRIDED])
 def test_strided_views_are_refused(unchecked, op, make, arg, dim) -> None:  # noqa: ANN001
-    """The kernels index these as dense (loc 0,1,2,3 used to land in slots 0,1,100,101)."""
+    """The kernels index these as dense, so a strided view (loc 0,1,2,3 read as slots 0,1,100,101) is refused."""
     args = make()
     args[arg] = _strided(args[arg], dim)
     with pytest.raises(InvalidArgumentError) as e:
@@ -217,7 +217,7 @@ def test_select_platform_flags_are_bools(value) -> None:  # noqa: ANN001
 
 def test_metadata_empty_full_to_swa(triton_checked, checked) -> None:  # noqa: ANN001
     args = {**_meta(), "full_to_swa": torch.zeros(0, dtype=torch.int32, device=DEV)}
-    for p in (checked, triton_checked):  # used to segfault under Triton even in checked mode
+    for p in (checked, triton_checked):  # refused before the Triton kernel reads the empty table
         with pytest.raises(InvalidArgumentError) as e:
             p.ops.build_attention_metadata(**args)
         assert e.value.argument == "full_to_swa"
@@ -230,7 +230,7 @@ def test_metadata_empty_full_to_swa(triton_checked, checked) -> None:  # noqa: A
 
 @pytest.mark.parametrize(("row", "col", "value"), [(1, 1, -1), (1, 1, -7), (2, 2, I32_MIN), (2, 2, 3)])
 def test_metadata_bad_page_ids(checked, triton_checked, row, col, value) -> None:  # noqa: ANN001
-    """A negative page id used to wrap around silently, one past full_to_swa raised a bare IndexError."""
+    """Bad ids of pages in use (negative, past full_to_swa): a typed error when checked, the reference's rows if not."""
     args = _meta()
     args["page_table"][row, col] = value
     for p in (checked, triton_checked):
@@ -363,7 +363,7 @@ def test_priority_tie_with_a_builtin_is_contained() -> None:
     with pytest.warns(PluginWarning, match="priority"):
         reg = registry_with(("tie", plugin_module("tie", tie)))
     assert "tied" not in reg.kernels[MHC] and "priority" in reg.plugin_errors["tie"]
-    assert _cpu(reg).explain(MHC).chosen.name == "torch_reference"  # every select_platform() used to fail
+    assert _cpu(reg).explain(MHC).chosen.name == "torch_reference"  # select_platform() still works
     with pytest.raises(RegistryError, match="priority"):
         registry_with(("tie", plugin_module("tie", tie)), strict=True)
 

@@ -1,4 +1,4 @@
-"""The pure parts of `dsv4hal bench mhc`'s pre-norm GEMM comparison (dsv4hal.bench.mhc, issue 15) on CPU: shapes,
+"""The pure parts of `dsv4hal bench mhc`'s pre-norm GEMM comparison (dsv4hal.bench.mhc) on CPU: shapes,
 floors, DeepGEMM split counts and skip reasons, and whole rows built with a fake `deep_gemm` (DeepGEMM 2.5.0's
 tf32_hc_prenorm_gemm contract) and the Triton partials under the interpreter, with a stand-in timer."""
 

@@ -76,7 +76,7 @@ def _poisoned(name: str, value: float) -> dict:
                                              ("state", float("inf")), ("norm_weight", float("nan")),
                                              ("ape", float("inf")), ("cos", float("nan")), ("sin", float("-inf"))])
 def test_checked_mode_refuses_every_non_finite_float(name: str, value: float) -> None:
-    """Issue 12: NaN in state, norm_weight or cos used to reach the output through checked mode."""
+    """A NaN or inf in kv_score, state, norm_weight, ape, cos or sin is refused by checked mode, naming the argument."""
     args = _poisoned(name, value)
     validate_decode(**args)  # unchecked mode reads no values
     with pytest.raises(InvalidArgumentError) as e:

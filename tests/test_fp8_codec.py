@@ -36,7 +36,7 @@ def _decode_kernel(b_ptr, out_ptr, FNUZ: tl.constexpr):
 @pytest.mark.parametrize("fnuz", [False, True])
 def test_decoder_gives_torchs_bits_for_every_byte(fnuz: bool) -> None:
     """Every finite byte decodes to torch's fp32 value bit for bit, -0 (0x80 in e4m3fn) included: the GPU compile
-    of a negation once turned it into +0 (the H200, 2026-12-01)."""
+    of a negation can turn it into +0 (seen on the H200)."""
     codes = torch.arange(256, dtype=torch.uint8)
     want = codes.view(torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn).float()
     out = torch.empty(256, dtype=torch.float32, device=DEV)

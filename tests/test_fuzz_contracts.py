@@ -1,4 +1,4 @@
-"""Property-based fuzzing of every op's contract (issue 12, section 5).
+"""Property-based fuzzing of every op's contract.
 
 Each example takes a valid call from the conformance catalog (small cases), optionally breaks one thing
 (dtype, rank, strides, an expand view of a huge size, the device, the argument's type, a scalar, or, for ops

@@ -1,4 +1,4 @@
-"""GPU regression (issue 12, part 1): the call sequence that fired FlashMLA's scheduler assertion runs clean and
+"""On the GPU, the call sequence that can fire FlashMLA's scheduler assertion runs clean and
 right when streams are ordered (bench/flashmla_sequence.py says why). Skipped without a GPU and FlashMLA."""
 
 from __future__ import annotations

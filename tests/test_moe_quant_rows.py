@@ -1,4 +1,4 @@
-"""The tiled routed-row quantizer (moe_quant, issue 16) against the one-row-a-program kernel it replaced, frozen
+"""The tiled routed-row quantizer (moe_quant) against a one-row-a-program kernel, frozen
 below: the same bytes in the codes and scales, and the same bytes left alone (padding rows without pow2 scales),
 for the GATHER and SWIGLU sources, every tile shape, row counts that are no multiple of BLOCK_R and K/128 no
 multiple of BLOCK_G. Also the grouped_layout the GATHER pass writes, and what a DeepGEMM MoE call launches."""
@@ -37,7 +37,7 @@ SENTINEL = 0xA7  # fills every fresh buffer: bytes a kernel leaves alone keep it
 @triton.jit
 def _one_row_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, num_routes, top_k, K, limit,
                     GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr):
-    """The kernel before issue 16, verbatim: one program a sorted row."""
+    """The untiled quantizer, frozen as the oracle: one program a sorted row."""
     r = tl.program_id(0)
     route = tl.load(sorted_ptr + r)
     cols = tl.arange(0, 128)

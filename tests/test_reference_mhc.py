@@ -144,7 +144,7 @@ def test_validators_accept_good_arguments() -> None:
         {"scale": torch.ones(1)},
         {"sinkhorn_iters": 0},
         {"rms_eps": float("nan")},
-        {"rms_eps": 0.0},  # issue 12: an all-zero token gives 0 * inf = NaN
+        {"rms_eps": 0.0},  # an all-zero token would give 0 * inf = NaN
         {"hc_eps": 0.0},  # a column of underflowed softmax entries gives 0 / 0 in the Sinkhorn
         {"hc_eps": True},
     ],
@@ -171,7 +171,7 @@ def test_validate_mhc_post_rejects(change: dict) -> None:
 
 
 def test_validate_rejects_hidden_size_zero() -> None:
-    """Issue 12: d = 0 made mhc_pre return NaN (the RMS of no values is 0/0); now a typed error for every gated op."""
+    """Hidden size 0 (the RMS of no values is 0/0, a NaN) is a typed error for every gated op."""
     x = torch.zeros(2, 4, 0).bfloat16()
     fn, base, scale = torch.zeros(24, 0), torch.zeros(24), torch.ones(3)
     with pytest.raises(InvalidArgumentError, match="hidden size"):

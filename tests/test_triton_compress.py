@@ -192,7 +192,7 @@ def test_decode_token_by_token_equals_prefill() -> None:
 
 
 def test_decode_strided_inputs() -> None:
-    """Issue 12: strided views (kv_score rows, slots, positions, the RoPE tables) read as their values."""
+    """Strided views (kv_score rows, slots, positions, the RoPE tables) read as their values."""
     from dsv4hal.kernels.triton.compress import compress_decode
 
     positions = (3, 8, 11, 1002)

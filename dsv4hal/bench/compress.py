@@ -25,7 +25,7 @@ BATCH = 64
 CONTEXT = 32768
 PREFILL_TOKENS = 32768
 CONFIGS = (("c4_main", 4, 512, False), ("c4_indexer", 4, 128, True), ("c128_main", 128, 512, False))
-DECODE_GOAL = 3.0  # at most 3x the floor (issue 14)
+DECODE_GOAL = 3.0  # at most 3x the floor
 PREFILL_GOAL = 0.6  # at least 0.6 of copy bandwidth
 
 

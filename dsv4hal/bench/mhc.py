@@ -1,12 +1,12 @@
 """mHC benchmark: mhc_pre, mhc_post, mhc_post_pre and mhc_head at V4-Flash (d 4096) for T = 1, 8, 64, 4096, every
 eligible kernel and the PyTorch reference, in CUDA graphs, against the bandwidth floor (the bytes of every input
-and output once, at the copy bandwidth measured in the same run). Issue 15's goals: mhc_pre and mhc_post each
+and output once, at the copy bandwidth measured in the same run). Goals (GOALS): mhc_pre and mhc_post each
 <= 4x their floor at T = 64; mhc_post_pre <= 20 us at T <= 8.
 
 Then mhc_pre's pre-norm GEMM alone (rows op "mhc_pre_gemm", d 4096 and 7168, T = 1 .. 4096): the Triton split-K
 partials launch that mhc_pre makes, DeepGEMM's tf32_hc_prenorm_gemm at a few split counts (where importable and
 the GPU is SM90/SM100) and the PyTorch reference's fp32 GEMM, against the floor of reading x and fn once; each
-result summed over its splits is compared with the Triton one and with an fp64 product. Issue 15 binds DeepGEMM
+result summed over its splits is compared with the Triton one and with an fp64 product, so that DeepGEMM is bound
 only where it wins."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _unfused(rows: list[dict[str, Any]]) -> None:
                       flush=True)
 
 
-# ---------------------------------------------------------------- mhc_pre's pre-norm GEMM alone (issue 15)
+# ---------------------------------------------------------------- mhc_pre's pre-norm GEMM alone
 
 GEMM_OP = "mhc_pre_gemm"
 GEMM_HIDDEN = (4096, 7168)  # V4-Flash, V4-Pro

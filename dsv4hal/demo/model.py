@@ -22,15 +22,15 @@ INDEX_HEADS = 64  # the lightning indexer's query heads (each INDEX_DIM wide)
 
 def _rms(x: torch.Tensor, w: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """RMSNorm over the last dim in fp32, through torch's rms_norm (one fused kernel on CUDA, as an engine's norm
-    is; until the eighth session five kernels a norm: float, pow, mean, rsqrt, multiply, fifteen norms a step)."""
+    is, where float, pow, mean, rsqrt and multiply would be five)."""
     return torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w, eps)
 
 
 def _linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x bf16 [T, in] @ w bf16 [out, in]^T with fp32 output: SGLang's linear_bf16_fp32 for the router gate, the
     compressor's wkv/wgate and the indexer's projections (spec 4.1, 5.1). On CUDA one bf16 tensor-core GEMM that
-    accumulates and writes fp32 (torch.mm's out_dtype); elsewhere the same products in fp32. Until the ninth
-    session the demo kept these weights in fp32 and ran fp32 (FFMA) GEMMs: ~150 us a step on the H200."""
+    accumulates and writes fp32 (torch.mm's out_dtype), not an fp32 (FFMA) GEMM on fp32 weights; elsewhere the same
+    products in fp32."""
     if x.is_cuda:
         return torch.mm(x, w.t(), out_dtype=torch.float32)
     return x.float() @ w.float().T

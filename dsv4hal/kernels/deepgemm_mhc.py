@@ -11,10 +11,11 @@ blocks. The product is TF32 (gate logits within ~2^-11 relative, inside mhc's co
 GEMM).
 
 Splits: one wave of CTAs, at most 64 and at most one a K block: min(64, SMs // ceil(T / 64), K / 64). On the H200
-(`bench-mhc.json`, 2026-12-01) that rule picks, at every measured shape, the split count that was fastest or within
-3% of it: 64 up to T = 64, 16 at T = 512, 2 at T = 4096; the GEMM then ran 1.0-4.2x faster than the Triton partials.
-On the H200 (2026-12-01) faster than triton_mhc_pre in every shape timed, conformance passed: ranked above the Triton
-kernels on cuda_sm90; on cuda_sm100, never timed, below them.
+(`bench-mhc.json`) that rule picks, at every measured shape, the split count that was fastest or within
+3% of it: 64 up to T = 64, 16 at T = 512, 2 at T = 4096; the GEMM then runs 1.0-4.2x faster than the Triton partials.
+On the H200 faster than triton_mhc_pre in every shape timed (`bench-mhc.json`, `cuda_sm90.lock.json`) and passing
+conformance (`conformance-cuda_sm90-rest.json`, `-attention.json`): ranked above the Triton kernels on cuda_sm90;
+on cuda_sm100, never timed, below them.
 
 This module imports torch and deep_gemm only inside functions: registering the plugin stays free."""
 

@@ -1,4 +1,4 @@
-"""C++ glue for vendor ops whose Python call costs more host time than the launch itself (issue 13): the sources in
+"""C++ glue for vendor ops whose Python call costs more host time than the launch itself: the sources in
 dsv4hal/kernels/csrc/, built at first use with torch.utils.cpp_extension (a C++ compiler and ninja; 11 s on the
 CI machine, 16 s on the H200's) and cached on disk where torch keeps its extensions (TORCH_EXTENSIONS_DIR), so later
 processes load the built module. The glue never changes which kernel runs or its arguments, only how the call is

@@ -55,7 +55,7 @@ OAI_TRITON_MOE_WHY = ("H200: 1.24-1.96x faster than Marlin for prefill (T >= 512
 ROUTER_PRIORITY = 300  # vLLM's fused sqrt-softplus top-k; H200 conformance (same file)
 DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100)
 # mhc_pre and mhc_post_pre with DeepGEMM's pre-norm GEMM (dsv4hal.kernels.deepgemm_mhc): above the Triton kernels
-# (100, 101), faster in every measured H200 shape (2026-12-01: tune 5.2 vs 5.6 us and 13.3 vs 14.8 for mhc_pre;
+# (100, 101), faster in every measured H200 shape (cuda_sm90.lock.json: 5.0 vs 5.4 us and 13.1 vs 14.5 for mhc_pre;
 # bench-mhc.json 9.1 vs 9.6 us at T=1 and 11.8 vs 14.0 at T=64 for mhc_post_pre), conformance passed forced
 DEEPGEMM_MHC_PRIORITY = 102
 

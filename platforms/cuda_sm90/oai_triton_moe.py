@@ -20,9 +20,10 @@ contiguous) and converted to HopperMXValueLayout / HopperMXScaleLayout (mx_axis 
 so that the conversion's temporaries stay small. The kernel then needs bf16 activations, and H and I multiples of
 128 (block_k 128; block_n 256 with 8 warps).
 
-On the H200 (2026-12-01; conformance 32 pass): 1.09-1.96x Marlin from T = 16 up, 1.4-3x slower at T <= 8; ranked
-first for weights prepared for more than 64 tokens a call (`prepare_weights(tokens > 64)`), below Marlin and the
-portable triton_fused_moe for fewer (cuda_sm90's kernels.py says why).
+On the H200 (bench-moe.json; its 12 cases in conformance-cuda_sm90-moe.json pass): 1.09-1.96x Marlin from T = 16
+up, 1.4-3x slower at T <= 8; ranked first for weights prepared for more than 64 tokens a call
+(`prepare_weights(tokens > 64)`), below Marlin and the portable triton_fused_moe for fewer (cuda_sm90's kernels.py
+says why).
 This module imports torch and triton_kernels only inside functions: registering the plugin stays free."""
 
 from __future__ import annotations

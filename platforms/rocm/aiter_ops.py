@@ -1,8 +1,7 @@
 """sparse_attention_decode through aiter's `pa_decode_sparse` (gfx950), behind dsv4hal's decode contract.
 
 Entry point (ROCm/aiter @e4048607, aiter/ops/triton/attention/pa_decode_sparse.py; the packed-cache path
-arrived in #4382, 2026-08-07, and reads caches larger than 2 GiB through strided views correctly since
-#4673, 2026-08-13):
+arrived in #4382, and reads caches larger than 2 GiB through strided views correctly since #4673):
 
     pa_decode_sparse(q, unified_kv, kv_indices, kv_indptr, attn_sink, softmax_scale, kv_scales=None,
                      block_h=None, kv_splits=None, has_invalid=True, skip_reduce=False, USE_EXP2=None, *,

@@ -330,9 +330,9 @@ def apply_config(t: int, d: int) -> dict[str, int]:
     DeepGEMM's partials, d = 4096 (sweep-mhc-apply.json, "warps"): the launch 8.8 -> 4.6 us at
     T = 1, 8.5 -> 5.3 at T = 8, 11.4 -> 6.1 at T = 64, 9.7 -> 7.2 at T = 512 (outputs within one bf16 rounding of
     y: the sum over the four streams is ordered otherwise). The Sinkhorn is ~1.9 us of the launch (20 iterations
-    against 1); measured and not kept (sweep-mhc-apply.json, "sinkhorn_variants_not_kept"): the approximate
-    division, 16 scalars with no reduction in the loop, both: within +-0.5 us of the tile at every T, slower at T =
-    512. Post and the Sinkhorn in a program of their own after the d blocks (comb_apart), so that no y waits for the
+    against 1); its variants (sweep-mhc-apply.json, "sinkhorn_variants_not_kept": the approximate division, 16
+    scalars with no reduction in the loop, both) are within +-0.5 us of the tile at every T and slower at T = 512.
+    Post and the Sinkhorn in a program of their own after the d blocks (comb_apart), so that no y waits for the
     Sinkhorn's chain, up to COMB_APART_MAX_T tokens (sweep-mhc-apply.json, "post_pre_apart"; same outputs bit for
     bit): the launch 4.92 -> 4.77 us at T = 1, 5.25 -> 4.82 at T = 8, 5.79 -> 5.26 at T = 64, and 7.06 -> 7.32 at
     T = 512 (there every d block waits anyway)."""

@@ -86,7 +86,7 @@ def register(registry: Registry) -> None:
          "top-k (the row kernel's bisection) to a candidate buffer in index order, then one program a row selects "
          "among the <= 16384 candidates and writes the outputs", _chunked_topk_supports)
     # above triton_radix_topk (and the chunked kernel): faster at every wide shape of bench-topk.json on the H200
-    # (twelfth session: 64 x 262144 in 46.8 us through the bound op, 5.3x torch.topk and 2.91x its bandwidth floor;
+    # (64 x 262144 in 46.8 us through the bound op, 5.3x torch.topk and 2.91x its bandwidth floor;
     # 1 x 262144 in 15.6 us), any width (its fallback is the radix kernel past the chunked kernel's
     # width); below triton_row_topk, which is faster where a row fits it
     topk("triton_sampled_topk", "topk_sampled", 1, "3 launches for wide rows: a threshold from 2048 or 4096 sampled "

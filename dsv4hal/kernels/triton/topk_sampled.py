@@ -15,14 +15,14 @@ case, and an exact fallback in the same launches for the rows where the estimate
      adversarial order) the row's other programs (b, 1..) run triton_chunked_topk on it in the same launch: each chunk's
      exact top-k to a candidate buffer, and the last chunk to arrive (an atomic count that pass 1 zeroed,
      acquire-release) merges them (its stage 2). For the rows that need none, those programs read two words and exit:
-     the fallback costs no launch (it used to be two launches after this one, gated on the device: ~2.3 us of every call
-     at 1 x 256K on the H200, flagged row or not) and, for a flagged row, about what it did. Rows wider than the chunked
+     the fallback costs no launch (as two launches of its own after this one, gated on the device, it would cost
+     ~2.3 us of every call at 1 x 256K on the H200, flagged row or not) and, for a flagged row, about what those
+     launches cost (tune-triton-topk.json, "former-fallback-launches-alone"). Rows wider than the chunked
      kernel holds (fallback_chunk None) are flagged instead, and the radix kernel's launches, gated on the flags,
      follow.
-Sampling fused into the filter (every filter program computing the threshold itself: one launch less) was
-measured slower at every shape on the H200 (23.5 against 22.2 us at 1 x 256K, 3x slower at 64 rows;
-tune-triton-topk.json, "filter_fused_not_kept") and taken out, as was a radix select for pass 3
-("radix_select_not_kept").
+Sampling fused into the filter (every filter program computing the threshold itself: one launch less) is slower
+at every shape on the H200 (23.5 against 22.2 us at 1 x 256K, 3x slower at 64 rows; tune-triton-topk.json,
+"filter_fused_not_kept"), and so is a radix select for pass 3 ("radix_select_not_kept").
 Outputs: the contract's set; on the fast path keys above T first, then ties, each in candidate order (which blocks
 reserve, or keys take, their slots first varies from run to run, as in the radix kernel's collect pass); on the
 chunked fallback keys above T in index order, then the lowest-index ties (triton_row_topk's outputs bit for bit);
@@ -61,7 +61,7 @@ BLOCK = 1024  # scores a filter step holds (with block slots, one atomic reserve
 # tune-triton-topk.json "filter_per_key", at 4096 samples: 64 x 256K 86.9 -> 56.2 us (filter pass 63.7 -> 32.3), 16 rows
 # 38.5 -> 30.4; at 2048 samples 8 rows 26.6 -> 23.6; slower at 1-4 rows (18.2 -> 19.1 at one). A per-key
 # filter with the counts adjacent was slower (+7 us at 64 x 256K). With it, a program filters one block of
-# 1024 (chunks of 2048 or 4096 a program, or 8 warps, were 1-4 us slower at 64 rows). Measured and taken out: blocks
+# 1024 (chunks of 2048 or 4096 a program, or 8 warps, are 1-4 us slower at 64 rows). Also slower: blocks
 # of 128-512 keys that skip the atomics and stores when none of their keys is a candidate (one reduction a block):
 # slower at every shape (64 x 256K 59.0-63.9 against 56.5 us; "filter_skip_not_kept").
 PER_KEY_MIN_ROWS = 8

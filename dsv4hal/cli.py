@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import logging
 import math
@@ -17,6 +16,7 @@ from typing import Any
 from dsv4hal.errors import Dsv4HalError
 from dsv4hal.kernels import native_glue
 from dsv4hal.ops.buckets import DECODE_TOKEN_CLASSES, MOE_TOKEN_CLASSES
+from dsv4hal.output_paths import check_output
 from dsv4hal.progress import Progress
 
 
@@ -209,7 +209,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             bar.write(f"FAIL {text}")
 
     for path in (args.json, args.markdown):
-        _check_output(path)
+        check_output(path)
     ops = args.ops.split(",") if args.ops is not None else None
     with Progress(None, "conformance", enabled=not args.quiet) as bar:
         report = run_conformance(args.platform, ops=ops, progress=progress, cases=args.cases)
@@ -229,26 +229,6 @@ def _write(path: str, text: str) -> None:
     Path(path).write_text(text)
 
 
-def _check_output(path: str | None, *, plot: bool = False) -> None:
-    """Before a long run: the output's folder exists or can be made and is writable, the path is not a folder,
-    and a plot's matplotlib is installed."""
-    if not path:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise Dsv4HalError(f"output path {path!r} is a folder", remedy="give a file name inside it")
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise Dsv4HalError(f"cannot create the folder of {path!r}: {exc.strerror or exc}",
-                           remedy="choose a writable location") from None
-    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise Dsv4HalError(f"cannot write {path!r}", remedy="choose a writable location")
-    if plot and importlib.util.find_spec("matplotlib") is None:
-        raise Dsv4HalError(f"--plot {path!r} needs matplotlib, which is not installed",
-                           remedy="python3 -m pip install 'dsv4hal[plot]' (or matplotlib), or drop --plot")
-
-
 def _bench_names() -> list[str]:
     from dsv4hal.bench.main import BENCHES
 
@@ -258,8 +238,8 @@ def _bench_names() -> list[str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from dsv4hal.bench.main import run_bench
 
-    _check_output(args.json)
-    _check_output(args.plot, plot=True)
+    check_output(args.json)
+    check_output(args.plot, plot=True)
     return run_bench(args)
 
 

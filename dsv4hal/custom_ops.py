@@ -38,13 +38,13 @@ import torch
 from torch.library import custom_op
 from torch.types import Number
 
+from dsv4hal import checks
+from dsv4hal.checks import check_materializable, describe
 from dsv4hal.errors import Dsv4HalError, InvalidArgumentError
 from dsv4hal.formats.indexer_cache import IndexerPagedCache
 from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
-from dsv4hal.ops import checks
 from dsv4hal.ops.attention_metadata import WINDOW, AttentionMetadata, c128_width
 from dsv4hal.ops.catalog import OPS_BY_NAME
-from dsv4hal.ops.checks import check_materializable, describe
 from dsv4hal.prepared import PreparedWeights
 
 is_compiling: Callable[[], bool] = torch.compiler.is_compiling
@@ -99,7 +99,7 @@ def _empty_like_none(t: torch.Tensor) -> torch.Tensor:
 def _fake(op: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """op.register_fake, for a fake that runs only while tracing: a meta tensor among a custom op's arguments sends
     the call to the fake implementation, which computes nothing. Outside fake-tensor tracing (no fake mode
-    active) a meta tensor is the caller's, and is refused as eager refuses it (ops.checks.check_materializable)."""
+    active) a meta tensor is the caller's, and is refused as eager refuses it (dsv4hal.checks.check_materializable)."""
     names = [a.name for a in op._opoverload._schema.arguments]
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -540,7 +540,7 @@ def _run_not_traced(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-# The device's memory size, which validation compares sizes with (ops.checks.check_alloc), is a host query Dynamo
+# The device's memory size, which validation compares sizes with (dsv4hal.checks.check_alloc), is a host query Dynamo
 # cannot trace (os.sysconf, a CUDA property): it runs it and takes the result as a constant.
 _run_not_traced(checks._memory_bytes)
 

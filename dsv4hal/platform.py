@@ -102,7 +102,7 @@ class BoundOp(Generic[P, R]):
         self.__doc__ = f"{spec.summary}\n\n{d.__doc__ or ''}"
         self.__name__ = self.__qualname__ = spec.name
         from dsv4hal import custom_ops  # torch: imported when ops are bound, not before
-        from dsv4hal.ops.checks import check_materializable
+        from dsv4hal.checks import check_materializable
 
         self._materializable = check_materializable
         self._compiling: Callable[[], bool] = custom_ops.is_compiling

@@ -398,9 +398,9 @@ def main(args: Any) -> int:
     import sys
 
     import dsv4hal
-    from dsv4hal.cli import _check_output
+    from dsv4hal.output_paths import check_output
 
-    _check_output(args.json)  # an unwritable path fails now, not after the run (the CLI checks the numbers)
+    check_output(args.json)  # an unwritable path fails now, not after the run (the CLI checks the numbers)
     platform = dsv4hal.select_platform(args.platform)
     res = run_soak(platform, args.minutes, seed=args.seed, context=args.context,
                    progress=lambda s: print(s, file=sys.stderr, flush=True))

@@ -383,11 +383,11 @@ def main(args: Any) -> int:
                                     remedy="re-run `dsv4hal tune` on this machine and ship the new lock")
         print(f"lock {args.check} matches this machine, its libraries and their files")
         return 0
-    from dsv4hal.cli import _check_output
     from dsv4hal.lock import load_lock
+    from dsv4hal.output_paths import check_output
 
     for path in (args.out, args.markdown):  # before measuring: an unwritable output must not cost the run
-        _check_output(path)
+        check_output(path)
     old = load_lock(args.out).data if args.update and Path(args.out).exists() else None
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
     with Progress(None, "tune") as bar:  # a bar on a terminal (tqdm), plain lines otherwise

@@ -330,7 +330,7 @@ def test_expand_views_never_reach_the_allocator(unchecked, monkeypatch: pytest.M
     with pytest.raises(InvalidArgumentError, match="output size"):  # the op's own bound, without dispatch
         validate_moe_route(torch.zeros(1, 16, device=DEV).expand(2**36, 16), top_k=2)
     # row stride 0 is legal for scores; the outputs are what cannot be allocated (bound lowered here)
-    import dsv4hal.ops.checks as checks
+    import dsv4hal.checks as checks
 
     monkeypatch.setattr(checks, "_memory_bytes", lambda *_: 1 << 20)
     b = 1024

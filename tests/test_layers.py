@@ -63,3 +63,100 @@ def test_the_scan_sees_function_level_imports(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
     src.write_text("def f():\n    from dsv4hal.reference.moe import quantize_experts\n")
     assert (2, "dsv4hal.reference.moe") in imports(src)
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _runtime_imports(tree: ast.AST, names: set[str]) -> set[str]:
+    """The dsv4hal modules a module imports when it runs (top level and inside functions, not under `if
+    TYPE_CHECKING:`): `from P import m` is the module P.m where that is a module, else P itself."""
+    found: set[str] = set()
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found |= set().union(*(_runtime_imports(n, names) for n in node.orelse)) if node.orelse else set()
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & names
+            found |= subs
+            if len(subs) < len(node.names) and node.module in names:
+                found.add(node.module)
+        found |= _runtime_imports(node, names)
+    return found
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every dsv4hal module -> the dsv4hal modules it imports when it runs."""
+    paths = sorted((ROOT / "dsv4hal").rglob("*.py"))
+    names = {_module_name(p) for p in paths}
+    return {_module_name(p): _runtime_imports(ast.parse(p.read_text(), str(p)), names) - {_module_name(p)}
+            for p in paths}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[tuple[str, ...]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(tuple(sorted(comp)))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+# The circles left to remove: the compiled path re-enters the platform through custom_ops' handle table, and the
+# route alignment's dispatcher lives in a kernel module. A new circle fails here; so does removing one of these
+# without taking it off the list.
+KNOWN_CIRCLES = [
+    ("dsv4hal.custom_ops", "dsv4hal.platform"),
+    ("dsv4hal.kernels.moe_align", "dsv4hal.kernels.triton.moe_align"),
+]
+
+
+def test_no_import_circles_but_the_known_ones() -> None:
+    """The package's import graph has no circle other than the listed ones (the CLI, the tools, the conformance
+    runner and its decode-step cells, and the formats import nothing that imports them back)."""
+    assert import_circles(module_graph()) == KNOWN_CIRCLES
+
+
+def test_import_circles_are_found() -> None:
+    """The circle finder finds a circle of three and ignores a chain."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_circles(graph) == [("a", "b", "c")]
+
+
+def test_formats_import_only_errors_and_checks() -> None:
+    """The formats (what an engine passes in) sit below the ops: of dsv4hal they import only the formats, the errors
+    and the argument checks."""
+    allowed = ("dsv4hal.formats", "dsv4hal.errors", "dsv4hal.checks")
+    assert violations("dsv4hal/formats", lambda p, mod: _under(mod, "dsv4hal")
+                      and mod != "dsv4hal" and not any(_under(mod, a) for a in allowed)) == []

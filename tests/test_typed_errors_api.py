@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dsv4hal
-import dsv4hal.ops.checks as checks
+import dsv4hal.checks as checks
 from dsv4hal.errors import BadCallError, Dsv4HalError, InvalidArgumentError, UnknownNameError, UnknownOpError
 from dsv4hal.formats.compressor_state import new_state
 from dsv4hal.formats.experts import quantize_experts

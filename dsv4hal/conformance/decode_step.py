@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dsv4hal.conformance.cases_sparse_attention import GRAPH_TOLERANCE, SCALE, TOLERANCES, oracle
-from dsv4hal.conformance.runner import Cell, clone_args, copy_into
+from dsv4hal.conformance.cells import Cell, clone_args, copy_into
 from dsv4hal.conformance.types import compare_close
 from dsv4hal.formats.v4_cache import PAGE_SIZE_BY_RATIO, V4PagedCache, exact_dequant
 

@@ -3,7 +3,7 @@ each note once, numbered (ops and cells refer to the numbers)."""
 
 from __future__ import annotations
 
-from dsv4hal.conformance.runner import Report
+from dsv4hal.conformance.cells import Report
 
 MODES_ORDER = ("eager", "graph", "verify", "draft_extend")
 SHORT = {"pass": "pass", "fail": "**FAIL**", "production-unreachable": "unreachable", "blocked": "blocked",

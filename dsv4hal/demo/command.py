@@ -29,12 +29,12 @@ def check_backend(name: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import dsv4hal
-    from dsv4hal.cli import _check_output
     from dsv4hal.errors import Dsv4HalError
+    from dsv4hal.output_paths import check_output
     from dsv4hal.progress import Progress
 
-    _check_output(args.json)
-    _check_output(args.plot, plot=True)
+    check_output(args.json)
+    check_output(args.plot, plot=True)
     if args.compile is not None:
         check_backend(args.compile)
     platform = dsv4hal.select_platform(args.platform)

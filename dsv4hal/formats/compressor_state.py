@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from dsv4hal.checks import check_alloc, check_choice, check_count, check_device
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import check_alloc, check_choice, check_count, check_device
 
 OVERLAP_RATIO = 4  # the only ratio whose window reaches into the previous group
 RATIOS = (OVERLAP_RATIO, 128)  # the compressed layers' ratios (C4, C128)

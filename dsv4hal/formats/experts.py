@@ -8,10 +8,10 @@ from typing import Literal
 
 import torch
 
+from dsv4hal.checks import check_choice, check_tensor
 from dsv4hal.formats.fp8 import FP8_FLAVORS
 from dsv4hal.formats.fp8_block import dequantize_fp8_block, quantize_fp8_block
 from dsv4hal.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from dsv4hal.ops.checks import check_choice, check_tensor
 
 ExpertFormat = Literal["mxfp4", "fp8_block"]
 EXPERT_FORMATS: tuple[ExpertFormat, ...] = ("mxfp4", "fp8_block")

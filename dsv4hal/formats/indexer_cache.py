@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dsv4hal.checks import check_alloc, check_choice, check_count, check_device, check_tensor
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.cache_object import CacheObject
 from dsv4hal.formats.fp8 import (
@@ -27,7 +28,6 @@ from dsv4hal.formats.fp8 import (
     fp8_to_float,
     pow2_ceil_exponent,
 )
-from dsv4hal.ops.checks import check_alloc, check_choice, check_count, check_device, check_tensor
 
 INDEX_DIM = 128
 PAGE_SIZE = 64

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dsv4hal.checks import check_alloc, check_choice, check_count, check_device, describe
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.cache_object import CacheObject
 from dsv4hal.formats.fp8 import (
@@ -26,7 +27,6 @@ from dsv4hal.formats.fp8 import (
     ue8m0_decode,
     ue8m0_encode_exponent,
 )
-from dsv4hal.ops.checks import check_alloc, check_choice, check_count, check_device, describe
 
 NOPE_DIM = 448
 ROPE_DIM = 64

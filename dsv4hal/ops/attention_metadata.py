@@ -33,8 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import (
+from dsv4hal.checks import (
     check_alloc,
     check_choice,
     check_page_table_rows,
@@ -42,6 +41,7 @@ from dsv4hal.ops.checks import (
     check_tensor,
     describe,
 )
+from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.ops.signatures import define
 
 OP = "build_attention_metadata"

@@ -52,9 +52,9 @@ import math
 
 import torch
 
+from dsv4hal.checks import check_choice, check_finite, check_same_device, check_tensor, describe, show
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.compressor_state import window_rows
-from dsv4hal.ops.checks import check_choice, check_finite, check_same_device, check_tensor, describe, show
 from dsv4hal.ops.signatures import define
 
 OP = "compress"

@@ -44,10 +44,10 @@ from __future__ import annotations
 
 import torch
 
+from dsv4hal.checks import check_alloc, check_choice, check_finite, check_same_device, check_tensor, describe
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
 from dsv4hal.formats.indexer_cache import INDEX_DIM, PAGE_SIZE, IndexerPagedCache
-from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_same_device, check_tensor, describe
 from dsv4hal.ops.signatures import define
 
 OP = "indexer_logits"

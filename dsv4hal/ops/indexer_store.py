@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
+from dsv4hal.checks import check_choice, check_finite, check_tensor, describe
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.indexer_cache import INDEX_DIM, SCALE_MODES, IndexerPagedCache
-from dsv4hal.ops.checks import check_choice, check_finite, check_tensor, describe
 from dsv4hal.ops.signatures import define
 
 OP = "indexer_store"

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from dsv4hal.checks import check_alloc, check_choice, check_finite, check_page_table_rows, check_tensor, show
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import check_alloc, check_choice, check_finite, check_page_table_rows, check_tensor, show
 from dsv4hal.ops.signatures import define
 
 OP = "indexer_topk"

@@ -44,8 +44,8 @@ import math
 
 import torch
 
+from dsv4hal.checks import check_finite, check_same_device, check_tensor, describe, show
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.ops.checks import check_finite, check_same_device, check_tensor, describe, show
 from dsv4hal.ops.signatures import define
 
 OP_PRE = "mhc_pre"

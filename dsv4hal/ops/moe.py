@@ -21,13 +21,7 @@ from typing import Any
 
 import torch
 
-from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.formats.experts import EXPERT_FORMATS, ExpertWeights
-from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
-from dsv4hal.formats.mxfp4 import GROUP as MXFP4_GROUP
-from dsv4hal.formats.mxfp4 import NAN_SCALE_BYTE
-from dsv4hal.ops.buckets import MOE_TOKEN_CLASSES
-from dsv4hal.ops.checks import (
+from dsv4hal.checks import (
     check_alloc,
     check_choice,
     check_finite,
@@ -36,6 +30,12 @@ from dsv4hal.ops.checks import (
     describe,
     show,
 )
+from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.formats.experts import EXPERT_FORMATS, ExpertWeights
+from dsv4hal.formats.fp8 import FP8_FLAVORS, fp8_dtype
+from dsv4hal.formats.mxfp4 import GROUP as MXFP4_GROUP
+from dsv4hal.formats.mxfp4 import NAN_SCALE_BYTE
+from dsv4hal.ops.buckets import MOE_TOKEN_CLASSES
 from dsv4hal.ops.signatures import define
 from dsv4hal.prepared import PreparedWeights
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import torch
 
+from dsv4hal.checks import check_alloc, check_finite, check_tensor, describe
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
-from dsv4hal.ops.checks import check_alloc, check_finite, check_tensor, describe
 from dsv4hal.ops.signatures import define
 
 OP_PACK_STORE = "pack_store"

@@ -29,10 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
-from dsv4hal.ops.buckets import DECODE_TOKEN_CLASSES
-from dsv4hal.ops.checks import (
+from dsv4hal.checks import (
     check_alloc,
     check_finite,
     check_index_range,
@@ -40,6 +37,9 @@ from dsv4hal.ops.checks import (
     check_tensor,
     describe,
 )
+from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
+from dsv4hal.ops.buckets import DECODE_TOKEN_CLASSES
 from dsv4hal.ops.signatures import define
 
 H_Q_CHOICES = (64, 128)

@@ -1,4 +1,5 @@
-"""Argument checks shared by every op contract. They never synchronise with the device
+"""Argument checks shared by every op contract and by the formats' constructors: a leaf module (it imports only
+dsv4hal.errors), so the formats, which sit below the ops, can use it. They never synchronise with the device
 unless the caller asked for checked mode (value checks read tensor contents).
 
 Negative indices mean one thing in every op that takes slot or row indices: -1 is an unused entry; any other

@@ -1,4 +1,4 @@
-"""Command line: `dsv4hal info`, `dsv4hal explain OP`, `dsv4hal conformance`, `dsv4hal bench`."""
+"""Command line: `dsv4hal info`, `dsv4hal explain OP`, `dsv4hal conformance`, `dsv4hal bench`, `dsv4hal run`, ..."""
 
 from __future__ import annotations
 
@@ -360,6 +360,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--plot", metavar="PNG", help="plot the results here (default: none; needs matplotlib)")
     sp.add_argument("--quick", action="store_true", help="fewer shapes (default: the full sweep)")
     sp.set_defaults(func=cmd_bench)
+    sp = sub.add_parser("run", help="run benchmark and check suites into bench/results/<card>/<suite>.json")
+    sp.add_argument("suites", nargs="*", metavar="SUITE",
+                    help="suites or tags to run, in the table's order (default: every suite this machine runs; "
+                         "--list names them)")
+    sp.add_argument("--list", action="store_true", help="list the suites and exit")
+    sp.add_argument("--card", help="the result folder's name (default: from the GPU: h100, h200, ...; cpu)")
+    sp.add_argument("--out-dir", default="bench/results", metavar="DIR",
+                    help="where the card folders are (default: %(default)s)")
+    sp.set_defaults(func=lambda a: __import__("dsv4hal.runner", fromlist=["main"]).main(a))
     sp = sub.add_parser("tune", help="time every eligible kernel per op and shape bucket here; write a lock file")
     sp.add_argument("--platform", help="platform to tune (default: the detected one; like DSV4HAL_PLATFORM)")
     sp.add_argument("--ops", help="comma-separated subset of ops (default: all)")

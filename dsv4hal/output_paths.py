@@ -4,6 +4,7 @@ path they could not write before measuring anything, not after."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -28,3 +29,12 @@ def check_output(path: str | None, *, plot: bool = False) -> None:
     if plot and importlib.util.find_spec("matplotlib") is None:
         raise Dsv4HalError(f"--plot {path!r} needs matplotlib, which is not installed",
                            remedy="python3 -m pip install 'dsv4hal[plot]' (or matplotlib), or drop --plot")
+
+
+def write_json(path: Path, data: object) -> None:
+    """Write `data` as indented JSON, replacing the file whole: a reader never sees half of it, and an interrupted
+    write leaves the previous file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    os.replace(tmp, path)

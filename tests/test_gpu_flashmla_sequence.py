@@ -1,5 +1,6 @@
 """On the GPU, the call sequence that can fire FlashMLA's scheduler assertion runs clean and
-right when streams are ordered (bench/flashmla_sequence.py says why). Skipped without a GPU and FlashMLA."""
+right when streams are ordered (dsv4hal/conformance/flashmla_sequence.py says why). Skipped without a GPU and
+FlashMLA."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ pytestmark = [pytest.mark.gpu,
 
 def test_flashmla_sequence_runs_and_matches_the_reference() -> None:
     # a process of its own: a device assertion would end the CUDA context, not just the test
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "flashmla_sequence.py")], capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run([sys.executable, "-m", "dsv4hal.conformance.flashmla_sequence"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["ok"] and len(res["eager"]) == 8

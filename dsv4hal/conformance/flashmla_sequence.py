@@ -1,6 +1,6 @@
 """The call sequence that fired FlashMLA's scheduler assertion, as a GPU regression check.
 
-Cause (H200; result: bench/results/h200/flashmla-sequence.json): not FlashMLA and not the binding, but
+Cause (H200; `dsv4hal run flashmla-sequence` checks it): not FlashMLA and not the binding, but
 stream order in the timing harness. `triton.testing.do_bench_cudagraph` runs its first, eager call of the
 function on a fresh side stream that does not wait for the current stream, so the decode call can read
 `topk_length`, `extra_topk_length` and the indices before the kernels that write them (queued on the default
@@ -9,7 +9,7 @@ fires (or, with garbage indices, the decode reads outside the cache). It shows o
 freed allocator blocks holding old data, which is why an earlier eager call (whose temporaries were freed) was
 enough to trigger it and why it passed with CUDA_LAUNCH_BLOCKING=1.
 
-This script runs the sequence with ordered streams and checks every result:
+`python3 -m dsv4hal.conformance.flashmla_sequence` runs the sequence with ordered streams and checks every result:
   1. eager `sparse_attention_decode` of assorted shapes (T 1..257, h_q 64/128, C4 widths 512/1024, C128 widths
      64..8192, random SWA lengths 1..128, -1 holes) against the reference;
   2. the Triton top-k and pack store timed in CUDA graphs (dsv4hal.bench.timing.graph_us: the side stream waits

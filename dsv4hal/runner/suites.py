@@ -1,0 +1,102 @@
+"""The suites `dsv4hal run` knows, as data: what each measures, the command that measures it, and how long it may
+take. Each suite writes `<out-dir>/<card>/<name>.json`, overwritten on every run.
+
+In a command, `{python}` is this interpreter, `{json}` a file the command writes its own report to (the runner reads
+it into the result's "result"), `{dir}` the card's result folder and `{name}` the suite's name (plots and markdown
+go to `{dir}/{name}.png`, `{dir}/{name}.md`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The guard-memory tests and the FlashMLA glue tests, on the GPU. A test file is named by its file name alone: the
+# runner finds it under tests/
+MEMORY_SAFETY_TESTS = (
+    "test_unchecked_bounds.py", "test_unchecked_bounds_kernels.py", "test_flashmla_decode_op.py",
+    "test_flashmla_sched.py", "test_flashmla_glue_ops.py", "test_indexer_q_prep.py", "test_triton_compress.py",
+    "test_compress_decode.py", "test_indexer_logits_kernels.py", "test_triton_sm90_compile.py")
+GUARD_TESTS = ("test_unchecked_bounds.py", "test_unchecked_bounds_kernels.py")
+PYTEST = ("{python}", "-m", "pytest", "-p", "no:cacheprovider", "-q")
+DSV4HAL = ("{python}", "-m", "dsv4hal")
+# The conformance catalog in three reports, each small enough for one command's time limit
+CONFORMANCE_ATTENTION_OPS = "sparse_attention_decode,sparse_attention_prefill,compress,compress_decode,indexer_logits,"\
+                            "mhc_post_pre"
+CONFORMANCE_REST_OPS = "pack_store,dequant_gather,indexer_topk,indexer_q_prep,indexer_store,moe_route,mhc_pre,"\
+                       "mhc_post,mhc_head,build_attention_metadata,decode_step"
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str  # the result file's stem: what it measures
+    measures: str
+    command: tuple[str, ...]
+    timeout_s: int
+    tags: tuple[str, ...] = ()  # `dsv4hal run TAG` runs every suite with the tag
+    junit: bool = False  # a pytest selection: its cases become the result
+    stdout_json: bool = False  # the command prints its report as the last line of its output
+    sanitizer: bool = False  # run under compute-sanitizer --tool memcheck; unavailable without it
+    env: dict[str, str] = field(default_factory=dict)
+    gpu: bool = True  # needs a GPU (`--list` marks the ones a CPU machine runs)
+
+
+def _bench(op: str, name: str, timeout_s: int, *flags: str, plot: bool = False) -> Suite:
+    return Suite(name, f"`dsv4hal bench {op}{''.join(' ' + f for f in flags)}`: GPU time of each kernel against the "
+                       "op's floor", (*DSV4HAL, "bench", op, *flags, "--json", "{json}",
+                                       *(("--plot", "{dir}/{name}.png") if plot else ())), timeout_s, ("figures",))
+
+
+def _conformance(part: str, ops: str, timeout_s: int) -> Suite:
+    return Suite(f"conformance-cuda_sm90-{part}", f"the cuda_sm90 platform's conformance cells of {ops}, eager and "
+                 "graph-captured, against the reference",
+                 (*DSV4HAL, "conformance", "--platform", "cuda_sm90", "--ops", ops, "--quiet", "--json", "{json}",
+                  "--markdown", "{dir}/{name}.md"), timeout_s, ("figures", "conformance"),
+                 env={"DSV4HAL_NATIVE_GLUE": "1"})
+
+
+SUITES: tuple[Suite, ...] = (
+    Suite("memory-safety", "the guard-memory tests and the FlashMLA glue tests on the GPU",
+          (*PYTEST, *MEMORY_SAFETY_TESTS), 400, ("trust",), junit=True),
+    Suite("shape-sequence", "every vendor-bound op's conformance cases in shuffled shapes, eager and graph-captured, "
+          "then garbage inputs, a valid call checked after each",
+          ("{python}", "-m", "dsv4hal.conformance.sequence", "--rounds", "1", "--json", "{json}"), 500, ("trust",)),
+    Suite("memcheck-guard-tests", "compute-sanitizer memcheck errors over the guard-memory tests",
+          (*PYTEST, *GUARD_TESTS), 280, ("trust", "memcheck"), junit=True, sanitizer=True),
+    Suite("memcheck-index-ops", "compute-sanitizer memcheck errors over the conformance cases of every op that takes "
+          "indices (the CPU-sized ones, eager)",
+          ("{python}", "-m", "dsv4hal.runner.index_op_cells", "--json", "{json}"), 280, ("trust", "memcheck"),
+          sanitizer=True),
+    Suite("flashmla-sequence", "FlashMLA decode calls in the sequence of an engine, streams ordered, against the "
+          "reference", ("{python}", "-m", "dsv4hal.conformance.flashmla_sequence"), 300, ("trust",),
+          stdout_json=True),
+    Suite("gpu-tests", "the whole test suite on the GPU", (*PYTEST, "-x", "--maxfail", "30", "tests"), 580,
+          ("tests",), junit=True),
+    _bench("attention", "bench-attention", 200, "--quick"),
+    _bench("moe", "bench-moe-quick", 600, "--quick", plot=True),
+    _bench("moe", "bench-moe", 600, plot=True),
+    _bench("topk", "bench-topk", 300, plot=True),
+    _bench("mhc", "bench-mhc", 300, "--quick", plot=True),
+    _bench("compress", "bench-compress", 300, "--quick", plot=True),
+    _bench("indexer", "bench-indexer", 300, "--quick"),
+    _bench("pack_store", "bench-pack-store", 300),
+    _conformance("moe", "moe_experts", 600),
+    _conformance("attention", CONFORMANCE_ATTENTION_OPS, 600),
+    _conformance("rest", CONFORMANCE_REST_OPS, 600),
+    Suite("demo-flash", "the V4-Flash decode step in one CUDA graph at batch 64, 32K context: step time, tokens/s, "
+          "each op alone against its floor",
+          (*DSV4HAL, "demo", "--size", "flash", "--batch", "64", "--context", "32768", "--steps", "8", "--fill",
+           "random", "--json", "{json}", "--plot", "{dir}/{name}.png"), 600, ("figures",)),
+    Suite("demo-flash-compiled", "the V4-Flash decode step torch.compiled (Inductor) in one CUDA graph",
+          (*DSV4HAL, "demo", "--size", "flash", "--batch", "64", "--context", "32768", "--steps", "8", "--fill",
+           "random", "--compile", "--json", "{json}"), 600, ("figures",)),
+    Suite("soak", "one minute of an engine's lifecycle with every op: captures, replays, checked calls, memory",
+          (*DSV4HAL, "soak", "--minutes", "1", "--json", "{json}"), 300, ("figures",)),
+    Suite("tune-cuda_sm90", "every eligible kernel timed per op and shape bucket; the lock file "
+          "`cuda_sm90.lock.json` beside it and the choices that differ from the static priority in the markdown",
+          (*DSV4HAL, "tune", "--platform", "cuda_sm90", "--out", "{dir}/cuda_sm90.lock.json", "--markdown",
+           "{dir}/{name}.md"), 600, ("figures",)),
+    Suite("fuzz-long", "the contract fuzzer at 2000 examples a contract: generic exceptions, accepted-but-wrong "
+          "results, crashes", (*PYTEST, "test_fuzz_contracts.py"), 3600, ("cpu",), junit=True,
+          env={"DSV4HAL_FUZZ_EXAMPLES": "2000", "DSV4HAL_FUZZ_JSON": "{json}"}, gpu=False),
+)
+
+SUITES_BY_NAME = {s.name: s for s in SUITES}

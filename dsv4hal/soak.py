@@ -14,7 +14,7 @@ What an engine does to a kernel layer between start-up and days of serving, comp
 - device memory read at the same point of every round after the first: its floor and ceiling must not both rise
   (memory_growth).
 
-The model is the demo's (dsv4hal.demo.DemoModel: SWA, C4 with the indexer and C128 layers, MoE and mHC), at a
+The model is the demo's (dsv4hal.engine_model.DemoModel: SWA, C4 with the indexer and C128 layers, MoE and mHC), at a
 moderate size so the reference checks stay cheap. On the CPU there are no graphs: eager rounds only (CI runs a
 few seconds of it)."""
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from dsv4hal.demo import PAGE, DemoConfig, DemoModel, NullTimer, fill_random, tensors_of
+from dsv4hal.engine_model import PAGE, DemoConfig, DemoModel, NullTimer, fill_random, tensors_of
 from dsv4hal.prepared import PreparedWeights
 
 SOAK_SIZES = {

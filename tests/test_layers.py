@@ -160,3 +160,40 @@ def test_formats_import_only_errors_and_checks() -> None:
     allowed = ("dsv4hal.formats", "dsv4hal.errors", "dsv4hal.checks")
     assert violations("dsv4hal/formats", lambda p, mod: _under(mod, "dsv4hal")
                       and mod != "dsv4hal" and not any(_under(mod, a) for a in allowed)) == []
+
+
+# The tools run on the library, never on the command line: `dsv4hal.cli` parses arguments and passes the values in
+TOOLS = ("dsv4hal/demo", "dsv4hal/engine_model", "dsv4hal/runner", "dsv4hal/bench", "dsv4hal/conformance",
+         "dsv4hal/soak.py", "dsv4hal/tune.py")
+
+
+def _tool_violations(banned) -> list[str]:  # noqa: ANN001
+    out = []
+    for tool in TOOLS:
+        paths = [ROOT / tool] if tool.endswith(".py") else sorted((ROOT / tool).rglob("*.py"))
+        out += [f"{p.relative_to(ROOT)}:{line} imports {mod}" for p in paths for line, mod in imports(p)
+                if banned(p, mod)]
+    return out
+
+
+def test_tools_never_import_the_command_line() -> None:
+    """The demo, the engine model, the runner, the benchmarks, the conformance runner, soak and tune import
+    nothing of dsv4hal.cli."""
+    assert _tool_violations(lambda p, mod: _under(mod, "dsv4hal.cli")) == []
+
+
+def test_engine_model_imports_neither_the_command_line_nor_the_references_nor_its_users() -> None:
+    """The engine-shaped model is a package of its own on the public API: it imports neither dsv4hal.cli nor
+    dsv4hal.reference, nor the tools that run it (demo, soak, runner)."""
+    banned = ("dsv4hal.cli", "dsv4hal.reference", "dsv4hal.demo", "dsv4hal.soak", "dsv4hal.runner",
+              "dsv4hal.conformance")
+    assert violations("dsv4hal/engine_model", lambda p, mod: any(_under(mod, b) for b in banned)) == []
+
+
+def test_demo_and_soak_reach_the_model_only_through_the_engine_model_package() -> None:
+    """soak runs the engine model, not the demo; neither soak nor the demo imports the references."""
+    assert _tool_violations(lambda p, mod: p.name == "soak.py" and _under(mod, "dsv4hal.demo")) == []
+    demo_or_soak = [ROOT / "dsv4hal" / "soak.py", *sorted((ROOT / "dsv4hal" / "demo").rglob("*.py"))]
+    assert [f"{p.relative_to(ROOT)}:{line} imports {mod}" for p in demo_or_soak for line, mod in imports(p)
+            if _under(mod, "dsv4hal.reference")] == []
+

@@ -12,22 +12,22 @@ the graph step can be compared with the sum of its ops and with each op's bandwi
 skips the prefill compute and fills the caches and compressor rings with random rows through pack_store
 (a long context at full size in seconds); decode then runs exactly as after a real prefill.
 
-Modules: `config` (dimensions), `model` (weights, caches, forward pass, random fill), `engine_helpers` (RoPE:
-the engine-side math borrowed from dsv4hal's references, and only there), `tape`
-(record and replay op calls), `timers`, `floors` (bandwidth floors from the byte formats), `plots`, `runner`
-(run_demo: prefill and eager or CUDA-graph decode), `cpu_comparison`, `command` (`dsv4hal demo`)."""
+The model (dimensions, weights, caches, forward pass, random fill, per-op timers, the op-call tape) is
+`dsv4hal.engine_model`, which `dsv4hal soak` runs too. Modules here: `floors` (bandwidth floors from the byte
+formats), `plots`, `step_profile`, `runner` (run_demo: prefill and eager or CUDA-graph decode), `cpu_comparison`,
+`command` (`dsv4hal demo`)."""
 
 from __future__ import annotations
 
 from dsv4hal.demo.command import main
-from dsv4hal.demo.config import C4_TOPK, D_HEAD, PAGE, RATIOS, ROPE, SIZES, WINDOW, DemoConfig
 from dsv4hal.demo.cpu_comparison import CPU_TOLERANCE, CPU_TOLERANCE_REASON, compare_with_cpu
 from dsv4hal.demo.floors import floor_bytes
-from dsv4hal.demo.model import DemoModel, fill_random
 from dsv4hal.demo.plots import plot_breakdown, plot_eager
 from dsv4hal.demo.runner import kernels_in_use, run_demo
-from dsv4hal.demo.tape import REPLAY_TOLERANCE, Tape, replay, tensors_of
-from dsv4hal.demo.timers import NullTimer, OpTimer, Timer
+from dsv4hal.engine_model.config import C4_TOPK, D_HEAD, PAGE, RATIOS, ROPE, SIZES, WINDOW, DemoConfig
+from dsv4hal.engine_model.model import DemoModel, fill_random
+from dsv4hal.engine_model.tape import REPLAY_TOLERANCE, Tape, replay, tensors_of
+from dsv4hal.engine_model.timers import NullTimer, OpTimer, Timer
 
 __all__ = [
     "C4_TOPK", "CPU_TOLERANCE", "CPU_TOLERANCE_REASON", "D_HEAD", "PAGE", "RATIOS", "REPLAY_TOLERANCE", "ROPE",

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from dsv4hal.demo.config import SIZES
 from dsv4hal.demo.cpu_comparison import compare_with_cpu
 from dsv4hal.demo.plots import plot_breakdown, plot_eager
 from dsv4hal.demo.runner import run_demo
+from dsv4hal.engine_model.config import SIZES
 
 
 def check_backend(name: str) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 import dsv4hal
-from dsv4hal.demo.config import RATIOS
 from dsv4hal.demo.runner import run_demo
+from dsv4hal.engine_model.config import RATIOS
 
 
 def compare_with_cpu(platform: Any, batch: int = 2, context: int = 300, steps: int = 2, seed: int = 0,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from dsv4hal.demo.tape import tensors_of
+from dsv4hal.engine_model.tape import tensors_of
 from dsv4hal.formats import indexer_cache, v4_cache
 from dsv4hal.formats.experts import expert_nbytes
 

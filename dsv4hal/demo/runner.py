@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from dsv4hal.demo.config import PAGE, DemoConfig
 from dsv4hal.demo.floors import floor_bytes
-from dsv4hal.demo.model import DemoModel, fill_random
 from dsv4hal.demo.step_profile import profile_replay
-from dsv4hal.demo.tape import Tape
-from dsv4hal.demo.timers import NullTimer, Timer
+from dsv4hal.engine_model.config import PAGE, DemoConfig
+from dsv4hal.engine_model.model import DemoModel, fill_random
+from dsv4hal.engine_model.tape import Tape
+from dsv4hal.engine_model.timers import NullTimer, Timer
 
 
 def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, seed: int = 0,

@@ -10,12 +10,12 @@ from typing import Any
 import torch
 
 import dsv4hal
-from dsv4hal.demo.config import C4_TOPK, D_HEAD, PAGE, RATIOS, ROPE, DemoConfig
-from dsv4hal.demo.engine_helpers import apply_rope, make_rope_table
-from dsv4hal.demo.timers import OpTimer
+from dsv4hal.engine_model.config import C4_TOPK, D_HEAD, PAGE, RATIOS, ROPE, DemoConfig
+from dsv4hal.engine_model.timers import OpTimer
 from dsv4hal.formats.compressor_state import new_state
 from dsv4hal.formats.indexer_cache import INDEX_DIM, IndexerPagedCache
 from dsv4hal.formats.v4_cache import PAGE_SIZE_BY_RATIO, V4PagedCache
+from dsv4hal.rope import apply_rope, make_rope_table
 
 INDEX_HEADS = 64  # the lightning indexer's query heads (each INDEX_DIM wide)
 

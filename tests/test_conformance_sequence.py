@@ -1,6 +1,6 @@
 """dsv4hal.conformance.sequence on the CPU: it picks the cases whose kernel is a vendor's (here a stand-in plugin's
 vendor-tier kernel that is the reference), runs them in an order shuffled by the seed, and checks each against the
-oracle; the GPU-only parts (graph capture, garbage decode inputs) are the GPU run's (bench/gpu_checks.sh)."""
+oracle; the GPU-only parts (graph capture, garbage decode inputs) are the GPU run's (`dsv4hal run shape-sequence`)."""
 
 from __future__ import annotations
 

@@ -368,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--card", help="the result folder's name (default: from the GPU: h100, h200, ...; cpu)")
     sp.add_argument("--out-dir", default="bench/results", metavar="DIR",
                     help="where the card folders are (default: %(default)s)")
+    sp.add_argument("--limit", type=number(int, 1), metavar="SECONDS",
+                    help="cap each suite's time limit at this (default: the suite's own)")
     sp.set_defaults(func=lambda a: __import__("dsv4hal.runner", fromlist=["main"]).main(a))
     sp = sub.add_parser("tune", help="time every eligible kernel per op and shape bucket here; write a lock file")
     sp.add_argument("--platform", help="platform to tune (default: the detected one; like DSV4HAL_PLATFORM)")

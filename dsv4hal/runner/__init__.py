@@ -33,7 +33,7 @@ def main(args: argparse.Namespace) -> int:
     suites = select(args.suites, gpu=hardware.detect().is_gpu)
     out_dir = Path(args.out_dir)
     check_output(str(out_dir / (args.card or "card") / "check.json"))
-    records = run_suites(suites, out_dir, args.card, cwd=Path.cwd(), environment=environment,
+    records = run_suites(suites, out_dir, args.card, cwd=Path.cwd(), environment=environment, limit_s=args.limit,
                          progress=lambda line: print(line, file=sys.stderr, flush=True))
     bad = [r["suite"] + ": " + r["status"] for r in records if r["status"] != "passed"]
     print(f"dsv4hal run: {len(records) - len(bad)} of {len(records)} suites passed" + (f" ({', '.join(bad)})"

@@ -147,7 +147,7 @@ def run_suite(suite: Suite, card_dir: Path, header: dict[str, Any], *, cwd: Path
         if san is not None:
             result["memcheck"] = _memcheck(text)
     status = "timeout" if rc is None else "passed" if rc == 0 else "failed"
-    record.update(status=status, exit_code=rc, seconds=round(seconds, 1),
+    record.update(status=status, exit_code=rc, seconds=round(seconds, 1), limit_s=timeout_s or suite.timeout_s,
                   output_tail=text.splitlines()[-TAIL_LINES:], result=result)
     write_json(card_dir / f"{suite.name}.json", record)
     return record
@@ -155,14 +155,16 @@ def run_suite(suite: Suite, card_dir: Path, header: dict[str, Any], *, cwd: Path
 
 def run_suites(suites: Sequence[Suite], out_dir: Path, card: str | None, *, cwd: Path,
                environment: Callable[[Path], dict[str, Any]],
-               progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Run the suites in order into `out_dir/<card>/`; the card is the environment's unless given."""
+               progress: Callable[[str], None] = print, limit_s: int | None = None) -> list[dict[str, Any]]:
+    """Run the suites in order into `out_dir/<card>/`; the card is the environment's unless given. `limit_s` caps
+    each suite's own time limit."""
     header = environment(cwd)
     card_dir = out_dir / (card or header["card"])
     records = []
     for suite in suites:
-        progress(f"{suite.name}: running (limit {suite.timeout_s} s)")
-        rec = run_suite(suite, card_dir, header, cwd=cwd)
+        limit = suite.timeout_s if limit_s is None else min(limit_s, suite.timeout_s)
+        progress(f"{suite.name}: running (limit {limit} s)")
+        rec = run_suite(suite, card_dir, header, cwd=cwd, timeout_s=limit)
         progress(f"{suite.name}: {rec['status']} in {rec['seconds']} s -> {card_dir / (suite.name + '.json')}")
         records.append(rec)
     return records

@@ -133,12 +133,10 @@ def import_circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
     return sorted(out)
 
 
-# The circles left to remove: the compiled path re-enters the platform through custom_ops' handle table, and the
-# route alignment's dispatcher lives in a kernel module. A new circle fails here; so does removing one of these
-# without taking it off the list.
+# The circles left to remove: the compiled path re-enters the platform through custom_ops' handle table. A new
+# circle fails here; so does removing one of these without taking it off the list.
 KNOWN_CIRCLES = [
     ("dsv4hal.custom_ops", "dsv4hal.platform"),
-    ("dsv4hal.kernels.moe_align", "dsv4hal.kernels.triton.moe_align"),
 ]
 
 
@@ -160,3 +158,21 @@ def test_formats_import_only_errors_and_checks() -> None:
     allowed = ("dsv4hal.formats", "dsv4hal.errors", "dsv4hal.checks")
     assert violations("dsv4hal/formats", lambda p, mod: _under(mod, "dsv4hal")
                       and mod != "dsv4hal" and not any(_under(mod, a) for a in allowed)) == []
+
+
+
+def test_formats_and_their_leaves_import_only_the_standard_library_and_torch() -> None:
+    """Outside dsv4hal the formats, the argument checks and the errors import only the standard library and torch;
+    of dsv4hal the checks and the errors import only the errors, so nothing above the formats comes in through them."""
+    import sys
+
+    def banned(path: Path, mod: str) -> bool:
+        top = mod.split(".")[0]
+        if top == "dsv4hal":  # the formats' own dsv4hal imports: test_formats_import_only_errors_and_checks
+            return path.parent.name != "formats" and not _under(mod, "dsv4hal.errors")
+        return top not in sys.stdlib_module_names and top != "torch"
+
+    leaves = [ROOT / "dsv4hal" / "checks.py", ROOT / "dsv4hal" / "errors.py"]
+    found = [f"{p.relative_to(ROOT)}:{line} imports {mod}" for p in leaves for line, mod in imports(p)
+             if banned(p, mod)]
+    assert violations("dsv4hal/formats", banned) + found == []

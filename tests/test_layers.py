@@ -133,12 +133,10 @@ def import_circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
     return sorted(out)
 
 
-# The circles left to remove: the compiled path re-enters the platform through custom_ops' handle table, and the
-# route alignment's dispatcher lives in a kernel module. A new circle fails here; so does removing one of these
-# without taking it off the list.
+# The circles left to remove: the compiled path re-enters the platform through custom_ops' handle table. A new
+# circle fails here; so does removing one of these without taking it off the list.
 KNOWN_CIRCLES = [
     ("dsv4hal.custom_ops", "dsv4hal.platform"),
-    ("dsv4hal.kernels.moe_align", "dsv4hal.kernels.triton.moe_align"),
 ]
 
 
@@ -197,3 +195,20 @@ def test_demo_and_soak_reach_the_model_only_through_the_engine_model_package() -
     assert [f"{p.relative_to(ROOT)}:{line} imports {mod}" for p in demo_or_soak for line, mod in imports(p)
             if _under(mod, "dsv4hal.reference")] == []
 
+
+
+def test_formats_and_their_leaves_import_only_the_standard_library_and_torch() -> None:
+    """Outside dsv4hal the formats, the argument checks and the errors import only the standard library and torch;
+    of dsv4hal the checks and the errors import only the errors, so nothing above the formats comes in through them."""
+    import sys
+
+    def banned(path: Path, mod: str) -> bool:
+        top = mod.split(".")[0]
+        if top == "dsv4hal":  # the formats' own dsv4hal imports: test_formats_import_only_errors_and_checks
+            return path.parent.name != "formats" and not _under(mod, "dsv4hal.errors")
+        return top not in sys.stdlib_module_names and top != "torch"
+
+    leaves = [ROOT / "dsv4hal" / "checks.py", ROOT / "dsv4hal" / "errors.py"]
+    found = [f"{p.relative_to(ROOT)}:{line} imports {mod}" for p in leaves for line, mod in imports(p)
+             if banned(p, mod)]
+    assert violations("dsv4hal/formats", banned) + found == []

@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import TRITON_DEVICE
 
-from dsv4hal.kernels.moe_align import align_routes, route_blocks, route_capacity
+from dsv4hal.kernels.aligned_routes import route_blocks, route_capacity
+from dsv4hal.kernels.moe_align import align_routes
 
 
 def _oracle(ids: list[list[int]], e: int, bs: int):  # noqa: ANN202

@@ -24,7 +24,8 @@ import dsv4hal.kernels.grouped_fp8_moe as gm  # noqa: E402
 import dsv4hal.kernels.triton.moe_align as tma  # noqa: E402
 import dsv4hal.kernels.triton.moe_combine as mc  # noqa: E402
 import dsv4hal.kernels.triton.moe_quant as mq  # noqa: E402
-from dsv4hal.kernels.moe_align import align_routes, route_blocks  # noqa: E402
+from dsv4hal.kernels.aligned_routes import route_blocks  # noqa: E402
+from dsv4hal.kernels.moe_align import align_routes  # noqa: E402
 from dsv4hal.kernels.triton.fp8_codec import _encode_fp8  # noqa: E402
 from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16, swiglu_limit_args  # noqa: E402
 

@@ -171,6 +171,7 @@ def test_swapped_mxfp4_kernels(cfg: dict) -> None:
     the interpreter): masked row tiles (I = 192, H = 320 are no multiples of 128), several K steps, dropped and
     repeated routes, the clamp active, against the reference within the tight bound."""
     from dsv4hal.kernels.triton import fused_moe as tmoe
+    from dsv4hal.kernels.triton import fused_moe_swapped as sw
 
     x, ids, tw, w = _case("mxfp4", e=4, h=320, i=192, t=5, k=3, gain=20.0, masked=0.2, seed=8)
     ids[2] = torch.tensor([1, 1, -1], dtype=torch.int32)
@@ -178,8 +179,8 @@ def test_swapped_mxfp4_kernels(cfg: dict) -> None:
     dev = DEV
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     calls = []
-    real = tmoe._mx_gate_up_swapped
-    tmoe._mx_gate_up_swapped = _Recorder(real, calls)  # the swapped kernels ran, not the row kernels
+    real = sw._mx_gate_up_swapped
+    sw._mx_gate_up_swapped = _Recorder(real, calls)  # the swapped kernels ran, not the row kernels
     args = (x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
     try:
         got = tmoe.fused_moe(*args, config=cfg)
@@ -187,7 +188,7 @@ def test_swapped_mxfp4_kernels(cfg: dict) -> None:
         # first one's memory, gives the same output
         again = tmoe.fused_moe(*args, config=cfg)
     finally:
-        tmoe._mx_gate_up_swapped = real
+        sw._mx_gate_up_swapped = real
     assert calls
     _check(got.cpu(), want)
     assert torch.equal(again, got)
@@ -216,37 +217,40 @@ def test_pairing_by_default_when_the_grid_is_under_two_programs_an_sm(monkeypatc
     """pair None (the default) pairs exactly when blocks x output tiles < 2 x SMs: T = 1, k = 3 gives 3 blocks of 8
     routes x 4 tiles of 64 (I = 256) = 12 programs."""
     from dsv4hal.kernels.triton import fused_moe as tmoe
+    from dsv4hal.kernels.triton import fused_moe_swapped as sw
 
     x, ids, tw, w = _case("mxfp4", e=4, h=256, i=256, t=1, k=3, seed=12)
     dev = DEV
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     prepared = tmoe.prepare_weights(wd)
     for sms, paired in ((6, False), (7, True)):
-        monkeypatch.setattr(tmoe, "sm_count", lambda _dev, n=sms: n)
+        monkeypatch.setattr(sw, "sm_count", lambda _dev, n=sms: n)
         calls: list = []
-        real = tmoe._mx_gate_up_swapped
-        monkeypatch.setattr(tmoe, "_mx_gate_up_swapped", _Recorder(real, calls))
+        real = sw._mx_gate_up_swapped
+        monkeypatch.setattr(sw, "_mx_gate_up_swapped", _Recorder(real, calls))
         tmoe.fused_moe(x.to(dev), ids.to(dev), tw.to(dev), prepared)
-        monkeypatch.setattr(tmoe, "_mx_gate_up_swapped", real)
+        monkeypatch.setattr(sw, "_mx_gate_up_swapped", real)
         assert calls[0] == (3, 8 if paired else 4), (sms, calls)
 
 
 def test_shapes_off_64_run_the_row_kernels_with_their_tiles() -> None:
     """The MXFP4 decode default (swapped kernels, blocks of 8) on H = 160, I = 96: the row kernels run, with their
     own tiles (a block of 8 routes would not compile there on a GPU: their dot needs 16 rows)."""
-    from dsv4hal.kernels.moe_align import route_blocks
+    from dsv4hal.kernels.aligned_routes import route_blocks
     from dsv4hal.kernels.triton import fused_moe as tmoe
+    from dsv4hal.kernels.triton import fused_moe_rows as rw
+    from dsv4hal.kernels.triton import fused_moe_swapped as sw
 
     x, ids, tw, w = _case("mxfp4", e=4, h=160, i=96, t=5, k=3, gain=20.0, masked=0.2, seed=9)
     dev = DEV
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     swapped, rows = [], []
-    real_swapped, real_rows = tmoe._mx_gate_up_swapped, tmoe._gate_up_kernel
-    tmoe._mx_gate_up_swapped, tmoe._gate_up_kernel = _Recorder(real_swapped, swapped), _Recorder(real_rows, rows)
+    real_swapped, real_rows = sw._mx_gate_up_swapped, rw._gate_up_kernel
+    sw._mx_gate_up_swapped, rw._gate_up_kernel = _Recorder(real_swapped, swapped), _Recorder(real_rows, rows)
     try:
         got = tmoe.fused_moe(x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
     finally:
-        tmoe._mx_gate_up_swapped, tmoe._gate_up_kernel = real_swapped, real_rows
+        sw._mx_gate_up_swapped, rw._gate_up_kernel = real_swapped, real_rows
     assert not swapped and rows
     assert rows[0][0] == route_blocks(5 * 3, 4, tmoe.ROW_DECODE_TILES["block_m"])  # blocks of 16 routes, not 8
     _check(got.cpu(), moe_experts(x, ids, tw, w))
@@ -311,16 +315,17 @@ def test_default_down_tiles_and_cast_by_token_count(monkeypatch: pytest.MonkeyPa
     """The swapped down kernel takes 128 output rows a program for 2 .. 16 tokens (DOWN_WIDE), 64 (the gate-up
     kernel's) for 1 and above 16; the cast is fused into it for one token only."""
     from dsv4hal.kernels.triton import fused_moe as tmoe
+    from dsv4hal.kernels.triton import fused_moe_swapped as sw
 
     dev = DEV
     for t, col_tiles, fused in ((1, 4, True), (2, 2, False), (16, 2, False), (17, 4, False)):
         x, ids, tw, w = _case("mxfp4", e=4, h=256, i=128, t=t, k=2, seed=17)
         wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
         calls: list = []
-        real = tmoe._mx_down_swapped
-        monkeypatch.setattr(tmoe, "_mx_down_swapped", _Recorder(real, calls, kwargs=True))
+        real = sw._mx_down_swapped
+        monkeypatch.setattr(sw, "_mx_down_swapped", _Recorder(real, calls, kwargs=True))
         got = tmoe.fused_moe(x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd), config={"block_k": 64})
-        monkeypatch.setattr(tmoe, "_mx_down_swapped", real)
+        monkeypatch.setattr(sw, "_mx_down_swapped", real)
         grid, kwargs = calls[0]
         assert grid[1] == col_tiles and kwargs["FUSE_CAST"] is fused, (t, grid, kwargs["FUSE_CAST"])
         _check(got.cpu(), moe_experts(x, ids, tw, w))

@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import run_py
 
-from dsv4hal.kernels.moe_align import AlignedRoutes, align_routes
+from dsv4hal.kernels.aligned_routes import AlignedRoutes
+from dsv4hal.kernels.moe_align import align_routes
 
 pytest.importorskip("triton")
 hypothesis = pytest.importorskip("hypothesis")

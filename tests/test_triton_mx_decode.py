@@ -1,4 +1,4 @@
-"""The MXFP4 kernels' decode (`fused_moe._mx_quarters`): every pair of e2m1 bytes (a 16-bit element), reordered as
+"""The MXFP4 kernels' decode (`mxfp4_decode._mx_quarters`): every pair of e2m1 bytes (a 16-bit element), reordered as
 prepare_weights lays them out, under the scale bytes at the ends of their range, each nibble's value at its k.
 Under the interpreter the plain Triton decode is checked against a table; on a GPU both inline PTX decodes (narrow
 scales: one multiply; any scale: two) and the plain one too, bit for bit, -0 and NaN included."""
@@ -12,7 +12,7 @@ from conftest import TRITON_DEVICE
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from dsv4hal.kernels.triton.fused_moe import (  # noqa: E402
+from dsv4hal.kernels.triton.mxfp4_decode import (  # noqa: E402
     MX_BITS,
     MX_NARROW_SCALE_MAX,
     _mx_quarters,
@@ -108,7 +108,7 @@ def test_element_order_takes_the_fewest_integer_instructions() -> None:
     multiply a code when the scales are narrow and two else, and the nibble order takes more."""
     import itertools
 
-    from dsv4hal.kernels.triton.fused_moe import _mx_decode_ptx
+    from dsv4hal.kernels.triton.mxfp4_decode import _mx_decode_ptx
 
     best = min(_integer_ops(tuple(zip(starts, signs, strict=True)))
                for starts in itertools.combinations(range(14), 4)

@@ -166,7 +166,8 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     """x bf16 [T, H], topk_ids int32 [T, k], topk_weights fp32 [T, k] -> bf16 [T, H] (routed experts only)."""
     import torch
 
-    from dsv4hal.kernels.moe_align import align_routes, route_capacity
+    from dsv4hal.kernels.aligned_routes import route_capacity
+    from dsv4hal.kernels.moe_align import align_routes
     from dsv4hal.kernels.triton.moe_activation import swiglu
     from dsv4hal.kernels.triton.moe_combine import combine_routes
 

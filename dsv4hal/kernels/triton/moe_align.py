@@ -1,6 +1,7 @@
-"""Portable Triton align_routes: the moe_align_block_size contract of dsv4hal.kernels.moe_align, bit-identical to
-its torch version, in one launch (at most FUSED_MAX_ROUTES routes), two or three, with no host sync and output sizes
-that depend on shapes only, so it can be captured in a CUDA graph and replayed with new routing.
+"""Portable Triton route alignment: the moe_align_block_size contract of dsv4hal.kernels.aligned_routes, bit-identical
+to the torch version in dsv4hal.kernels.moe_align, in one launch (at most FUSED_MAX_ROUTES routes), two or three,
+with no host sync and output sizes that depend on shapes only, so it can be captured in a CUDA graph and replayed
+with new routing.
 
 Routes are walked in sub-chunks of C, in order. A route's stable rank inside its expert is the count of that
 expert's routes before its sub-chunk (a per-expert counter vector in registers: tl.gather reads it, tl.histogram
@@ -22,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4hal.kernels.moe_align import AlignedRoutes, route_blocks
+from dsv4hal.kernels.aligned_routes import AlignedRoutes, route_blocks
 
 C = 64  # routes per sub-chunk: the [C, C] rank tile stays spill-free (ptxas sm_90: 128 registers at 2 warps)
 # Up to this many routes one program does everything in one launch. Its sub-chunks run one after another: on the H200 (E

@@ -8,7 +8,6 @@ import logging
 import operator
 import os
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -54,8 +53,7 @@ if TYPE_CHECKING:  # the typed facade (Ops) reads the op definitions; at run tim
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
-# Platforms by handle: the compiled path names its platform by an int (a custom op's argument) and finds it here.
-PLATFORMS: weakref.WeakValueDictionary[int, Platform] = weakref.WeakValueDictionary()
+# a platform's handle names its ops' custom ops under torch.compile (dsv4hal.custom_ops)
 _handles = itertools.count(1)
 
 _registries: dict[tuple[frozenset[str], bool], Registry] = {}
@@ -86,7 +84,7 @@ class BoundOp(Generic[P, R]):
     """One op of a Platform, typed as its definition (dsv4hal/ops/<module>.py): inspect.signature and
     typing.get_type_hints show the op's real parameters. Calling it validates the arguments (cheap checks, no
     device sync unless the platform is in checked mode), finds the case class, and calls the kernel chosen for it.
-    Under torch.compile it calls the torch custom op dsv4hal::<op> instead (dsv4hal.custom_ops), one opaque node
+    Under torch.compile it calls its torch custom op (dsv4hal.custom_ops) instead, one opaque node
     whose eager implementation is this same call."""
 
     def __init__(self, platform: Platform, spec: OpSpec) -> None:
@@ -106,7 +104,7 @@ class BoundOp(Generic[P, R]):
 
         self._materializable = check_materializable
         self._compiling: Callable[[], bool] = custom_ops.is_compiling
-        self._traced = custom_ops.traced(spec.name, platform.validate)
+        self._traced = custom_ops.traced(self)
         self._by_case: dict[tuple, tuple[Decision, Callable[..., Any]]] = {}
         # the op's case key (OpDefinition.key) -> kernel: an unvalidated call's lookup, without building the case
         self._case_key: Callable[..., tuple] | None = d.key
@@ -177,7 +175,7 @@ class BoundOp(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         # The hot path of every op: the common cases come first and read as few attributes as they can.
         if self._compiling():  # Dynamo is tracing: one opaque custom op (its eager body comes back here)
-            return self._traced(self.platform.handle, *args, **kwargs)
+            return self._traced(*args, **kwargs)
         p = self.platform
         if p.validate:
             memo = self._memo
@@ -405,7 +403,6 @@ class Platform:
         self.platform_decision = decision
         self.validate, self.checked = validate, checked
         self.handle = next(_handles)
-        PLATFORMS[self.handle] = self
         self.ops = Ops(self)
         # Bind now: each op's default case is decided at selection time, so a missing kernel or a bad
         # override surfaces here rather than at the first call in the middle of a forward pass.

@@ -133,11 +133,9 @@ def import_circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
     return sorted(out)
 
 
-# The circles left to remove: the compiled path re-enters the platform through custom_ops' handle table, and the
-# route alignment's dispatcher lives in a kernel module. A new circle fails here; so does removing one of these
-# without taking it off the list.
+# The circle left to remove: the route alignment's dispatcher lives in a kernel module. A new circle fails here; so
+# does removing this one without taking it off the list.
 KNOWN_CIRCLES = [
-    ("dsv4hal.custom_ops", "dsv4hal.platform"),
     ("dsv4hal.kernels.moe_align", "dsv4hal.kernels.triton.moe_align"),
 ]
 

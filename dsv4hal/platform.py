@@ -37,18 +37,11 @@ from dsv4hal.selection import (
     select_platform_spec,
 )
 
-if TYPE_CHECKING:  # the typed facade (Ops) reads the op definitions; at run time they are imported when bound
-    from dsv4hal.ops import attention_metadata as _attention_metadata
-    from dsv4hal.ops import compress as _compress
-    from dsv4hal.ops import indexer_logits as _indexer_logits
-    from dsv4hal.ops import indexer_store as _indexer_store
-    from dsv4hal.ops import indexer_topk as _indexer_topk
-    from dsv4hal.ops import mhc as _mhc
-    from dsv4hal.ops import moe as _moe
-    from dsv4hal.ops import pack_store as _pack_store
-    from dsv4hal.ops import sparse_attention as _sparse_attention
-    from dsv4hal.ops.signatures import OpDefinition
+if TYPE_CHECKING:  # the typed facade (Ops): a stub generated from the catalog (dsv4hal.ops.gen_stub)
+    from dsv4hal.ops.typed_ops import TypedOps
     from dsv4hal.step import decode_step
+else:
+    TypedOps = object
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -341,32 +334,9 @@ class BoundOp(Generic[P, R]):
         return f"<dsv4hal op {self.spec.name} on {self.platform.name}>"
 
 
-def _typed(definition: OpDefinition[P, R]) -> BoundOp[P, R]:  # static typing only (see Ops)
-    raise NotImplementedError
-
-
-class Ops:
+class Ops(TypedOps):
     """Attribute access to the bound ops: platform.ops.sparse_attention_decode(...), typed as each op's
-    definition; platform.ops["name"] and iteration too."""
-
-    if TYPE_CHECKING:  # what IDEs and type checkers see; at run time __init__ sets the same names
-        pack_store = _typed(_pack_store.pack_store)
-        dequant_gather = _typed(_pack_store.dequant_gather)
-        sparse_attention_decode = _typed(_sparse_attention.sparse_attention_decode)
-        sparse_attention_prefill = _typed(_sparse_attention.sparse_attention_prefill)
-        indexer_topk = _typed(_indexer_topk.indexer_topk)
-        compress = _typed(_compress.compress)
-        compress_decode = _typed(_compress.compress_decode)
-        indexer_logits = _typed(_indexer_logits.indexer_logits)
-        indexer_q_prep = _typed(_indexer_logits.indexer_q_prep)
-        indexer_store = _typed(_indexer_store.indexer_store)
-        moe_route = _typed(_moe.moe_route)
-        moe_experts = _typed(_moe.moe_experts)
-        mhc_pre = _typed(_mhc.mhc_pre)
-        mhc_post = _typed(_mhc.mhc_post)
-        mhc_post_pre = _typed(_mhc.mhc_post_pre)
-        mhc_head = _typed(_mhc.mhc_head)
-        build_attention_metadata = _typed(_attention_metadata.build_attention_metadata)
+    definition (dsv4hal/ops/typed_ops.py); platform.ops["name"] and iteration too."""
 
     def __init__(self, platform: Platform) -> None:
         self._ops: dict[str, BoundOp[..., Any]] = {name: BoundOp(platform, OPS_BY_NAME[name]) for name in OP_NAMES}

@@ -185,3 +185,28 @@ def test_compress_with_num_groups_is_static(platform: dsv4hal.Platform) -> None:
     eager = platform.ops.compress(**args)
     compiled = torch.compile(lambda a: platform.ops.compress(**a), fullgraph=True, backend="aot_eager")(args)
     assert torch.equal(compiled, eager)
+
+
+def test_a_custom_op_is_derived_only_from_what_the_definition_declares() -> None:
+    """An op that returns tensors without a declared fake, or takes a type that cannot cross a custom op, is refused
+    when its custom op is derived, naming the op (and the argument)."""
+    from dsv4hal.ops.signatures import define
+
+    def validate(x, n=1, *, checked=False):  # noqa: ANN001, ANN202
+        pass
+
+    @define(validate=validate, case=lambda x, n=1: {})
+    def no_fake(x: torch.Tensor, n: int = 1) -> torch.Tensor:
+        """doc"""
+
+    with pytest.raises(TypeError, match="op no_fake returns .* fake="):
+        custom_ops.plan_of(no_fake)
+
+    @define(validate=validate, case=lambda x, n=1: {}, fake=lambda x, n=1: x)
+    def odd_type(x: torch.Tensor, n: dict = 1) -> torch.Tensor:  # type: ignore[assignment]
+        """doc"""
+
+    with pytest.raises(TypeError, match="op odd_type, argument n: type"):
+        custom_ops.plan_of(odd_type)
+    with pytest.raises(TypeError, match="fake function"):
+        define(validate=validate, case=lambda x, n=1: {}, fake=lambda x: x)(no_fake.signature_fn)

@@ -8,7 +8,6 @@ import logging
 import operator
 import os
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -38,24 +37,16 @@ from dsv4hal.selection import (
     select_platform_spec,
 )
 
-if TYPE_CHECKING:  # the typed facade (Ops) reads the op definitions; at run time they are imported when bound
-    from dsv4hal.ops import attention_metadata as _attention_metadata
-    from dsv4hal.ops import compress as _compress
-    from dsv4hal.ops import indexer_logits as _indexer_logits
-    from dsv4hal.ops import indexer_store as _indexer_store
-    from dsv4hal.ops import indexer_topk as _indexer_topk
-    from dsv4hal.ops import mhc as _mhc
-    from dsv4hal.ops import moe as _moe
-    from dsv4hal.ops import pack_store as _pack_store
-    from dsv4hal.ops import sparse_attention as _sparse_attention
-    from dsv4hal.ops.signatures import OpDefinition
+if TYPE_CHECKING:  # the typed facade (Ops): a stub generated from the catalog (dsv4hal.ops.gen_stub)
+    from dsv4hal.ops.typed_ops import TypedOps
     from dsv4hal.step import decode_step
+else:
+    TypedOps = object
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
-# Platforms by handle: the compiled path names its platform by an int (a custom op's argument) and finds it here.
-PLATFORMS: weakref.WeakValueDictionary[int, Platform] = weakref.WeakValueDictionary()
+# a platform's handle names its ops' custom ops under torch.compile (dsv4hal.custom_ops)
 _handles = itertools.count(1)
 
 _registries: dict[tuple[frozenset[str], bool], Registry] = {}
@@ -86,7 +77,7 @@ class BoundOp(Generic[P, R]):
     """One op of a Platform, typed as its definition (dsv4hal/ops/<module>.py): inspect.signature and
     typing.get_type_hints show the op's real parameters. Calling it validates the arguments (cheap checks, no
     device sync unless the platform is in checked mode), finds the case class, and calls the kernel chosen for it.
-    Under torch.compile it calls the torch custom op dsv4hal::<op> instead (dsv4hal.custom_ops), one opaque node
+    Under torch.compile it calls its torch custom op (dsv4hal.custom_ops) instead, one opaque node
     whose eager implementation is this same call."""
 
     def __init__(self, platform: Platform, spec: OpSpec) -> None:
@@ -106,7 +97,7 @@ class BoundOp(Generic[P, R]):
 
         self._materializable = check_materializable
         self._compiling: Callable[[], bool] = custom_ops.is_compiling
-        self._traced = custom_ops.traced(spec.name, platform.validate)
+        self._traced = custom_ops.traced(self)
         self._by_case: dict[tuple, tuple[Decision, Callable[..., Any]]] = {}
         # the op's case key (OpDefinition.key) -> kernel: an unvalidated call's lookup, without building the case
         self._case_key: Callable[..., tuple] | None = d.key
@@ -177,7 +168,7 @@ class BoundOp(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         # The hot path of every op: the common cases come first and read as few attributes as they can.
         if self._compiling():  # Dynamo is tracing: one opaque custom op (its eager body comes back here)
-            return self._traced(self.platform.handle, *args, **kwargs)
+            return self._traced(*args, **kwargs)
         p = self.platform
         if p.validate:
             memo = self._memo
@@ -343,32 +334,9 @@ class BoundOp(Generic[P, R]):
         return f"<dsv4hal op {self.spec.name} on {self.platform.name}>"
 
 
-def _typed(definition: OpDefinition[P, R]) -> BoundOp[P, R]:  # static typing only (see Ops)
-    raise NotImplementedError
-
-
-class Ops:
+class Ops(TypedOps):
     """Attribute access to the bound ops: platform.ops.sparse_attention_decode(...), typed as each op's
-    definition; platform.ops["name"] and iteration too."""
-
-    if TYPE_CHECKING:  # what IDEs and type checkers see; at run time __init__ sets the same names
-        pack_store = _typed(_pack_store.pack_store)
-        dequant_gather = _typed(_pack_store.dequant_gather)
-        sparse_attention_decode = _typed(_sparse_attention.sparse_attention_decode)
-        sparse_attention_prefill = _typed(_sparse_attention.sparse_attention_prefill)
-        indexer_topk = _typed(_indexer_topk.indexer_topk)
-        compress = _typed(_compress.compress)
-        compress_decode = _typed(_compress.compress_decode)
-        indexer_logits = _typed(_indexer_logits.indexer_logits)
-        indexer_q_prep = _typed(_indexer_logits.indexer_q_prep)
-        indexer_store = _typed(_indexer_store.indexer_store)
-        moe_route = _typed(_moe.moe_route)
-        moe_experts = _typed(_moe.moe_experts)
-        mhc_pre = _typed(_mhc.mhc_pre)
-        mhc_post = _typed(_mhc.mhc_post)
-        mhc_post_pre = _typed(_mhc.mhc_post_pre)
-        mhc_head = _typed(_mhc.mhc_head)
-        build_attention_metadata = _typed(_attention_metadata.build_attention_metadata)
+    definition (dsv4hal/ops/typed_ops.py); platform.ops["name"] and iteration too."""
 
     def __init__(self, platform: Platform) -> None:
         self._ops: dict[str, BoundOp[..., Any]] = {name: BoundOp(platform, OPS_BY_NAME[name]) for name in OP_NAMES}
@@ -405,7 +373,6 @@ class Platform:
         self.platform_decision = decision
         self.validate, self.checked = validate, checked
         self.handle = next(_handles)
-        PLATFORMS[self.handle] = self
         self.ops = Ops(self)
         # Bind now: each op's default case is decided at selection time, so a missing kernel or a bad
         # override surfaces here rather than at the first call in the middle of a forward pass.

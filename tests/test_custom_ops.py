@@ -36,8 +36,8 @@ def test_opcheck(platform: dsv4hal.Platform, op: str) -> None:
     args = _first_case(platform, op)
     if op == "build_attention_metadata":
         args["out"] = None  # the functional form here; the in-place one below
-    overload, flat = custom_ops.flatten(op, platform.handle, **args)
-    assert overload is getattr(torch.ops.dsv4hal, op)
+    overload, flat = custom_ops.flatten(platform.ops[op], **args)
+    assert overload is custom_ops.custom_op(platform.ops[op])
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     if op not in NO_SCHEMA_CHECK:
         utils = ("test_schema", *utils)
@@ -51,15 +51,25 @@ def test_opcheck(platform: dsv4hal.Platform, op: str) -> None:
 def test_opcheck_build_attention_metadata_into_out(platform: dsv4hal.Platform) -> None:
     args = _first_case(platform, "build_attention_metadata")
     args["out"] = AttentionMetadata.empty(args["positions"].shape[0], args["page_table"].shape[1])
-    overload, flat = custom_ops.flatten("build_attention_metadata", platform.handle, **args)
-    assert overload is torch.ops.dsv4hal.build_attention_metadata_out
-    assert "Tensor(a4!)[] out" in str(overload.default._schema)  # declared as written in place
+    overload, flat = custom_ops.flatten(platform.ops.build_attention_metadata, **args)
+    assert overload is custom_ops.custom_op(platform.ops.build_attention_metadata, "_out")
+    schema = str(overload.default._schema)
+    assert all(f"Tensor(a{i}!) {name}" in schema for i, name in enumerate(_out_fields(), 4))  # written in place
     torch.library.opcheck(overload, flat)
 
 
-def test_in_place_ops_declare_what_they_write() -> None:
-    mutated = {name: [a.name for a in getattr(torch.ops.dsv4hal, name).default._schema.arguments
-                      if a.alias_info is not None and a.alias_info.is_write]
+def _out_fields() -> list[str]:
+    names = [f.name for f in dataclasses.fields(AttentionMetadata)]
+    return ["out", *(f"out_{n}" for n in names[1:])]
+
+
+def test_in_place_ops_declare_what_they_write(platform: dsv4hal.Platform) -> None:
+    """The custom ops of the ops that write in place declare those arguments (and only those) as written."""
+    def written(name: str) -> list[str]:
+        schema = custom_ops.custom_op(platform.ops[name]).default._schema
+        return [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+    mutated = {name: written(name)
                for name in ("pack_store", "indexer_store", "compress_decode", "sparse_attention_decode")}
     assert mutated == {"pack_store": ["cache"], "indexer_store": ["cache"], "compress_decode": ["state"],
                        "sparse_attention_decode": []}
@@ -124,7 +134,7 @@ def test_compiled_in_place_ops_write_their_buffers(platform: dsv4hal.Platform) -
 
     assert meta(out_e) is out_e
     assert torch.compile(meta, fullgraph=True, backend="aot_eager")(out_c) is out_c
-    for name in custom_ops._METADATA_FIELDS:
+    for name in (f.name for f in dataclasses.fields(AttentionMetadata)):
         assert torch.equal(getattr(out_e, name), getattr(out_c, name)), name
 
 
@@ -140,18 +150,19 @@ def test_a_strided_kernel_output_gets_the_fakes_layout(platform: dsv4hal.Platfor
     args.update(q=args["q"].view(torch.uint8).repeat(rows, 1, 1).view(args["q"].dtype),
                 weights=args["weights"].repeat(rows, 1), context_lens=args["context_lens"].repeat(rows),
                 block_table=args["block_table"].repeat(rows, 1))
-    overload, flat = custom_ops.flatten("indexer_logits", platform.handle, **args)
     bound = platform.ops.indexer_logits
+    overload, flat = custom_ops.flatten(bound, **args)
     want = bound(**args)
+    call = type(bound).__call__
 
-    def padded(*a: object, **k: object) -> torch.Tensor:
-        out = bound(*a, **k)
+    def padded(self: object, *a: object, **k: object) -> torch.Tensor:
+        out = call(self, *a, **k)
         buf = out.new_full((out.shape[0], out.shape[1] + 64), float("nan"))
         buf[:, : out.shape[1]] = out
         return buf[:, : out.shape[1]]
 
-    assert not padded(**args).is_contiguous()
-    monkeypatch.setattr(custom_ops, "_op", lambda handle, name: padded)
+    assert not padded(bound, **args).is_contiguous()
+    monkeypatch.setattr(type(bound), "__call__", padded)  # the eager body calls the bound op
     got = overload(*flat)
     assert got.shape == (rows, want.shape[1]) and got.is_contiguous() and torch.equal(got, want)
     with FakeTensorMode() as mode:
@@ -164,7 +175,7 @@ def test_compress_with_num_groups_is_static(platform: dsv4hal.Platform) -> None:
     fullgraph compile of a call matches eager."""
     spec, build = next((s, b) for s, b in load_catalog(["compress"]) if s.params.get("num_groups") and not s.gpu_only)
     args = build(spec, torch.device("cpu"), torch.Generator().manual_seed(0)).args
-    overload, flat = custom_ops.flatten("compress", platform.handle, **args)
+    overload, flat = custom_ops.flatten(platform.ops.compress, **args)
     torch.library.opcheck(overload, flat, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -174,3 +185,28 @@ def test_compress_with_num_groups_is_static(platform: dsv4hal.Platform) -> None:
     eager = platform.ops.compress(**args)
     compiled = torch.compile(lambda a: platform.ops.compress(**a), fullgraph=True, backend="aot_eager")(args)
     assert torch.equal(compiled, eager)
+
+
+def test_a_custom_op_is_derived_only_from_what_the_definition_declares() -> None:
+    """An op that returns tensors without a declared fake, or takes a type that cannot cross a custom op, is refused
+    when its custom op is derived, naming the op (and the argument)."""
+    from dsv4hal.ops.signatures import define
+
+    def validate(x, n=1, *, checked=False):  # noqa: ANN001, ANN202
+        pass
+
+    @define(validate=validate, case=lambda x, n=1: {})
+    def no_fake(x: torch.Tensor, n: int = 1) -> torch.Tensor:
+        """doc"""
+
+    with pytest.raises(TypeError, match="op no_fake returns .* fake="):
+        custom_ops.plan_of(no_fake)
+
+    @define(validate=validate, case=lambda x, n=1: {}, fake=lambda x, n=1: x)
+    def odd_type(x: torch.Tensor, n: dict = 1) -> torch.Tensor:  # type: ignore[assignment]
+        """doc"""
+
+    with pytest.raises(TypeError, match="op odd_type, argument n: type"):
+        custom_ops.plan_of(odd_type)
+    with pytest.raises(TypeError, match="fake function"):
+        define(validate=validate, case=lambda x, n=1: {}, fake=lambda x: x)(no_fake.signature_fn)

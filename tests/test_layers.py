@@ -133,17 +133,10 @@ def import_circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
     return sorted(out)
 
 
-# The circles left to remove: the compiled path re-enters the platform through custom_ops' handle table. A new
-# circle fails here; so does removing one of these without taking it off the list.
-KNOWN_CIRCLES = [
-    ("dsv4hal.custom_ops", "dsv4hal.platform"),
-]
-
-
-def test_no_import_circles_but_the_known_ones() -> None:
-    """The package's import graph has no circle other than the listed ones (the CLI, the tools, the conformance
-    runner and its decode-step cells, and the formats import nothing that imports them back)."""
-    assert import_circles(module_graph()) == KNOWN_CIRCLES
+def test_no_import_circles() -> None:
+    """The package's import graph has no circle: the CLI, the tools, the conformance runner and its decode-step
+    cells, the platform and its custom ops, the kernels and the formats import nothing that imports them back."""
+    assert import_circles(module_graph()) == []
 
 
 def test_import_circles_are_found() -> None:

@@ -8,6 +8,7 @@ import torch
 
 import dsv4hal
 import dsv4hal.checks as checks
+from dsv4hal.custom_ops import custom_op
 from dsv4hal.errors import BadCallError, Dsv4HalError, InvalidArgumentError, UnknownNameError, UnknownOpError
 from dsv4hal.formats.compressor_state import new_state
 from dsv4hal.formats.experts import quantize_experts
@@ -180,34 +181,34 @@ def test_indexer_logits_refuses_an_expanded_block_table_before_allocating(cpu: d
                                torch.tensor([100, 0, 256], dtype=torch.int32), bt)
 
 
-# ------------------------------------------------------------------ torch.ops.dsv4hal.<op> called directly
+# ------------------------------------------------------------------ a bound op's custom op called directly
 
 def test_custom_op_direct_call_refuses_bool_scalars(cpu: dsv4hal.Platform, cpu_checked: dsv4hal.Platform) -> None:
     """Bools passed for the ops' int or float scalars reach the eager body as bools, which refuses them."""
     s, lengths = torch.randn(2, 700), torch.tensor([700, 300], dtype=torch.int32)
     pt = torch.arange(22, dtype=torch.int32).reshape(2, 11)
     with pytest.raises(InvalidArgumentError, match="'page_size'.*got True"):
-        torch.ops.dsv4hal.indexer_topk(s, lengths, 512, pt, True, cpu.handle)
+        custom_op(cpu.ops.indexer_topk)(s, lengths, 512, pt, True)
     x, fn, base, scale = torch.randn(3, 4, 16).bfloat16(), torch.randn(24, 64) * 0.1, torch.zeros(24), torch.ones(3)
     with pytest.raises(InvalidArgumentError, match="'sinkhorn_iters'.*got True"):
-        torch.ops.dsv4hal.mhc_pre(x, fn, base, scale, 1e-6, 1e-6, True, cpu_checked.handle)
+        custom_op(cpu_checked.ops.mhc_pre)(x, fn, base, scale, 1e-6, 1e-6, True)
     with pytest.raises(InvalidArgumentError, match="'rms_eps'.*got True"):
-        torch.ops.dsv4hal.mhc_pre(x, fn, base, scale, True, 1e-6, 20, cpu_checked.handle)
-    y = torch.ops.dsv4hal.mhc_pre(x, fn, base, scale, 1e-6, 1e-6, 20, cpu_checked.handle)
+        custom_op(cpu_checked.ops.mhc_pre)(x, fn, base, scale, True, 1e-6, 20)
+    y = custom_op(cpu_checked.ops.mhc_pre)(x, fn, base, scale, 1e-6, 1e-6, 20)
     ref = cpu_checked.ops.mhc_pre(x, fn, base, scale, 1e-6, 1e-6, 20)
     assert all(torch.equal(a, b) for a, b in zip(y, ref))
 
 
 def test_custom_op_refuses_real_meta_tensors_outside_tracing(cpu: dsv4hal.Platform) -> None:
-    """A meta tensor passed to torch.ops.dsv4hal.<op> outside fake-tensor tracing is refused, cache untouched."""
+    """A meta tensor passed to an op's custom op outside fake-tensor tracing is refused, cache untouched."""
     c = V4PagedCache.empty(2, 64)
     cpu.ops.pack_store(torch.randn(128, 512).bfloat16(), torch.arange(128), c)
     before = c.data.clone()
     with pytest.raises(InvalidArgumentError, match="'loc' expected a tensor with data"):
-        torch.ops.dsv4hal.dequant_gather(c.data, 64, "e4m3fn", torch.tensor([3, 5], device="meta"), cpu.handle)
+        custom_op(cpu.ops.dequant_gather)(c.data, 64, "e4m3fn", torch.tensor([3, 5], device="meta"))
     with pytest.raises(InvalidArgumentError, match="'k' expected a tensor with data"):
-        torch.ops.dsv4hal.pack_store(torch.randn(2, 512, device="meta").bfloat16(), torch.tensor([0, 1]), c.data, 64,
-                                     "e4m3fn", cpu.handle)
+        custom_op(cpu.ops.pack_store)(torch.randn(2, 512, device="meta").bfloat16(), torch.tensor([0, 1]), c.data, 64,
+                                      "e4m3fn")
     assert torch.equal(c.data, before)
 
 
@@ -217,7 +218,7 @@ def test_custom_op_fake_still_runs_under_fake_tensor_mode(cpu: dsv4hal.Platform)
 
     with FakeTensorMode() as mode:
         cache = mode.from_tensor(V4PagedCache.empty(1, 64).data)
-        out = torch.ops.dsv4hal.dequant_gather(cache, 64, "e4m3fn", torch.zeros(5, dtype=torch.int64), cpu.handle)
+        out = custom_op(cpu.ops.dequant_gather)(cache, 64, "e4m3fn", torch.zeros(5, dtype=torch.int64))
     assert out.shape == (5, 512) and out.dtype == torch.bfloat16
 
 
@@ -227,12 +228,13 @@ def test_custom_op_moe_experts_refuses_other_weights_tensors(cpu: dsv4hal.Platfo
     b = cpu.ops.moe_experts.prepare_weights(_experts("fp8_block", 7))
     x, ids, tw = _moe_inputs()
     ref = cpu.ops.moe_experts(x, ids, tw, a)
-    assert torch.equal(torch.ops.dsv4hal.moe_experts(x, ids, tw, list(a._tensors), a._handle, 10.0, cpu.handle), ref)
+    experts = custom_op(cpu.ops.moe_experts)
+    assert torch.equal(experts(x, ids, tw, list(a._tensors), a._handle, 10.0), ref)
     copies = [t.clone() for t in a._tensors]
-    assert torch.equal(torch.ops.dsv4hal.moe_experts(x, ids, tw, copies, a._handle, 10.0, cpu.handle), ref)
+    assert torch.equal(experts(x, ids, tw, copies, a._handle, 10.0), ref)
     for other in (list(b._tensors), [], list(a._tensors)[:2]):
-        with pytest.raises(InvalidArgumentError, match="'weight_tensors' expected the 4 tensors"):
-            torch.ops.dsv4hal.moe_experts(x, ids, tw, other, a._handle, 10.0, cpu.handle)
+        with pytest.raises(InvalidArgumentError, match="'weights_tensors' expected the 4 tensors"):
+            experts(x, ids, tw, other, a._handle, 10.0)
 
 
 def test_format_errors_keep_their_fields_and_base_class(cpu: dsv4hal.Platform) -> None:

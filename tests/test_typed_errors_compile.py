@@ -104,18 +104,18 @@ def test_compiled_valid_call_leaves_only_the_custom_op_in_the_graph(cpu: dsv4hal
     want = cpu.ops.indexer_topk(s, lengths, 512, pt, 64)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     calls = [n.target for g in graphs for n in g.graph.nodes if n.op == "call_function"]
-    assert [str(t) for t in calls if "dsv4hal" in str(t)] == ["dsv4hal.indexer_topk"]
+    assert [str(t) for t in calls if "dsv4hal" in str(t)] == [f"dsv4hal.indexer_topk_p{cpu.handle}"]
     assert all("dsv4hal" in str(t) or "getitem" in str(t) for t in calls), calls
 
 
 def test_traced_function_validates_before_flattening(cpu: dsv4hal.Platform) -> None:
-    """custom_ops.traced(op), called as Dynamo would, refuses a malformed call with the typed error, not an
+    """custom_ops.traced(bound op), called as Dynamo would, refuses a malformed call with the typed error, not an
     AttributeError or a schema error from the flattening."""
     from dsv4hal import custom_ops
 
     k, loc = torch.randn(4, 512).bfloat16(), torch.arange(4)
     with pytest.raises(InvalidArgumentError, match="'cache' expected a V4PagedCache, got None"):
-        custom_ops.traced("pack_store")(cpu.handle, k, loc, None)
+        custom_ops.traced(cpu.ops.pack_store)(k, loc, None)
     x, fn_, base, scale = torch.randn(2, 4, 8).bfloat16(), torch.zeros(4, 32), torch.zeros(4), torch.ones(1)
     with pytest.raises(InvalidArgumentError, match="'rms_eps' expected a positive finite float, got None"):
-        custom_ops.traced("mhc_head")(cpu.handle, x, fn_, base, scale, None)
+        custom_ops.traced(cpu.ops.mhc_head)(x, fn_, base, scale, None)

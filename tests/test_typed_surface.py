@@ -121,3 +121,11 @@ def test_each_default_case_has_the_features_its_case_function_gives() -> None:
             args = {**args, op.spec.weights_arg: op.prepare_weights(args[op.spec.weights_arg])}
         assert set(op.case_of(**args)) == set(op.spec.default_case), spec.op
     assert seen == set(dsv4hal.OP_NAMES)
+
+
+def test_the_typed_ops_stub_is_the_one_generated_from_the_catalog() -> None:
+    """dsv4hal/ops/typed_ops.py (the typed attributes of platform.ops) equals a fresh stub: every op of the catalog
+    is typed, as its definition."""
+    from dsv4hal.ops import gen_stub
+
+    assert gen_stub.PATH.read_text() == gen_stub.render(), f"the stub is stale: run `{gen_stub.COMMAND}`"

@@ -120,7 +120,16 @@ def case(positions, page_table, full_to_swa, index_topk=512, out=None) -> dict[s
     return {"index_topk": int(index_topk), "in_place": out is not None}
 
 
-@define(validate=validate, case=case)
+def fake(positions, page_table, full_to_swa, index_topk=512, out=None) -> AttentionMetadata:  # noqa: ANN001
+    """The outputs' shapes and dtypes (under torch.compile; into `out`, the op returns nothing new)."""
+    t, p = positions.shape[0], page_table.shape[1]
+    i32 = dict(dtype=torch.int32)
+    return AttentionMetadata(positions.new_empty(t, WINDOW, **i32), *(positions.new_empty(t, **i32) for _ in range(3)),
+                             positions.new_empty(t, c128_width(p), **i32), positions.new_empty(t, **i32),
+                             positions.new_empty(t, dtype=torch.int64), positions.new_empty(t, dtype=torch.int64))
+
+
+@define(validate=validate, case=case, fake=fake, mutates=("out",))
 def build_attention_metadata(positions: torch.Tensor, page_table: torch.Tensor, full_to_swa: torch.Tensor,
                              index_topk: int = 512, out: AttentionMetadata | None = None) -> AttentionMetadata:
     """Per-query-row attention metadata of every layer type (SWA-only, C4, C128) from the page tables, once per

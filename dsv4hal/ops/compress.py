@@ -259,7 +259,21 @@ def case_decode(kv_score, state, slots, positions, ape, norm_weight, cos, sin, r
             "ring": int(state.shape[1])}
 
 
-@define(validate=validate, case=case, memo=False)  # validation reads cu_seqlens when it is on the CPU
+def fake(kv_score, cu_seqlens, ape, norm_weight, cos, sin, ratio, eps=1e-6, hadamard=False,  # noqa: ANN001
+         num_groups=None) -> torch.Tensor:  # noqa: ANN001
+    """The output's shape and dtype (under torch.compile): sum_b L_b // ratio rows, the caller's num_groups or
+    read from cu_seqlens (a data-dependent size)."""
+    rows = torch.library.get_ctx().new_dynamic_size() if num_groups is None else num_groups
+    return kv_score.new_empty(rows, norm_weight.shape[0])
+
+
+def fake_decode(kv_score, state, slots, positions, ape, norm_weight, cos, sin, ratio, eps=1e-6,  # noqa: ANN001
+                hadamard=False) -> torch.Tensor:  # noqa: ANN001
+    """The output's shape and dtype (under torch.compile)."""
+    return kv_score.new_empty(kv_score.shape[0], norm_weight.shape[0])
+
+
+@define(validate=validate, case=case, memo=False, fake=fake)  # validation reads cu_seqlens when it is on the CPU
 def compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor, norm_weight: torch.Tensor,
              cos: torch.Tensor, sin: torch.Tensor, ratio: int, eps: float = 1e-6, hadamard: bool = False,
              num_groups: int | None = None) -> torch.Tensor:
@@ -293,7 +307,7 @@ def compress(kv_score: torch.Tensor, cu_seqlens: torch.Tensor, ape: torch.Tensor
     """
 
 
-@define(validate=validate_decode, case=case_decode)
+@define(validate=validate_decode, case=case_decode, fake=fake_decode, mutates=("state",))
 def compress_decode(kv_score: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                     ape: torch.Tensor, norm_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ratio: int,
                     eps: float = 1e-6, hadamard: bool = False) -> torch.Tensor:

@@ -124,7 +124,12 @@ def case(
     return {"fp8": cache.fp8}
 
 
-@define(validate=validate, case=case)
+def fake(q, weights, cache, context_lens, block_table) -> torch.Tensor:  # noqa: ANN001
+    """The output's shape and dtype (under torch.compile)."""
+    return weights.new_empty(q.shape[0], block_table.shape[1] * PAGE_SIZE)
+
+
+@define(validate=validate, case=case, fake=fake)
 def indexer_logits(q: torch.Tensor, weights: torch.Tensor, cache: IndexerPagedCache, context_lens: torch.Tensor,
                    block_table: torch.Tensor) -> torch.Tensor:
     """Index scores of the lightning indexer over the FP8 indexer cache (DeepGEMM fp8_paged_mqa_logits).
@@ -183,7 +188,12 @@ def case_q_prep(q: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: 
     return {"fp8": fp8, "dtype": str(q.dtype).removeprefix("torch.")}
 
 
-@define(validate=validate_q_prep, case=case_q_prep)
+def fake_q_prep(q, weights, cos, sin, positions, fp8="e4m3fn") -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+    """The outputs' shapes and dtypes (under torch.compile)."""
+    return q.new_empty(q.shape, dtype=fp8_dtype(fp8)), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@define(validate=validate_q_prep, case=case_q_prep, fake=fake_q_prep)
 def indexer_q_prep(q: torch.Tensor, weights: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    positions: torch.Tensor, fp8: str = "e4m3fn") -> tuple[torch.Tensor, torch.Tensor]:
     """The lightning indexer's query preparation: RoPE, Hadamard and per-head FP8 quantization of q, and the q

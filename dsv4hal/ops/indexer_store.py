@@ -68,7 +68,7 @@ def case(k: torch.Tensor, loc: torch.Tensor, cache: IndexerPagedCache, scale: st
     return {"fp8": cache.fp8, "scale": scale}
 
 
-@define(validate=validate, case=case)
+@define(validate=validate, case=case, mutates=("cache",))
 def indexer_store(k: torch.Tensor, loc: torch.Tensor, cache: IndexerPagedCache, scale: str = "amax") -> None:
     """Quantize index keys into the 132-byte FP8 rows of the C4 indexer cache, in place (bit-exact).
 

@@ -64,7 +64,13 @@ def case(scores, lengths, k, page_table=None, page_size=64) -> dict[str, object]
             "size": "large" if scores.shape[1] > 16384 else "small"}
 
 
-@define(validate=validate, case=case)
+def fake(scores, lengths, k, page_table=None, page_size=64) -> tuple[torch.Tensor, torch.Tensor | None]:  # noqa: ANN001
+    """The outputs' shapes and dtypes (under torch.compile)."""
+    raw = scores.new_empty(scores.shape[0], k, dtype=torch.int32)
+    return raw, None if page_table is None else raw.new_empty(raw.shape)
+
+
+@define(validate=validate, case=case, fake=fake, none_outputs={1: "page_table"})
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
                  page_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Top-k of the indexer's scores per row, with per-row lengths and the optional page transform (the

@@ -198,7 +198,34 @@ def case_mhc_post_pre(
     return {"hidden": int(x.shape[2]), "sinkhorn_iters": int(sinkhorn_iters)}
 
 
-@define(validate=validate_mhc_pre, case=case_mhc_pre)
+def _fake_pre(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    t, n, d = x.shape
+    return x.new_empty(t, d), x.new_empty(t, n, dtype=torch.float32), x.new_empty(t, n, n, dtype=torch.float32)
+
+
+def fake_mhc_pre(x, fn, base, scale, rms_eps=1e-6, hc_eps=1e-6,  # noqa: ANN001
+                 sinkhorn_iters=20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # noqa: ANN001
+    """The outputs' shapes and dtypes (under torch.compile)."""
+    return _fake_pre(x)
+
+
+def fake_mhc_post(f, x, post, comb) -> torch.Tensor:  # noqa: ANN001
+    """The output's shape and dtype (under torch.compile)."""
+    return x.new_empty(x.shape)
+
+
+def fake_mhc_post_pre(f, x, post, comb, fn, base, scale, rms_eps=1e-6, hc_eps=1e-6,  # noqa: ANN001
+                      sinkhorn_iters=20) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
+    """The outputs' shapes and dtypes (under torch.compile)."""
+    return (x.new_empty(x.shape), *_fake_pre(x))
+
+
+def fake_mhc_head(x, fn, base, scale, rms_eps=1e-6, hc_eps=1e-6) -> torch.Tensor:  # noqa: ANN001
+    """The output's shape and dtype (under torch.compile)."""
+    return x.new_empty(x.shape[0], x.shape[2])
+
+
+@define(validate=validate_mhc_pre, case=case_mhc_pre, fake=fake_mhc_pre)
 def mhc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6,
             hc_eps: float = 1e-6, sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Hyper-connection pre-mix: the gates of the 4 streams from their RMS-normalised mixes, the Sinkhorn-balanced
@@ -218,7 +245,7 @@ def mhc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.
     """
 
 
-@define(validate=validate_mhc_post, case=case_mhc_post)
+@define(validate=validate_mhc_post, case=case_mhc_post, fake=fake_mhc_post)
 def mhc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """Hyper-connection post-mix: X'[:, k] = post_k * f + sum_j comb[j, k] * x[:, j], fp32, rounded once.
 
@@ -234,7 +261,7 @@ def mhc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.T
     """
 
 
-@define(validate=validate_mhc_post_pre, case=case_mhc_post_pre)
+@define(validate=validate_mhc_post_pre, case=case_mhc_post_pre, fake=fake_mhc_post_pre)
 def mhc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
                  base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
                  sinkhorn_iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -252,7 +279,7 @@ def mhc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: tor
     """
 
 
-@define(validate=validate_mhc_head, case=case_mhc_head)
+@define(validate=validate_mhc_head, case=case_mhc_head, fake=fake_mhc_head)
 def mhc_head(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, rms_eps: float = 1e-6,
              hc_eps: float = 1e-6) -> torch.Tensor:
     """Hyper-connection head: the 4 streams to one before the final norm, y = sum_i pre_i * x[:, i] with

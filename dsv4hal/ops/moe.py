@@ -308,7 +308,20 @@ def case_moe_experts(
     return {**weights.case, "top_k": topk_ids.shape[1], "tokens": token_class(x.shape[0])}
 
 
-@define(validate=validate_moe_route, case=case_moe_route)
+def fake_moe_route(router_logits, bias=None, top_k=6, routed_scaling_factor=1.5, hash_table=None,  # noqa: ANN001
+                   input_ids=None) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+    """The outputs' shapes and dtypes (under torch.compile)."""
+    k = top_k if hash_table is None else hash_table.shape[1]
+    t = router_logits.shape[0]
+    return router_logits.new_empty(t, k, dtype=torch.int32), router_logits.new_empty(t, k)
+
+
+def fake_moe_experts(x, topk_ids, topk_weights, weights, swiglu_limit=10.0) -> torch.Tensor:  # noqa: ANN001
+    """The output's shape and dtype (under torch.compile)."""
+    return x.new_empty(x.shape)
+
+
+@define(validate=validate_moe_route, case=case_moe_route, fake=fake_moe_route)
 def moe_route(router_logits: torch.Tensor, bias: torch.Tensor | None = None, top_k: int = 6,
               routed_scaling_factor: float = 1.5, hash_table: torch.Tensor | None = None,
               input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,7 +349,7 @@ def moe_route(router_logits: torch.Tensor, bias: torch.Tensor | None = None, top
     """
 
 
-@define(validate=validate_moe_experts, case=case_moe_experts,
+@define(validate=validate_moe_experts, case=case_moe_experts, fake=fake_moe_experts,
         weights=("weights", validate_expert_weights, case_expert_weights))
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights: PreparedWeights,
                 swiglu_limit: float = 10.0) -> torch.Tensor:

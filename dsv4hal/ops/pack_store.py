@@ -96,7 +96,12 @@ def case_dequant_gather(cache: V4PagedCache, loc: torch.Tensor) -> dict[str, obj
     return _features(cache, int(loc.shape[0]))
 
 
-@define(validate=validate_pack_store, case=case_pack_store)
+def fake_dequant_gather(cache: V4PagedCache, loc: torch.Tensor) -> torch.Tensor:
+    """The output's shape and dtype (under torch.compile)."""
+    return cache.data.new_empty(loc.shape[0], HEAD_DIM, dtype=torch.bfloat16)
+
+
+@define(validate=validate_pack_store, case=case_pack_store, mutates=("cache",))
 def pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> None:
     """Quantize bf16 keys into the 584-byte V4 paged cache, in place (bit-exact with the reference).
 
@@ -117,7 +122,7 @@ def pack_store(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache) -> None:
     """
 
 
-@define(validate=validate_dequant_gather, case=case_dequant_gather)
+@define(validate=validate_dequant_gather, case=case_dequant_gather, fake=fake_dequant_gather)
 def dequant_gather(cache: V4PagedCache, loc: torch.Tensor) -> torch.Tensor:
     """Read V4 cache slots back to bf16 (the sparse-prefill workspace); pack_store's inverse, exact in bf16.
 

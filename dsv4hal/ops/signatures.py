@@ -5,9 +5,12 @@
         '''Arguments / Returns / Rejected (the op's one docstring).'''
 
 The decorated function is only a signature: its parameters, types, defaults, return type and docstring are what
-`platform.ops.<op>` shows (inspect.signature, typing.get_type_hints, IDEs). `define` checks at import that the
-validate and case functions take exactly those parameters, so the three cannot drift apart. The catalog
-(dsv4hal.ops.catalog) finds a definition by the op's name in its module.
+`platform.ops.<op>` shows (inspect.signature, typing.get_type_hints, IDEs), and what the op's torch custom op is
+derived from (dsv4hal.custom_ops: schema, flattening, rebuilding). What the types cannot say is declared here too:
+`fake` (the output shapes and dtypes under torch.compile), `mutates` (the arguments written in place) and
+`none_outputs` (outputs that are None when an argument is). `define` checks at import that the validate, case and
+fake functions take exactly those parameters, so they cannot drift apart. The catalog (dsv4hal.ops.catalog) finds a
+definition by the op's name in its module.
 
 This module imports nothing heavy: the catalog and `import dsv4hal.platform` stay free of torch."""
 
@@ -32,7 +35,8 @@ class OpDefinition(Generic[P, R]):
                  case: Callable[..., Mapping[str, object]], weights_arg: str | None = None,
                  weights_validate: Callable[..., Any] | None = None,
                  weights_case: Callable[..., Mapping[str, object]] | None = None, memo: bool = True,
-                 key: Callable[..., tuple] | None = None) -> None:
+                 key: Callable[..., tuple] | None = None, fake: Callable[..., Any] | None = None,
+                 mutates: tuple[str, ...] = (), none_outputs: Mapping[int, str] | None = None) -> None:
         self.name: str = signature_fn.__name__
         self.signature_fn = signature_fn
         self.signature = inspect.signature(signature_fn)
@@ -45,6 +49,11 @@ class OpDefinition(Generic[P, R]):
         # optional: a flat tuple of everything `case` reads, from which `case` is computed; a bound call without
         # validation finds its kernel by it instead of building the case (host time: see dsv4hal.platform.BoundOp)
         self.key = key
+        # under torch.compile (dsv4hal.custom_ops): the outputs' shapes and dtypes from the arguments (tensors
+        # without data), the arguments written in place, and {output index: argument} for an output that is None
+        # exactly when that argument is None
+        self.fake, self.mutates = fake, tuple(mutates)
+        self.none_outputs: Mapping[int, str] = dict(none_outputs or {})
         self.__doc__ = signature_fn.__doc__
         self._hints: dict[str, Any] | None = None
         self._check()
@@ -54,14 +63,17 @@ class OpDefinition(Generic[P, R]):
         another: refuse that at import, when the op is defined."""
         want = list(self.params)
         fns = [("validate", self.validate, ("checked",)), ("case", self.case, ())]
-        if self.key is not None:
-            fns.append(("key", self.key, ()))
+        fns += [(what, fn, ()) for what, fn in (("key", self.key), ("fake", self.fake)) if fn is not None]
         for what, fn, drop in fns:
             got = [p for p in inspect.signature(fn).parameters if p not in drop]
             if got != want:
                 raise TypeError(f"op {self.name}: {what} function {fn.__name__} takes {got}, the definition {want}")
-        if self.weights_arg is not None and self.weights_arg not in want:
-            raise TypeError(f"op {self.name}: weights argument {self.weights_arg!r} is not a parameter")
+        named = [("weights argument", self.weights_arg)] if self.weights_arg is not None else []
+        named += [("mutated argument", a) for a in self.mutates]
+        named += [("none_outputs argument", a) for a in self.none_outputs.values()]
+        for what, arg in named:
+            if arg not in want:
+                raise TypeError(f"op {self.name}: {what} {arg!r} is not a parameter")
 
     def check_call(self, args: tuple, kwargs: Mapping[str, object]) -> None:
         """Raise BadCallError when `args` and `kwargs` do not fit the op's signature (called after a TypeError, so
@@ -102,13 +114,18 @@ class OpDefinition(Generic[P, R]):
 
 def define(*, validate: Callable[..., Any], case: Callable[..., Mapping[str, object]],
            weights: tuple[str, Callable[..., Any], Callable[..., Mapping[str, object]]] | None = None,
-           memo: bool = True, key: Callable[..., tuple] | None = None
+           memo: bool = True, key: Callable[..., tuple] | None = None, fake: Callable[..., Any] | None = None,
+           mutates: tuple[str, ...] = (), none_outputs: Mapping[int, str] | None = None
            ) -> Callable[[Callable[P, R]], OpDefinition[P, R]]:
     """Decorate an op's typed signature (its body is never run). `weights`: (argument, validate, case) of the
     weights of an op that is decided when its weights are prepared. `memo=False` for an op whose unchecked
     validation reads tensor values (dsv4hal.ops.memo). `key`: a hashable tuple of what `case` reads, which `case`
-    is computed from (so equal keys give equal cases), for an op whose unvalidated host time matters."""
+    is computed from (so equal keys give equal cases), for an op whose unvalidated host time matters. Under
+    torch.compile: `fake(<the op's parameters>)` returns outputs of the op's shapes and dtypes (new_empty of the
+    arguments; None where the op returns None), needed unless the op returns None; `mutates` names the arguments
+    the op writes in place; `none_outputs` maps an output's index to the argument whose None makes it None."""
     def wrap(fn: Callable[P, R]) -> OpDefinition[P, R]:
         w = weights or (None, None, None)
-        return OpDefinition(fn, validate, case, *w, memo=memo, key=key)
+        return OpDefinition(fn, validate, case, *w, memo=memo, key=key, fake=fake, mutates=mutates,
+                            none_outputs=none_outputs)
     return wrap

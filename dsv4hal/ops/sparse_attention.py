@@ -183,7 +183,22 @@ def case_prefill(q, kv, indices, lengths, sink, softmax_scale) -> dict[str, obje
     return {"h_q": int(q.shape[1]), "width": int(indices.shape[1])}
 
 
-@define(validate=validate_decode, case=case_decode, key=key_decode)
+def _fake_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
+
+
+def fake_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale, extra_cache=None,  # noqa: ANN001
+                extra_indices=None, extra_lengths=None) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+    """The outputs' shapes and dtypes (under torch.compile)."""
+    return _fake_outputs(q)
+
+
+def fake_prefill(q, kv, indices, lengths, sink, softmax_scale) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+    """The outputs' shapes and dtypes (under torch.compile)."""
+    return _fake_outputs(q)
+
+
+@define(validate=validate_decode, case=case_decode, key=key_decode, fake=fake_decode)
 def sparse_attention_decode(q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
                             swa_lengths: torch.Tensor, sink: torch.Tensor, softmax_scale: float,
                             extra_cache: V4PagedCache | None = None, extra_indices: torch.Tensor | None = None,
@@ -214,7 +229,7 @@ def sparse_attention_decode(q: torch.Tensor, swa_cache: V4PagedCache, swa_indice
     """
 
 
-@define(validate=validate_prefill, case=case_prefill)
+@define(validate=validate_prefill, case=case_prefill, fake=fake_prefill)
 def sparse_attention_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lengths: torch.Tensor,
                              sink: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MQA over a bf16 workspace of dequantized cache rows (dequant_gather), by indices, with a sink.

@@ -20,7 +20,7 @@ class PreparedWeights:
     platform: str
     case: Mapping[str, object]  # features of the logical weights (format, sizes) the choice was made on
     payload: Any  # the implementation's own layout
-    # the validation memo's token for these weights (dsv4hal.ops.memo), made on their first call
+    # the fast path's token for these weights (dsv4hal.dispatch.fast_path), made on their first call
     _memo_token: object | None = field(default=None, init=False, repr=False, compare=False)
 
     def describe(self) -> str:

@@ -29,7 +29,7 @@ ATTEMPTS = 3  # measurements before a figure over the limit counts
 
 
 def added_us(bound: Callable, direct: Callable, args: tuple, kwargs: dict) -> float:
-    for _ in range(20):  # warm: the first call validates and selects; later calls hit the memo
+    for _ in range(20):  # warm: the first call validates and selects; later calls take the fast path
         bound(*args, **kwargs)
         direct(*args, **kwargs)
     medians = []
@@ -86,13 +86,15 @@ def test_a_bound_call_adds_little_over_the_reference(op: str) -> None:
         if extra < LIMIT_US:      # measure again, keep the least (load never makes a call faster)
             break
         extra = min(extra, added_us(bound, direct, args, kwargs))
+    print(f"{op}: a bound call adds {extra:.2f} us over the reference")  # the figure, shown with pytest -s
     assert extra < LIMIT_US, f"{op}: a bound call adds {extra:.1f} us over the reference (limit {LIMIT_US} us)"
 
 
 def test_an_unvalidated_call_finds_the_kernel_of_its_case_by_the_case_key() -> None:
     """sparse_attention_decode's unvalidated calls look their kernel up by the op's case key (OpDefinition.key): for
-    every argument set, the entry its key finds is the kernel its case selects, and calls whose cases differ (one
+    every argument set, the Choice its key finds is the one its case selects, and calls whose cases differ (one
     row or more, SWA-only or not, a short or a long extra list, the cache's FP8 flavour) never share an entry."""
+    from dsv4hal.dispatch.dispatcher import CALL
     from dsv4hal.ops.sparse_attention import case_decode, key_decode, sparse_attention_decode
 
     assert sparse_attention_decode.key is key_decode
@@ -116,11 +118,12 @@ def test_an_unvalidated_call_finds_the_kernel_of_its_case_by_the_case_key() -> N
         for _ in range(2):  # the miss, then the hit
             out, lse = op(*args, **kwargs)
             assert out.shape == (args[0].shape[0], 64, 512) and lse.shape == (args[0].shape[0], 64)
-        assert op._by_key[key_decode(*args, **kwargs)] is op._resolve(op.case_of(*args, **kwargs))[1]
-    assert len(op._by_key) == len(calls)
+        by_key = op.dispatcher._table[(CALL, key_decode(*args, **kwargs))]
+        assert by_key is op.dispatcher.choose(op.case_of(*args, **kwargs))
+    assert sum(k[0] == CALL for k in op.dispatcher._table) == len(calls)
 
 
-def test_the_memo_never_skips_a_refusal() -> None:
+def test_the_fast_path_never_skips_a_refusal() -> None:
     """Only calls that passed are remembered: the same bad metadata is refused every time, and a good call after a
     bad one still validates its own arguments."""
     platform = dsv4hal.select_platform(info=fake("cpu"))
@@ -142,10 +145,10 @@ def test_the_memo_never_skips_a_refusal() -> None:
         checked.ops.moe_route(torch.full((1, 16), float("nan")), top_k=2)  # checked mode reads values every call
 
 
-def test_the_memo_key_tells_apart_what_validation_reads() -> None:
+def test_the_fast_path_key_tells_apart_what_validation_reads() -> None:
     """Equal keys only for arguments whose types, dtypes, shapes, strides, devices and scalar values are equal, and
-    whose split into positional and keyword arguments is the same (the key is one flat tuple: see memo.py)."""
-    from dsv4hal.ops.memo import metadata_key as key
+    whose split into positional and keyword arguments is the same (the key is one flat tuple: see fast_path.py)."""
+    from dsv4hal.dispatch.fast_path import metadata_key as key
 
     t = torch.zeros(2, 3)
     assert key((t,), {}) == key((torch.ones(2, 3),), {})  # values are not read
@@ -161,7 +164,7 @@ def test_the_memo_key_tells_apart_what_validation_reads() -> None:
     assert None not in keys and len(set(keys)) == len(keys)
     for unkeyable in (object(), [t], (t,), {"t": t}, torch.float32):
         assert key((unkeyable,), {}) is None and key((), {"x": unkeyable}) is None
-    from dsv4hal.ops.memo import _extend
+    from dsv4hal.dispatch.fast_path import _extend
 
     for value in (t, 1.5, None, torch.nn.Parameter(t)):  # metadata_key inlines _extend's common branches
         items: list[object] = []
@@ -170,10 +173,10 @@ def test_the_memo_key_tells_apart_what_validation_reads() -> None:
 
 
 def test_a_cache_is_one_token_kept_until_a_field_changes() -> None:
-    """A cache is keyed by a token kept on the object for its metadata: equal caches share it (and so their memo
-    entries), a cache with other metadata gets another, and assigning a field forgets it."""
+    """A cache is keyed by a token kept on the object for its metadata: equal caches share it (and so their fast
+    path entries), a cache with other metadata gets another, and assigning a field forgets it."""
+    from dsv4hal.dispatch.fast_path import metadata_key as key
     from dsv4hal.formats.indexer_cache import IndexerPagedCache
-    from dsv4hal.ops.memo import metadata_key as key
 
     swa = dsv4hal.V4PagedCache.empty(2, 256)
     (tok,) = key((swa,), {})
@@ -189,7 +192,7 @@ def test_a_cache_is_one_token_kept_until_a_field_changes() -> None:
     assert key((swa,), {})[0] not in (tok, key((others[2],), {})[0])
 
 
-def test_the_memo_sees_metadata_changed_in_place() -> None:
+def test_the_fast_path_sees_metadata_changed_in_place() -> None:
     """A call keyed like one that passed runs straight to the kernel; the same objects changed in place (strides,
     shapes, dtypes, a cache's fields) are validated again, and refused every time."""
     platform = dsv4hal.select_platform(info=fake("cpu"))
@@ -215,16 +218,13 @@ def test_the_memo_sees_metadata_changed_in_place() -> None:
                 op(*args)
         undo()
         swa.data = data
-        op(*args)  # the good call still passes (from the memo)
+        op(*args)  # the good call still passes (from the fast path)
 
 
-def test_tensor_checks_find_only_validated_metadata(monkeypatch) -> None:  # noqa: ANN001
-    """The C++ checks (memo.TensorChecks) answer a repeat call without validating; they hold the last
-    GUARDS_PER_KEY metadata a split key passed with, so more shapes in turn are validated again (via the memo,
-    never wrongly); a call the checks do not find goes on to the memo and its Python key. Without Dynamo's
-    TensorGuards the memo alone serves, with the same verdicts."""
-    from dsv4hal.ops import memo
-
+def test_the_fast_path_finds_only_validated_metadata(monkeypatch) -> None:  # noqa: ANN001
+    """A repeat call is answered by the fast path without validating; every shape that passed is kept (five batch
+    sizes in turn are each validated once), and a shape never validated, or metadata changed in place after a call
+    that passed, is refused every time."""
     platform = dsv4hal.select_platform(info=fake("cpu"))
     op = platform.ops.mhc_post
     calls = []
@@ -239,11 +239,9 @@ def test_tensor_checks_find_only_validated_metadata(monkeypatch) -> None:  # noq
     want = ref_mhc.mhc_post(*a)
     assert torch.equal(op(*a), want) and calls == [2]
     calls.clear()
-    for t in (1, 2, 3, 4, 5, 1, 2, 3, 4, 5):  # five shapes in turn: the memo keeps all, the checks the last four
+    for t in (1, 2, 3, 4, 5, 1, 2, 3, 4, 5):
         op(*args(t))
-    assert calls == [1, 3, 4, 5]  # each new shape validated once; repeats found by the checks or the memo
-    key, tensors = memo.split_key(args(5), {})
-    assert op._checks.find(key, tensors) is not None and len(op._checks._by_key[key]) == memo.GUARDS_PER_KEY
+    assert calls == [1, 3, 4, 5] and len(op._fast) == 5  # each new shape validated once; repeats found
     with pytest.raises(dsv4hal.errors.InvalidArgumentError, match="post"):
         op(*args(2)[:2], torch.rand(2, 5), torch.rand(2, 4, 4))  # a shape never validated is refused
     bad = args(2)
@@ -251,40 +249,14 @@ def test_tensor_checks_find_only_validated_metadata(monkeypatch) -> None:  # noq
     for _ in range(2):  # metadata changed in place after a call that passed: refused every time
         with pytest.raises(dsv4hal.errors.InvalidArgumentError, match="post"):
             op(*bad)
-    monkeypatch.setattr(memo, "_TensorGuards", None)
-    fresh = dsv4hal.select_platform(info=fake("cpu")).ops.mhc_post
-    for _ in range(2):
-        assert torch.equal(fresh(*a), want)
-    assert not fresh._checks._by_key and len(fresh._memo) == 1
-
-
-def test_a_tensor_guards_that_refuses_its_arguments_turns_the_checks_off(monkeypatch) -> None:  # noqa: ANN001
-    """Another torch's TensorGuards whose constructor refuses these arguments: the memo's Python key serves every
-    call (with the same verdicts), and the constructor is not tried again."""
-    from dsv4hal.ops import memo
-
-    tries = []
-
-    def refusing(*a, **k):  # noqa: ANN002, ANN003, ANN202
-        tries.append(1)
-        raise TypeError("unexpected keyword argument 'dynamic_dims_sizes'")
-
-    monkeypatch.setattr(memo, "_TensorGuards", refusing)
-    op = dsv4hal.select_platform(info=fake("cpu")).ops.mhc_post
-    a = (torch.randn(2, 64).bfloat16(), torch.randn(2, 4, 64).bfloat16(), torch.rand(2, 4), torch.rand(2, 4, 4))
-    for _ in range(3):
-        assert torch.equal(op(*a), ref_mhc.mhc_post(*a))
-    assert tries == [1] and memo._TensorGuards is None and not op._checks._by_key
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the bound op's kernel and CUDA tensors)")
-def test_tensor_checks_serve_calls_on_the_gpu(monkeypatch) -> None:  # noqa: ANN001
-    """On the GPU's platform (its own kernel bound, CUDA tensors): the installed torch's TensorGuards accepts CUDA
-    tensors, repeat calls are found by the checks without validating, and the same call with one tensor moved to
-    the CPU is refused every time (the device is part of what the checks compare)."""
-    from dsv4hal.ops import memo
-
+def test_the_fast_path_serves_calls_on_the_gpu(monkeypatch) -> None:  # noqa: ANN001
+    """On the GPU's platform (its own kernel bound, CUDA tensors): repeat calls are found by the fast path without
+    validating, and the same call with one tensor moved to the CPU is refused every time (the device is part of
+    the key)."""
     op = dsv4hal.select_platform().ops.mhc_post
     calls = []
     real = op._validate
@@ -297,11 +269,9 @@ def test_tensor_checks_serve_calls_on_the_gpu(monkeypatch) -> None:  # noqa: ANN
     for t in (2, 3, 2, 3, 2):
         a = args(t)
         torch.testing.assert_close(op(*a).float(), ref_mhc.mhc_post(*a).float(), atol=2e-2, rtol=2e-2)
-    assert calls == [2, 3] and memo._TensorGuards is not None
-    key, tensors = memo.split_key(args(3), {})
-    assert op._checks.find(key, tensors) is not None
+    assert calls == [2, 3] and op._fast.find(args(3), {}) is not None
     mixed = (args(3, "cpu")[0], *args(3)[1:])  # x on the CPU, the rest on the GPU
-    assert op._checks.find(key, memo.split_key(mixed, {})[1]) is None
+    assert op._fast.find(mixed, {}) is None
     for _ in range(2):
         with pytest.raises(dsv4hal.errors.InvalidArgumentError, match="device"):
             op(*mixed)

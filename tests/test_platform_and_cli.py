@@ -38,13 +38,13 @@ def test_select_platform_binds_ops_and_caches_per_case() -> None:
     assert p.name == "cpu" and set(p.default_decisions) == set(dsv4hal.OP_NAMES)
     scores = torch.randn(2, 700)
     lengths = torch.tensor([3, 700], dtype=torch.int32)
-    before = len(p.ops.indexer_topk._by_case)  # the default case is decided at selection time
+    before = len(p.ops.indexer_topk.dispatcher)  # the default case is decided at selection time
     raw, pages = p.ops.indexer_topk(scores, lengths, 512)
     p.ops.indexer_topk(scores, lengths, 512)
     assert pages is None and raw[0, :4].tolist() == [0, 1, 2, -1]
-    assert len(p.ops.indexer_topk._by_case) == before + 1
+    assert len(p.ops.indexer_topk.dispatcher) == before + 1
     p.ops.indexer_topk(scores, lengths, 1024)
-    assert len(p.ops.indexer_topk._by_case) == before + 2
+    assert len(p.ops.indexer_topk.dispatcher) == before + 2
     with pytest.raises(InvalidArgumentError, match="'k'"):
         p.ops.indexer_topk(scores, lengths, 300)
 

@@ -104,7 +104,7 @@ def test_no_silent_switch_when_the_prepared_kernel_refuses_the_case(reg) -> None
 def test_repeat_calls_skip_validation_and_still_run_the_prepared_kernel(reg, monkeypatch) -> None:  # noqa: ANN001
     """A call with the metadata and weights token of one that passed goes straight to the prepared kernel on the
     payload (the same result as the first call); weights made by the same kernel for the same case share the token
-    (and so the memo entry) but each call runs on its own payload; refusals (another platform's weights, a case
+    (and so the fast path entry) but each call runs on its own payload; refusals (another platform's weights, a case
     the kernel refuses, bad tokens) are raised every time, never remembered."""
     p = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
     op = p.ops.moe_experts
@@ -114,7 +114,7 @@ def test_repeat_calls_skip_validation_and_still_run_the_prepared_kernel(reg, mon
     validations = []
     real = op._validate
     monkeypatch.setattr(op, "_validate", lambda *a, **k: (validations.append(1), real(*a, **k))[1])
-    assert torch.equal(op(x, ids, tw, prepared), first) and not validations  # from the memo
+    assert torch.equal(op(x, ids, tw, prepared), first) and not validations  # from the fast path
     scaled = dataclasses.replace(w, w13_scale=w.w13_scale + 1)  # same metadata, other values (E8M0 exponents + 1)
     other = op.prepare_weights(scaled)
     assert other is not prepared and other._memo_token is None

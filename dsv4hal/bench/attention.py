@@ -11,7 +11,7 @@ import torch
 from dsv4hal.bench.common import bound_op, candidates
 from dsv4hal.bench.pools import random_pool
 from dsv4hal.bench.timing import graph_us, host_us_interleaved
-from dsv4hal.ops.memo import metadata_key
+from dsv4hal.dispatch.fast_path import metadata_key
 
 POOL_SLOTS = 1 << 22  # ~4M entries per pool: gathers miss the L2 as in serving
 SCALE = 512 ** -0.5

@@ -16,10 +16,12 @@ COMMAND = "python3 -m dsv4hal.ops.gen_stub"
 
 def render() -> str:
     """The stub's text for the ops of the catalog."""
-    from dsv4hal.platform import BoundOp  # where BoundOp lives, named as the stub imports it
+    from dsv4hal.dispatch.bound_op import BoundOp  # where BoundOp lives, named as the stub imports it
 
     modules = sorted({o.module for o in OPS})
-    imports = [f"    from dsv4hal.ops import {m} as _{m}" for m in modules]
+    imports = sorted([*(f"    from dsv4hal.ops import {m} as _{m}" for m in modules),
+                      "    from dsv4hal.ops.signatures import OpDefinition",
+                      f"    from {BoundOp.__module__} import BoundOp"], key=lambda line: line.split()[1])
     attrs = [f"        {o.name} = _typed(_{o.module}.{o.name})" for o in OPS]
     return "\n".join([
         '"""The typed attributes of dsv4hal.platform.Ops: what IDEs and type checkers see of platform.ops.<op>, each',
@@ -32,8 +34,6 @@ def render() -> str:
         "",
         "if TYPE_CHECKING:",
         *imports,
-        "    from dsv4hal.ops.signatures import OpDefinition",
-        f"    from {BoundOp.__module__} import BoundOp",
         "",
         'P = ParamSpec("P")',
         'R = TypeVar("R")',

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 if TYPE_CHECKING:
+    from dsv4hal.dispatch.bound_op import BoundOp
     from dsv4hal.ops import attention_metadata as _attention_metadata
     from dsv4hal.ops import compress as _compress
     from dsv4hal.ops import indexer_logits as _indexer_logits
@@ -17,7 +18,6 @@ if TYPE_CHECKING:
     from dsv4hal.ops import pack_store as _pack_store
     from dsv4hal.ops import sparse_attention as _sparse_attention
     from dsv4hal.ops.signatures import OpDefinition
-    from dsv4hal.platform import BoundOp
 
 P = ParamSpec("P")
 R = TypeVar("R")

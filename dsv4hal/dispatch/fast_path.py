@@ -1,43 +1,33 @@
-"""Host cost of a bound call: validation memoised on tensor metadata.
+"""The fast path of a validated call: a call whose argument metadata passed before skips validation and selection.
 
 Unchecked validation (every op but compress, which reads cu_seqlens on the CPU) and case selection read only
 host attributes: types, dtypes, shapes, strides, devices and scalar values (and of prepared weights: the op,
 kernel and platform they were made for, their case and their payload's devices). So a call whose arguments have
-the same metadata as one that passed gives the same verdict and the same kernel, and the bound op skips straight to
-the kernel. Only calls that passed are remembered: a bad argument is checked, and refused, every time. Checked mode
-(which reads values) never uses the memo.
+the same metadata as one that passed gives the same verdict and the same kernel: FastPath maps that metadata to the
+kernel. Only calls that passed are remembered: a bad argument is checked, and refused, every time. Checked mode
+(which reads values) never uses it.
 
 The key is one flat tuple built in one loop, with no Python call per argument for the common kinds (plain tensors,
 plain scalars, caches, prepared weights): ~0.3 us a tensor, most of it the four metadata reads every key needs,
 against ~2 us a tensor to validate. A paged cache or a PreparedWeights is one item, a token kept on the object for
-its metadata (formats.cache_object; PreparedWeights is frozen), built on its first call.
-
-Before the key, a bound op asks TensorChecks: the call's other items with the plain tensors left out (split_key),
-and the tensors' metadata checked in C++ by Dynamo's TensorGuards against the last few calls that passed with those
-items. On the 2-core CI machine, sparse_attention_decode (six tensors and two caches in nine arguments) then adds
-~2.2 us over its kernel (~4 us through the key and its lookup, ~13 us to validate and select); moe_experts ~1.6 us
-(~11 us when its prepared weights were validated every call)."""
+its metadata (formats.cache_object; PreparedWeights is frozen), built on its first call. Plain Python and public
+torch attributes only: on the 2-core CI machine sparse_attention_decode (six tensors and two caches in nine
+arguments) finds its kernel in ~4 us (~13 us to validate and select)."""
 
 from __future__ import annotations
 
 import dataclasses
 import operator
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
-try:  # Dynamo's tensor checks in C++ (TensorChecks below); a torch without them keys in Python only
-    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
-except ImportError:  # pragma: no cover
-    _TensorGuards = None
-
+from dsv4hal.dispatch import bounded
 from dsv4hal.formats.indexer_cache import IndexerPagedCache
 from dsv4hal.formats.v4_cache import V4PagedCache
 from dsv4hal.ops.attention_metadata import AttentionMetadata
 from dsv4hal.prepared import PreparedWeights
-
-MAX_ENTRIES = 1024  # engines see a few shapes per op; a fuzzer sees thousands: then start over
-GUARDS_PER_KEY = 4  # tensor metadata kept per split key (TensorChecks): a few batch sizes in turn
 
 _Tensor = torch.Tensor
 _SCALARS = frozenset((int, float, str, bool, type(None)))
@@ -67,7 +57,7 @@ class _Token:
 
 
 _TOKENED = frozenset((V4PagedCache, IndexerPagedCache, PreparedWeights))
-_tokens: dict[tuple, _Token] = {}  # metadata -> its token, so that equal objects share memo entries
+_tokens: dict[tuple, _Token] = {}  # metadata -> its token, so that equal objects share fast-path entries
 
 
 def _describe(obj: V4PagedCache | IndexerPagedCache | PreparedWeights) -> tuple:
@@ -99,9 +89,7 @@ def _token_of(obj: V4PagedCache | IndexerPagedCache | PreparedWeights) -> _Token
     except TypeError:  # an unhashable item (a case value): such weights are validated every call
         raise _Unkeyable from None
     if tok is None:
-        if len(_tokens) >= MAX_ENTRIES:  # forgetting only costs equal caches their shared entries
-            _tokens.clear()
-        tok = _tokens[described] = _Token()
+        tok = bounded.put(_tokens, described, _Token())  # a dropped token only costs equal caches a shared entry
     object.__setattr__(obj, "_memo_token", tok)
     return tok
 
@@ -176,62 +164,22 @@ def metadata_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple 
     return tuple(key)
 
 
-def split_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple[tuple, list[torch.Tensor]] | None:
-    """(metadata_key's items with each plain tensor replaced by its type, which no other item is, and the plain
-    tensors in order), or None when an argument is of another kind than plain tensors, plain scalars, caches and
-    prepared weights (then metadata_key alone). The tensors' metadata is then checked in C++ (TensorChecks)."""
-    key: list[object] = []
-    tensors: list[torch.Tensor] = []
-    if kwargs:
-        key.append(tuple(kwargs))
-        args = (*args, *kwargs.values())
-    for v in args:
-        tv = type(v)
-        if tv is _Tensor:
-            key.append(_Tensor)
-            tensors.append(v)  # type: ignore[arg-type]
-        elif tv in _SCALARS:
-            key += (tv, v)
-        elif tv in _TOKENED:
-            tok = v._memo_token  # type: ignore[attr-defined]
-            if tok is None:
-                try:
-                    tok = _token_of(v)  # type: ignore[arg-type]
-                except _Unkeyable:
-                    return None
-            key.append(tok)
-        else:
-            return None
-    return tuple(key), tensors
-
-
-class TensorChecks:
-    """A bound op's validated calls by split key: for each, the plain tensors' metadata of the last GUARDS_PER_KEY
-    calls that passed, as Dynamo's TensorGuards (dtype, device, shape, strides, and stricter: Python type,
-    requires_grad, the dispatch keys in force), each with its kernel. One check in C++ replaces the tensors' four
-    metadata reads in Python and the hash of their items (CI machine, sparse_attention_decode: ~0.4 us for six
-    tensors against ~2.4 us). A check that fails only sends the call on to metadata_key and the memo."""
+class FastPath:
+    """A bound op's validated calls: argument metadata (metadata_key) -> the kernel the call ran."""
 
     def __init__(self) -> None:
-        self._by_key: dict[tuple, tuple[tuple[object, Callable[..., object]], ...]] = {}
+        self._kernels: dict[tuple, Callable[..., Any]] = {}
 
-    def find(self, key: tuple, tensors: list[torch.Tensor]) -> Callable[..., object] | None:
-        for guard, fn in self._by_key.get(key, ()):
-            if guard.check(*tensors):  # type: ignore[attr-defined]
-                return fn
-        return None
+    def find(self, args: Sequence[object], kwargs: Mapping[str, object]) -> Callable[..., Any] | None:
+        """The kernel of an earlier call that passed with this metadata, or None (then validate and choose)."""
+        key = metadata_key(args, kwargs)
+        return None if key is None else self._kernels.get(key)
 
-    def add(self, key: tuple, tensors: list[torch.Tensor], fn: Callable[..., object]) -> None:
-        """Remember fn for these tensors' metadata (only ever called with a call that passed validation)."""
-        global _TensorGuards
-        if _TensorGuards is None:
-            return
-        try:
-            guard = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                                  dynamic_dims_strides=[list(t.stride()) for t in tensors])
-        except Exception:  # noqa: BLE001  (another torch's TensorGuards: from now on the Python key alone)
-            _TensorGuards = None
-            return
-        if len(self._by_key) >= MAX_ENTRIES:
-            self._by_key.clear()
-        self._by_key[key] = ((guard, fn), *self._by_key.get(key, ())[:GUARDS_PER_KEY - 1])
+    def remember(self, args: Sequence[object], kwargs: Mapping[str, object], kernel: Callable[..., Any]) -> None:
+        """Keep `kernel` for this metadata; only ever called with a call that passed validation."""
+        key = metadata_key(args, kwargs)
+        if key is not None:
+            bounded.put(self._kernels, key, kernel)
+
+    def __len__(self) -> int:
+        return len(self._kernels)

@@ -44,10 +44,10 @@ class OpDefinition(Generic[P, R]):
         self.validate, self.case = validate, case
         self.weights_arg, self.weights_validate, self.weights_case = weights_arg, weights_validate, weights_case
         # unchecked validation and case read only host metadata, so a bound call may skip them for arguments whose
-        # metadata passed before (dsv4hal.ops.memo); False for an op whose unchecked validation reads values
+        # metadata passed before (dsv4hal.dispatch.fast_path); False for an op whose unchecked validation reads values
         self.memo = memo
         # optional: a flat tuple of everything `case` reads, from which `case` is computed; a bound call without
-        # validation finds its kernel by it instead of building the case (host time: see dsv4hal.platform.BoundOp)
+        # validation finds its kernel by it instead of building the case (host time: see dsv4hal.dispatch.bound_op)
         self.key = key
         # under torch.compile (dsv4hal.custom_ops): the outputs' shapes and dtypes from the arguments (tensors
         # without data), the arguments written in place, and {output index: argument} for an output that is None
@@ -119,7 +119,7 @@ def define(*, validate: Callable[..., Any], case: Callable[..., Mapping[str, obj
            ) -> Callable[[Callable[P, R]], OpDefinition[P, R]]:
     """Decorate an op's typed signature (its body is never run). `weights`: (argument, validate, case) of the
     weights of an op that is decided when its weights are prepared. `memo=False` for an op whose unchecked
-    validation reads tensor values (dsv4hal.ops.memo). `key`: a hashable tuple of what `case` reads, which `case`
+    validation reads tensor values (dsv4hal.dispatch.fast_path). `key`: a hashable tuple of what `case` reads, which `case`
     is computed from (so equal keys give equal cases), for an op whose unvalidated host time matters. Under
     torch.compile: `fake(<the op's parameters>)` returns outputs of the op's shapes and dtypes (new_empty of the
     arguments; None where the op returns None), needed unless the op returns None; `mutates` names the arguments

@@ -318,10 +318,13 @@ class _Verdict:
             self.detail.append(f"{what}: live rows differ from the clean run {bad}")
 
 
-def verify_run(platform: Any, ratio: int, layout: Layout, seed: int = 0) -> dict[str, _Verdict]:
-    """STEPS verify steps with ragged accepts; the verdict of the eager run and (on a GPU) the graph replays."""
+def verify_run(platform: Any, ratio: int, layout: Layout, seed: int = 0, capture: Any = None) -> dict[str, _Verdict]:
+    """STEPS verify steps with ragged accepts; the verdict of the eager run and, on a GPU, of one CUDA graph of the
+    step replayed (capture: dsv4hal.cuda_graphs.capture's stand-in, to run the replay protocol elsewhere)."""
     bench = _Bench(platform, ratio, layout, torch.Generator().manual_seed(seed + 1000 * layout.tpr + ratio))
-    graphs = bench.dev.type == "cuda"
+    graphs = bench.dev.type == "cuda" or capture is not None
+    if graphs and capture is None:
+        from dsv4hal.cuda_graphs import capture
     eager, clean = bench.state, clone_args(bench.state)
     graph_state = clone_args(bench.state) if graphs else None
     verdicts = {"eager": _Verdict(), "graph": _Verdict()}
@@ -347,13 +350,12 @@ def verify_run(platform: Any, ratio: int, layout: Layout, seed: int = 0) -> dict
         if graphs:
             g = verdicts["graph"]
             if graph is None:  # captured once on step 0's buffers; the warm-up writes what the replay writes
-                from dsv4hal.cuda_graphs import capture
-
                 static = clone_args(inp)
                 graph, g_out = capture(lambda s=static: bench.run(graph_state, s))
             copy_into(static, inp)
             graph.replay()
-            torch.cuda.synchronize()
+            if bench.dev.type == "cuda":
+                torch.cuda.synchronize()
             g.add(f"step {step} graph vs oracle", compare_close(g_out[0], want, GRAPH_TOLERANCE))
             g.add(f"step {step} graph vs eager", compare_close(g_out[0], out, TOLERANCES[DECODE]))
         bench.last += d["accept"]  # the rewind: positions only

@@ -327,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--context", type=number(int, 1), default=300,
                     help="tokens of context per request before decoding (default: %(default)s)")
     sp.add_argument("--steps", type=number(int, 1), default=4, help="decode steps (default: %(default)s)")
+    sp.add_argument("--tokens-per-request", type=number(int, 1), default=1, metavar="N",
+                    help="query tokens per request in each decode step: 1, or 1 + k for an MTP verify step (2: the "
+                         "balanced recipe, 4: low latency), all drafts accepted (default: %(default)s)")
     sp.add_argument("--size", choices=("small", "flash"), default="small",
                     help="layer dimensions: small (CPU) or V4-Flash (full size, on a GPU) (default: %(default)s)")
     sp.add_argument("--fill", choices=("prefill", "random"), default="prefill",

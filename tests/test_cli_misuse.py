@@ -135,26 +135,37 @@ def test_sigint_to_a_running_command() -> None:
 def test_conformance_progress_has_a_fixed_total_and_decode_step_honours_cases(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     import dsv4hal.conformance.decode_step as ds
+    import dsv4hal.conformance.decode_step_verify as dv
     from dsv4hal.conformance.runner import Cell, run_conformance
 
     ran: list[tuple[int, ...]] = []
+    ran_verify: list[tuple[tuple[int, int], ...]] = []
 
     def fake_cells(platform: object, seed: int = 0, ratios: tuple[int, ...] = ds.RATIOS) -> list[Cell]:
         ran.append(ratios)
         return [Cell("decode_step", "x", ds.case_name(r), m, r, "cpu", "pass") for r in ratios
                 for m in ("eager", "graph")]
 
+    def fake_verify(platform: object, seed: int = 0, cases: tuple[tuple[int, int], ...] = ()) -> list[Cell]:
+        ran_verify.append(cases)
+        return [Cell("decode_step", "x", dv.case_name(r, t, k), "verify", r, "cpu", "pass") for r, t in cases
+                for k in ("eager", "graph")]
+
     monkeypatch.setattr(ds, "decode_step_cells", fake_cells)
+    monkeypatch.setattr(dv, "verify_cells", fake_verify)
     seen: list[tuple[int, int]] = []
     report = run_conformance("cpu", ops=["indexer_topk", "decode_step"], cases="ratio128|k512/ties$",
                              progress=lambda i, n, c: seen.append((i, n)))
-    assert ran == [(128,)]
+    assert ran == [(128,)] and ran_verify == [((128, 2),), ((128, 4),)]
     steps = [c for c in report.cells if c.op == "decode_step"]
-    assert [c.case for c in steps] == [ds.case_name(128)] * 2
+    assert [c.case for c in steps if c.mode != "verify"] == [ds.case_name(128)] * 2
+    assert [c.case for c in steps if c.mode == "verify"] == [dv.case_name(128, t, k) for t in (2, 4)
+                                                            for k in ("eager", "graph")]
     assert seen and len({n for _, n in seen}) == 1 and seen[-1][0] == seen[-1][1]
     ran.clear()
+    ran_verify.clear()
     run_conformance("cpu", ops=["indexer_topk", "decode_step"], cases="k512/ties$")
-    assert ran == []  # no decode_step case matches: none built
+    assert ran == [] and ran_verify == []  # no decode_step case matches: none built
 
 
 def test_plain_progress_lines_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:

@@ -187,6 +187,18 @@ def oracle(kv_score: torch.Tensor, lengths: tuple[int, ...], ape: torch.Tensor, 
     return torch.cat(out)
 
 
+def closed_group(rows: torch.Tensor, base: int, pos: int, ratio: int, ape: torch.Tensor, weight: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, hadamard: bool, eps: float = 1e-6) -> torch.Tensor:
+    """float64 [hd]: the row of the group the token at `pos` closes, pooled over `rows` (rows[0] is position
+    `base`; they reach back over the group's window)."""
+    hd = weight.shape[0]
+    group = (pos + 1) // ratio - 1
+    pooled = _pool(rows.double(), ape.double(), _window_slots(pos + 1, ratio, hd, first_group=group), hd, base=base)
+    first = group * ratio
+    return _finish(pooled, weight.double(), cos[first:first + 1].double(), sin[first:first + 1].double(),
+                   torch.tensor([0]), eps, hadamard)[0]
+
+
 # ---------------------------------------------------------------- fixture
 
 def _build_decode(spec: CaseSpec, device: torch.device, gen: torch.Generator) -> Fixture:
@@ -204,7 +216,6 @@ def _build_decode(spec: CaseSpec, device: torch.device, gen: torch.Generator) ->
     state = new_state(len(positions) + 1, ratio, width, ring=spec.params.get("ring"))
     ring = state.shape[1]
     new_rows, expected = [], []
-    ape64, weight64 = ape.double(), weight.double()
     for b, pos in enumerate(positions):
         base = max(0, pos - ring + 1)  # the request's rows from `base` on: what the ring holds, plus this token
         hist = torch.randn(pos + 1 - base, width, generator=gen)
@@ -213,12 +224,7 @@ def _build_decode(spec: CaseSpec, device: torch.device, gen: torch.Generator) ->
             state[b + 1, p % ring] = hist[p - base]
         new_rows.append(hist[-1])
         if (pos + 1) % ratio == 0:  # the closed group, from the prefill-form window description
-            group = (pos + 1) // ratio - 1
-            slots = _window_slots(pos + 1, ratio, hd, first_group=group)
-            pooled = _pool(hist.double(), ape64, slots, hd, base=base)
-            first = group * ratio
-            expected.append(_finish(pooled, weight64, cos[first:first + 1].double(), sin[first:first + 1].double(),
-                                    torch.tensor([0]), 1e-6, hadamard)[0])
+            expected.append(closed_group(hist, base, pos, ratio, ape, weight, cos, sin, hadamard))
         else:
             expected.append(torch.zeros(hd, dtype=torch.float64))
     args = {

@@ -89,4 +89,6 @@ def clone_args(x: Any) -> Any:
                                          if f.init})
     if isinstance(x, dict):
         return {k: clone_args(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):  # a pair of caches, a step's per-token inputs
+        return type(x)(clone_args(v) for v in x)
     return x

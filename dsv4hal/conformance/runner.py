@@ -155,6 +155,7 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
     names must match). A platform that does not fit this machine yields not-run cells naming the
     implementation it would use and why it did not run."""
     from dsv4hal.conformance.decode_step import RATIOS, case_name, decode_step_cells
+    from dsv4hal.conformance.decode_step_verify import verify_cases, verify_cells
 
     full = load_catalog()
     wanted = _check_ops(ops, full)
@@ -163,7 +164,8 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
                if (wanted is None or c[0].op in wanted) and (pattern is None or pattern.search(c[0].name))]
     step_ratios = tuple(r for r in RATIOS if (wanted is None or "decode_step" in wanted)
                         and (pattern is None or pattern.search(case_name(r))))
-    if not catalog and not step_ratios:
+    verify = verify_cases(pattern) if wanted is None or "decode_step" in wanted else ()
+    if not catalog and not step_ratios and not verify:
         names = [s.name for s, _ in full if wanted is None or s.op in wanted][:6]
         raise Dsv4HalError(f"no conformance case matches ops {sorted(wanted) if wanted else 'all'} and --cases "
                            f"{cases!r}", remedy="--cases is a regular expression searched in case names, such as: "
@@ -180,7 +182,8 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
     report = Report(platform.name, platform.info.to_json())
     on_gpu = platform.device_type == "cuda"
     todo = [(s, b, m) for s, b in catalog for m in s.modes]
-    total = len(todo) + 2 * len(step_ratios)  # a decode_step ratio yields an eager and a graph cell
+    # a decode_step ratio, and a verify case (ratio, tokens per request), yields an eager and a graph cell
+    total = len(todo) + 2 * len(step_ratios) + 2 * len(verify)
     for i, (spec, build, mode) in enumerate(todo):
         static = _static_status(spec, mode, on_gpu)
         if static is not None:
@@ -195,8 +198,10 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
     for spec, _ in skipped:
         report.cells += _deselected(spec, platform.name, _impl_name(platform, spec))
     done = len(todo)
-    for ratio in step_ratios:
-        for cell in decode_step_cells(platform, seed, ratios=(ratio,)):
+    steps = [lambda r=r: decode_step_cells(platform, seed, ratios=(r,)) for r in step_ratios]
+    steps += [lambda c=c: verify_cells(platform, seed, cases=(c,)) for c in verify]
+    for cells in steps:
+        for cell in cells():
             report.cells.append(cell)
             done += 1
             if progress:

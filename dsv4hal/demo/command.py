@@ -46,13 +46,16 @@ def main(args: argparse.Namespace) -> int:
                            remedy="use --steps 2 or more, or --no-graph")
     with Progress(1 + (1 if graph and args.steps else args.steps), "demo") as bar:
         res = run_demo(platform, args.batch, args.context, args.steps, cfg=SIZES[args.size], fill=args.fill,
-                       graph=graph, progress=bar.update, compile_backend=args.compile)
+                       graph=graph, progress=bar.update, compile_backend=args.compile,
+                       tokens_per_request=args.tokens_per_request)
     outputs = res.pop("outputs")
     layers = res.pop("layer_outputs")
     res["output_rms"] = [float(o.pow(2).mean().sqrt()) for o in outputs]
     res["finite"] = all(bool(torch.isfinite(t).all()) for step in layers for t in step)
     print(f"{res['platform']}: {args.size} layers, fill {args.fill} {res['batch']}x{res['context']} in "
-          f"{res['prefill_s']:.2f}s, decode {res['decode_tokens_per_s']:.1f} tokens/s")
+          f"{res['prefill_s']:.2f}s, decode {res['decode_tokens_per_s']:.1f} tokens/s"
+          + (f" ({res['tokens_per_request']} tokens per request a step: MTP verify)"
+             if res["tokens_per_request"] > 1 else ""))
     if graph:
         how = f", compiled ({args.compile}; first step {res['first_step_s']:.1f} s)" if args.compile else ""
         print(f"  graph step {res['graph_step_us']:.1f} us{how}; ops alone sum {res['sum_ops_alone_us']:.1f} us "

@@ -17,21 +17,27 @@ from dsv4hal.engine_model.config import PAGE, DemoConfig
 from dsv4hal.engine_model.model import DemoModel, fill_random
 from dsv4hal.engine_model.tape import Tape
 from dsv4hal.engine_model.timers import NullTimer, Timer
+from dsv4hal.speculative import chain_rows, check_chain
 
 
 def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, seed: int = 0,
              cfg: DemoConfig | None = None, tape: Tape | None = None, *, fill: str = "prefill",
-             graph: bool = False, progress: Any = None, compile_backend: str | None = None) -> dict[str, Any]:
+             graph: bool = False, progress: Any = None, compile_backend: str | None = None,
+             tokens_per_request: int = 1) -> dict[str, Any]:
     """Prefill `batch` prompts of `context` tokens (or fill="random": a synthetic context), then decode `steps`
     tokens; returns outputs and times. With a `tape` (Tape(platform.ops)) every op call is recorded for
     `replay`. graph=True (GPU): the first decode step runs eagerly (recorded and timed op by op), the rest
     replay one CUDA graph of the step. `progress(text)`, if given, is called after the prefill and after each
     eager decode step (once for the graph decode). compile_backend (e.g. "inductor"): the decode step is
     torch.compile'd with that backend, as an engine compiles its model: dsv4hal's ops stay one opaque custom op
-    each, the engine-side torch code around them is the backend's to fuse (eager decode then keeps no per-op times)."""
+    each, the engine-side torch code around them is the backend's to fuse (eager decode then keeps no per-op times).
+    tokens_per_request N > 1: each decode step is an MTP verify step, N query tokens per request at consecutive
+    positions through every op of the layers (token-wise ops see batch * N rows); every draft is accepted, so a step
+    advances each request by N positions and the tokens per second count query tokens."""
     step_done = progress or (lambda text: None)
-    cfg = replace(cfg or DemoConfig(), max_pages=-(-(context + steps) // PAGE))
-    model = DemoModel(platform, cfg, batch, seed, ops=tape)
+    n = tokens_per_request
+    cfg = replace(cfg or DemoConfig(), max_pages=-(-(context + steps * n) // PAGE))
+    model = DemoModel(platform, cfg, batch, seed, ops=tape, tokens_per_request=n)
     dev = model.dev
     g = torch.Generator(dev if cfg.draw_on_device else "cpu").manual_seed(seed + 1)
     timer = Timer(dev)
@@ -57,10 +63,13 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     res: dict[str, Any] = {
         "platform": platform.name, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         "config": asdict(cfg), "batch": batch, "context": context, "steps": steps, "fill": fill,
+        "tokens_per_request": n,
         "prefill_s": prefill_s, "kernels": kernels_in_use(platform, model),
         "strict": platform.overrides.strict}  # DSV4HAL_STRICT: no PyTorch reference op on a GPU
     decode = Timer(dev)
-    r = torch.arange(batch, device=dev)
+    first = torch.full((batch,), context, device=dev)
+    r, chain = chain_rows(batch, n, first)
+    check_chain(r, chain, "demo decode step")
     step = _decode_step(model, compile_backend)
     res["compile_backend"] = compile_backend
     if graph and steps:
@@ -71,11 +80,11 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
         t0 = time.perf_counter()
         timer = decode if compile_backend is None else NullTimer()  # a timer's syncs would split compiled code
         for s in range(steps):
-            outputs.append(step(embed(batch), r, torch.full((batch,), context + s, device=dev), timer))
+            outputs.append(step(embed(batch * n), r, chain + s * n, timer))
             layers.append(model.layer_outputs)
             step_done(f"decode step {s + 1}/{steps}")
         decode_s = time.perf_counter() - t0
-        res["decode_tokens_per_s"] = batch * steps / decode_s if steps else 0.0
+        res["decode_tokens_per_s"] = batch * n * steps / decode_s if steps else 0.0
     res.update(decode_breakdown_s=dict(decode.seconds), decode_calls=dict(decode.calls), outputs=outputs,
                layer_outputs=layers)
     return res
@@ -127,11 +136,11 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
     from dsv4hal.bench.timing import copy_bandwidth, graph_us
     from dsv4hal.cuda_graphs import capture
 
-    batch, dev = model.b, model.dev
+    batch, dev, n = model.b, model.dev, model.tpr
     null = NullTimer()
-    x = embed(batch)
-    req = torch.arange(batch, device=dev)
-    pos = torch.full((batch,), context, device=dev)
+    x = embed(batch * n)
+    req, chain = chain_rows(batch, n, torch.full((batch,), context, device=dev))
+    pos = chain.clone()
     tape = Tape(platform.ops)
     model.ops = tape
     with platform.decode_step():  # as the captured step runs
@@ -158,8 +167,8 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
     step_layers = model.layer_outputs
     times = []
     for s in range(1, steps):
-        x.copy_(embed(batch))
-        pos.fill_(context + s)
+        x.copy_(embed(batch * n))
+        pos.copy_(chain + s * n)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         graph.replay()
@@ -174,7 +183,7 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
     except Exception as exc:  # noqa: BLE001
         step_kernels = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     sum_alone = sum(alone.values())
-    return {"decode_tokens_per_s": batch / step_us * 1e6 if times else 0.0, "graph_step_us": step_us,
+    return {"decode_tokens_per_s": batch * n / step_us * 1e6 if times else 0.0, "graph_step_us": step_us,
             "graph_replays": len(times), "ops_alone_us": dict(alone), "ops_floor_us": dict(floors),
             "ops_calls_per_step": dict(calls), "sum_ops_alone_us": sum_alone,
             "graph_step_over_sum_ops": step_us / sum_alone if sum_alone else float("nan"),

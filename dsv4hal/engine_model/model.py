@@ -16,6 +16,7 @@ from dsv4hal.formats.compressor_state import new_state
 from dsv4hal.formats.indexer_cache import INDEX_DIM, IndexerPagedCache
 from dsv4hal.formats.v4_cache import PAGE_SIZE_BY_RATIO, V4PagedCache
 from dsv4hal.rope import apply_rope, make_rope_table
+from dsv4hal.speculative import compress_ring
 
 INDEX_HEADS = 64  # the lightning indexer's query heads (each INDEX_DIM wide)
 
@@ -46,8 +47,11 @@ def _rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool 
 class DemoModel:
     """Random weights with DSV4's structure (scaled down), caches, and the forward pass."""
 
-    def __init__(self, platform: Any, cfg: DemoConfig, batch: int, seed: int = 0, ops: Any = None) -> None:
-        self.p, self.cfg, self.b = platform, cfg, batch
+    def __init__(self, platform: Any, cfg: DemoConfig, batch: int, seed: int = 0, ops: Any = None,
+                 tokens_per_request: int = 1) -> None:
+        """tokens_per_request: query tokens of a request in a decode step (1; 1 + k for an MTP verify step, whose
+        compressor rings are then doubled, dsv4hal.speculative)."""
+        self.p, self.cfg, self.b, self.tpr = platform, cfg, batch, tokens_per_request
         self.ops = ops if ops is not None else platform.ops
         dev = self.dev = torch.device(platform.device_type)
         g = torch.Generator(dev if cfg.draw_on_device else "cpu").manual_seed(seed)
@@ -80,7 +84,8 @@ class DemoModel:
                 w[f"hc_{name}"] = (rnd(24, 4 * d, scale=0.01, dtype=torch.float32), torch.zeros(24, device=dev),
                                    torch.ones(3, device=dev))
             # prepared for a decode step's token count, as an engine serving this batch would
-            w["experts"] = self.ops.moe_experts.prepare_weights(self._experts(randn), tokens=batch)
+            w["experts"] = self.ops.moe_experts.prepare_weights(self._experts(randn),
+                                                                tokens=batch * tokens_per_request)
             if ratio:
                 coff = 2 if ratio == 4 else 1
                 w.update(wkv_gate=rnd(2 * coff * D_HEAD, d, scale=d ** -0.5),
@@ -96,9 +101,10 @@ class DemoModel:
                          idx_norm=torch.ones(INDEX_DIM, device=dev),
                          idx_cache=IndexerPagedCache.empty(pages + 1, platform.info.fp8, dev))
             if ratio:  # compressor state rings, one per request (slot = request index)
-                w["state"] = new_state(batch, ratio, w["wkv_gate"].shape[0], dev)
+                ring = compress_ring(ratio, tokens_per_request)
+                w["state"] = new_state(batch, ratio, w["wkv_gate"].shape[0], dev, ring=ring)
                 if ratio == 4:
-                    w["idx_state"] = new_state(batch, 4, w["idx_gate"].shape[0], dev)
+                    w["idx_state"] = new_state(batch, 4, w["idx_gate"].shape[0], dev, ring=ring)
             self.layers.append(w)
 
     def _experts(self, randn: Any) -> Any:
@@ -117,7 +123,7 @@ class DemoModel:
     def forward(self, x: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: OpTimer,
                 decode: bool = False) -> torch.Tensor:
         """x bf16 [T, d] (token embeddings); rows are (request, position) pairs, positions ascending; a decode
-        step has one row per request."""
+        step has tokens_per_request rows per request, request-major, at consecutive positions (a chain)."""
         ops = self.ops
         stream = x[:, None, :].expand(-1, 4, -1).contiguous()
         rows_pt = self.page_table[req]
@@ -182,14 +188,17 @@ class DemoModel:
             parts.append(("idx_state", _linear_f32(a, w["idx_gate"]), w["idx_ape"], w["idx_norm"], True))
         per_page = PAGE // r
         for key, score, ape, norm, hadamard in parts:
-            if decode:  # one token a request: the decode form on the state ring
-                with timer("compress_decode"):
-                    rows = self.ops.compress_decode(score, w[key], req.int(), pos.int(), ape, norm, self.cos,
-                                                    self.sin, r, hadamard=hadamard)
-                group = ((pos + 1) // r - 1).clamp(min=0)
-                slots = self.page_table[req, group // per_page].long() * per_page + group % per_page
-                slots = torch.where((pos + 1) % r == 0, slots, -1)  # -1: nothing closed, nothing written
-                self._store_compressed(w, key, rows, slots, timer)
+            if decode:  # the decode form on the state ring, token by token of the chain (a call's rows own a ring)
+                n = self.tpr
+                for j in range(n):
+                    rq, ps = req[j::n], pos[j::n]
+                    with timer("compress_decode"):
+                        rows = self.ops.compress_decode(score[j::n].contiguous(), w[key], rq.int(), ps.int(), ape,
+                                                        norm, self.cos, self.sin, r, hadamard=hadamard)
+                    group = ((ps + 1) // r - 1).clamp(min=0)
+                    slots = self.page_table[rq, group // per_page].long() * per_page + group % per_page
+                    slots = torch.where((ps + 1) % r == 0, slots, -1)  # -1: nothing closed, nothing written
+                    self._store_compressed(w, key, rows, slots, timer)
                 continue
             for b in sorted(set(req.tolist())):  # prefill: the prefill form over each prompt, then seed the ring
                 sel = req == b

@@ -119,8 +119,8 @@ def define(*, validate: Callable[..., Any], case: Callable[..., Mapping[str, obj
            ) -> Callable[[Callable[P, R]], OpDefinition[P, R]]:
     """Decorate an op's typed signature (its body is never run). `weights`: (argument, validate, case) of the
     weights of an op that is decided when its weights are prepared. `memo=False` for an op whose unchecked
-    validation reads tensor values (dsv4hal.dispatch.fast_path). `key`: a hashable tuple of what `case` reads, which `case`
-    is computed from (so equal keys give equal cases), for an op whose unvalidated host time matters. Under
+    validation reads tensor values (dsv4hal.dispatch.fast_path). `key`: a hashable tuple of what `case` reads,
+    which `case` is computed from (so equal keys give equal cases), for an op whose unvalidated host time matters. Under
     torch.compile: `fake(<the op's parameters>)` returns outputs of the op's shapes and dtypes (new_empty of the
     arguments; None where the op returns None), needed unless the op returns None; `mutates` names the arguments
     the op writes in place; `none_outputs` maps an output's index to the argument whose None makes it None."""

@@ -96,3 +96,13 @@ class LockError(Dsv4HalError):
 class LockMismatchError(LockError):
     """A lock does not match this machine, its libraries, its registry or the case at hand; it is refused rather
     than half-applied (select_platform(lock_mismatch="reselect") re-selects instead and says so in explain)."""
+
+
+class ExpertParallelError(Dsv4HalError, ValueError):
+    """An expert-parallel setup or call that the ranks refused together: every rank of the group raises it, naming
+    each rank that found a problem (mismatched world sizes or configs, an expert map that misses a logical expert, a
+    batch larger than max_tokens_per_rank, a bad argument on some rank) or a collective that timed out."""
+
+    def __init__(self, message: str, *, remedy: str | None = None, failures: Mapping[int, str] | None = None) -> None:
+        self.failures = dict(failures or {})
+        Dsv4HalError.__init__(self, message, remedy=remedy)

@@ -14,7 +14,8 @@ from dsv4hal.errors import Dsv4HalError
 
 BENCHES = {"attention": "dsv4hal.bench.attention", "pack_store": "dsv4hal.bench.cache_ops",
            "topk": "dsv4hal.bench.topk", "moe": "dsv4hal.bench.moe", "mhc": "dsv4hal.bench.mhc",
-           "compress": "dsv4hal.bench.compress", "indexer": "dsv4hal.bench.indexer"}
+           "compress": "dsv4hal.bench.compress", "indexer": "dsv4hal.bench.indexer", "ep": "dsv4hal.distributed.bench"}
+CPU_BENCHES = {"ep"}  # also run without a GPU (a tiny shape on gloo processes)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -27,15 +28,17 @@ def run_bench(args: argparse.Namespace) -> int:
     for n in names:
         if n not in BENCHES:
             raise Dsv4HalError(f"unknown benchmark {n!r}", remedy=f"choose from {', '.join(BENCHES)} or all")
-    if not torch.cuda.is_available():
+    gpu = torch.cuda.is_available()
+    if not gpu and not set(names) <= CPU_BENCHES:
         raise Dsv4HalError("benchmarks need a GPU", remedy="run on a machine with a CUDA or ROCm device")
     platform = dsv4hal.select_platform()
-    ceilings = {"copy_bytes_per_s": copy_bandwidth(), "bf16_tflops": bf16_tflops()}
-    print(f"ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 {ceilings['bf16_tflops']:.0f} TF",
-          flush=True)
+    ceilings = {"copy_bytes_per_s": copy_bandwidth(), "bf16_tflops": bf16_tflops()} if gpu else {}
+    if gpu:
+        print(f"ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 {ceilings['bf16_tflops']:.0f} TF",
+              flush=True)
     result: dict[str, Any] = {
         "command": "dsv4hal " + " ".join(sys.argv[1:]), "platform": platform.name,
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if gpu else "cpu", "torch": torch.__version__,
         "libraries": dict(platform.info.libraries), "python": pyplatform.python_version(),
         "timing": ("CUDA graphs of 10 calls, median of 25 replays; host_us = host enqueue time per call, the fastest "
                    "of 30 rounds of 50 calls timed in turns"),

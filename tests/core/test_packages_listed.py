@@ -3,8 +3,9 @@ __init__.py under dsv4hal/ and platforms/."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -342,6 +342,9 @@ class Ops(TypedOps):
         self._ops: dict[str, BoundOp[..., Any]] = {name: BoundOp(platform, OPS_BY_NAME[name]) for name in OP_NAMES}
         for name, op in self._ops.items():
             setattr(self, name, op)
+        from dsv4hal import custom_ops  # torch: imported when ops are bound
+
+        custom_ops.enroll(platform, self._ops.values())  # torch.ops.dsv4hal.<op>(..., platform.handle)
 
     def __iter__(self) -> Iterator[BoundOp[..., Any]]:
         return iter(self._ops.values())

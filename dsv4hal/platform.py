@@ -24,7 +24,7 @@ from dsv4hal.errors import (
 )
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.lock import LockInForce, enforce
-from dsv4hal.ops.catalog import OP_NAMES, OPS_BY_NAME, OpSpec
+from dsv4hal.ops.catalog import OpSpec
 from dsv4hal.plugins import build_registry, load_target
 from dsv4hal.prepared import PreparedWeights
 from dsv4hal.registry import PlatformSpec, Registry
@@ -339,7 +339,8 @@ class Ops(TypedOps):
     definition (dsv4hal/ops/typed_ops.py); platform.ops["name"] and iteration too."""
 
     def __init__(self, platform: Platform) -> None:
-        self._ops: dict[str, BoundOp[..., Any]] = {name: BoundOp(platform, OPS_BY_NAME[name]) for name in OP_NAMES}
+        ops = platform.registry.ops  # the built-in ops and those of the registry's plugins
+        self._ops: dict[str, BoundOp[..., Any]] = {name: BoundOp(platform, spec) for name, spec in ops.items()}
         for name, op in self._ops.items():
             setattr(self, name, op)
         from dsv4hal import custom_ops  # torch: imported when ops are bound
@@ -352,16 +353,16 @@ class Ops(TypedOps):
     def __getitem__(self, name: str) -> BoundOp[..., Any]:
         op = self._ops.get(name) if isinstance(name, str) else None
         if op is None:
-            raise _unknown_op(name)
+            raise _unknown_op(name, self._ops)
         return op
 
     def __getattr__(self, name: str) -> BoundOp[..., Any]:
         # only for names __init__ did not set: every op is an attribute, so this is always a miss
-        raise _unknown_op(name)
+        raise _unknown_op(name, self.__dict__.get("_ops", {}))
 
 
-def _unknown_op(name: object) -> UnknownOpError:
-    return UnknownOpError(f"unknown op {name!r}", remedy=f"valid ops: {', '.join(OP_NAMES)}")
+def _unknown_op(name: object, ops: Mapping[str, object]) -> UnknownOpError:
+    return UnknownOpError(f"unknown op {name!r}", remedy=f"valid ops: {', '.join(ops)}")
 
 
 class Platform:

@@ -3,16 +3,14 @@ pass positionally, validates as eager does, and names a freed platform's handle 
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 
 import pytest
 import torch
-from conftest import fake
+from conftest import fake, first_conformance_case
 
 import dsv4hal
 from dsv4hal import custom_ops
-from dsv4hal.conformance.runner import _prepared, load_catalog
 from dsv4hal.errors import Dsv4HalError, InvalidArgumentError
 from dsv4hal.formats.experts import quantize_experts
 from dsv4hal.formats.v4_cache import V4PagedCache
@@ -117,16 +115,10 @@ def test_direct_op_with_a_freed_platforms_handle_raises_typed_error_with_remedy(
     assert handle not in custom_ops.DIRECT_CALL_PLATFORMS
 
 
-def _first_case(platform: dsv4hal.Platform, op: str) -> dict:
-    spec, build = next((s, b) for s, b in load_catalog([op]) if not s.gpu_only)
-    spec = dataclasses.replace(spec, params={**spec.params, "mode": "eager"})
-    return _prepared(platform.ops[op], build(spec, torch.device("cpu"), torch.Generator().manual_seed(0))).args
-
-
 @pytest.mark.parametrize("op", OP_NAMES)
 def test_direct_op_passes_opcheck_on_its_first_conformance_case(cpu: dsv4hal.Platform, op: str) -> None:
     """Each direct op passes torch.library.opcheck (schema, fake, autograd registration) on its first case."""
-    args = _first_case(cpu, op)
+    args = first_conformance_case(cpu, op)
     overload, flat = custom_ops.flatten(cpu.ops[op], direct=True, **args)
     assert overload is getattr(torch.ops.dsv4hal, op + ("_out" if args.get("out") is not None else ""))
     assert flat[-1] == cpu.handle

@@ -12,16 +12,25 @@ type hints, the defaults from its signature, the fake from its declared `fake`, 
 first traces it; its eager body holds a weak reference to the bound op, so the compiled path needs no table of
 platforms and a platform is freed with its last reference (a graph that outlives it raises a typed error).
 
+The direct-call entry, `torch.ops.dsv4hal.<op>(<flat arguments>..., platform)`, is for callers that use the torch op
+itself: the same flattening with the platform's int handle (Platform.handle) as last argument, registered when a
+platform with that op is created (enroll). It finds the platform in DIRECT_CALL_PLATFORMS, a weak registry of live
+platforms used by this entry only; a handle whose platform is gone raises a typed error.
+
 Flattened arguments, by type hint:
     torch.Tensor (| None), str          as they are
     int, float, bool (| None)           Number (schema Scalar): the dispatcher would convert a bool passed for an
                                         int (True -> 1) and an int for a bool; a Scalar keeps its Python type, so
                                         the eager body's validation refuses what eager refuses
-    a dataclass (V4PagedCache, IndexerPagedCache, AttentionMetadata; | None)
-                                        its init fields in order: the first named as the argument, the others
-                                        <argument>_<field>
-    PreparedWeights                     its payload's tensors (<argument>_tensors, so the graph sees them) and an
-                                        int handle naming the object
+    a dataclass of tensors only (AttentionMetadata)
+                                        one list of its tensors, named as the argument
+    another dataclass (V4PagedCache, IndexerPagedCache; | None)
+                                        its init fields in order: the first named as the argument, the others by
+                                        the field, after the argument's name less a trailing "cache" (cache:
+                                        page_size; swa_cache: swa_page_size)
+    PreparedWeights                     its payload's tensors (the argument's name less a plural s, then _tensors:
+                                        weights -> weight_tensors; the graph sees them) and an int handle naming
+                                        the object
 An optional argument of the op's return type (build_attention_metadata's `out`) is an output argument: given, the
 call runs the variant `<name>_out`, which writes its tensors in place and returns nothing.
 
@@ -36,7 +45,7 @@ import itertools
 import types
 import typing
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -107,30 +116,39 @@ class _Same:
 
 
 class _Record:
-    """A dataclass (a cache, the attention metadata): its init fields."""
+    """A dataclass (a cache, the attention metadata): its init fields, or the list of them when all are tensors."""
 
     def __init__(self, name: str, cls: type, optional: bool, where: str) -> None:
         hints = typing.get_type_hints(cls)
         self.cls, self.optional = cls, optional
         self.names = tuple(f.name for f in dataclasses.fields(cls) if f.init)
+        self.listed = all(hints[f] is torch.Tensor for f in self.names)
+        if self.listed:
+            self.fields: tuple[tuple[str, Any], ...] = (
+                (name, list[torch.Tensor] | None if optional else list[torch.Tensor]),)
+            return
         flat = [_flat_type(hints[f], f"{where}.{f}") for f in self.names]
-        self.fields = tuple((name if i == 0 else f"{name}_{f}", t | None if optional else t)
+        stem = name.removesuffix("cache").removesuffix("_")
+        self.fields = tuple((name if i == 0 else f"{stem}_{f}" if stem else f, t | None if optional else t)
                             for i, (f, t) in enumerate(zip(self.names, flat)))
 
     def flat(self, value: Any) -> tuple:
         if value is None:
-            return (None,) * len(self.names)
-        return tuple([getattr(value, f) for f in self.names])
+            return (None,) * len(self.fields)
+        parts = [getattr(value, f) for f in self.names]
+        return (parts,) if self.listed else tuple(parts)
 
     def build(self, parts: Sequence[Any], eager: bool) -> Any:
-        return None if self.optional and parts[0] is None else self.cls(*parts)
+        if self.optional and parts[0] is None:
+            return None
+        return self.cls(*parts[0]) if self.listed else self.cls(*parts)
 
 
 class _Weights:
     """PreparedWeights: the payload's tensors and the object's handle."""
 
     def __init__(self, name: str) -> None:
-        self.fields = ((f"{name}_tensors", list[torch.Tensor]), (name, int))
+        self.fields = ((f"{name.removesuffix('s')}_tensors", list[torch.Tensor]), (name, int))
 
     def flat(self, value: Any) -> tuple:
         return list(value._tensors), value._handle
@@ -174,8 +192,8 @@ def _part(name: str, hint: Any, where: str) -> _Same | _Record | _Weights:
 # ---------------------------------------------------------------- outputs
 
 class _Outputs:
-    """The op's return value as the custom op returns it: None, a tensor, or a tuple of tensors (a dataclass's
-    fields; an output that may be None travels as an empty stand-in)."""
+    """The op's return value as the custom op returns it: None, a tensor, a tuple of tensors (an output that may be
+    None travels as an empty stand-in) or, for a dataclass, the list of its tensors."""
 
     def __init__(self, hint: Any, none_outputs: Mapping[int, str], params: tuple[str, ...], where: str) -> None:
         self.record: type | None = None
@@ -183,9 +201,8 @@ class _Outputs:
         if hint is None or hint is type(None):
             self.annotation: Any = None
         elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            self.record = hint
-            n = sum(1 for f in dataclasses.fields(hint) if f.init)
-            self.annotation = tuple.__class_getitem__((torch.Tensor,) * n)
+            self.record = hint  # its tensors, as a list (as a dataclass of tensors passed in)
+            self.annotation = list[torch.Tensor]
         elif typing.get_origin(hint) is tuple:
             self.annotation = tuple.__class_getitem__((torch.Tensor,) * len(typing.get_args(hint)))
         elif hint is torch.Tensor:
@@ -201,8 +218,8 @@ class _Outputs:
             return None
         if isinstance(out, torch.Tensor):
             return out.contiguous()
-        if self.record is not None:
-            out = tuple(getattr(out, f.name) for f in dataclasses.fields(out))  # astuple would copy
+        if self.record is not None:  # astuple would copy
+            return [getattr(out, f.name).contiguous() for f in dataclasses.fields(out) if f.init]
         stand_in = next(t for t in out if t is not None)
         return tuple(stand_in.new_empty(0) if t is None else t.contiguous() for t in out)
 
@@ -250,20 +267,21 @@ class _Variant:
             at += n
         return values
 
-    def register(self, name: str, target: Callable[[], Callable[..., Any] | None]) -> None:
+    def register(self, name: str, find: Callable[[Sequence[Any]], Callable[..., Any]], handle: bool) -> None:
+        """Register the custom op `name`: its eager body calls find(flat arguments), the bound op to run; with
+        `handle`, its schema ends with the platform's int handle (the direct-call entry)."""
         qualified = f"{NAMESPACE}::{name}{self.suffix}"
-        op_name, outputs, rebuild = self.definition.name, self.outputs, self.rebuild
+        outputs, rebuild = self.outputs, self.rebuild
+        names = (*self.names, "platform") if handle else self.names
+        params = [inspect.Parameter("platform", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int)]
 
         def eager(*flat: Any) -> Any:
-            fn = target()
-            if fn is None:
-                raise Dsv4HalError(f"{op_name}: the platform this graph was compiled for no longer exists",
-                                   remedy="keep the Platform alive as long as functions compiled with its ops run")
-            return outputs.to_flat(fn(*rebuild(flat, True)))
+            return outputs.to_flat(find(flat)(*rebuild(flat, True)))  # rebuild reads only the op's own arguments
 
-        eager.__signature__ = self.signature  # type: ignore[attr-defined]  # what the schema is inferred from
+        eager.__signature__ = self.signature.replace(  # type: ignore[attr-defined]  # what the schema is inferred from
+            parameters=[*self.signature.parameters.values(), *(params if handle else ())])
         op = torch.library.custom_op(qualified, eager, mutates_args=self.mutates)
-        declared, names = self.definition.fake if outputs.annotation is not None else None, self.names
+        declared = self.definition.fake if outputs.annotation is not None else None
 
         def fake(*flat: Any) -> Any:
             # A meta tensor among a custom op's arguments sends the call here, which computes nothing. Outside
@@ -309,11 +327,11 @@ class Plan:
     def variant(self, values: Sequence[Any]) -> _Variant:
         return self.main if self.into is None or values[self.out] is None else self.into  # type: ignore[return-value]
 
-    def register(self, name: str, target: Callable[[], Callable[..., Any] | None]) -> None:
+    def register(self, name: str, find: Callable[[Sequence[Any]], Callable[..., Any]], handle: bool = False) -> None:
         if name not in self._registered:
             for v in (self.main, self.into):
                 if v is not None:
-                    v.register(name, target)
+                    v.register(name, find, handle)
             self._registered.add(name)
 
 
@@ -327,34 +345,55 @@ def custom_op_name(bound: Any) -> str:
     return f"{bound.definition.name}_p{bound.platform.handle}"
 
 
+def _bound_finder(bound: Any) -> Callable[[Sequence[Any]], Callable[..., Any]]:
+    """The eager body's bound op, held weakly: a graph that outlives its platform raises a typed error."""
+    ref, op = weakref.ref(bound), bound.definition.name
+
+    def find(flat: Sequence[Any]) -> Callable[..., Any]:
+        fn = ref()
+        if fn is None:
+            raise Dsv4HalError(f"{op}: the platform this graph was compiled for no longer exists",
+                               remedy="keep the Platform alive as long as functions compiled with its ops run")
+        return fn
+
+    return find
+
+
 def custom_op(bound: Any, suffix: str = "") -> Any:
     """The custom op (an OpOverloadPacket) of a bound op, registered if it was not; suffix "_out": the variant
     that writes into the op's output argument."""
     name = custom_op_name(bound)
-    plan_of(bound.definition).register(name, weakref.ref(bound))
+    plan_of(bound.definition).register(name, _bound_finder(bound))
     return getattr(torch.ops.dsv4hal, name + suffix)
 
 
-def flatten(bound: Any, *args: Any, **kwargs: Any) -> tuple[Any, tuple[Any, ...]]:
+def flatten(bound: Any, *args: Any, direct: bool = False, **kwargs: Any) -> tuple[Any, tuple[Any, ...]]:
     """The custom op and its flattened arguments for a call bound(*args, **kwargs) of a bound op (for
-    torch.library.opcheck and tests)."""
+    torch.library.opcheck and tests); `direct`: the direct-call entry's op, the platform's handle last."""
     plan = plan_of(bound.definition)
     values = plan.values(args, kwargs)
     variant = plan.variant(values)
+    if direct:
+        op = getattr(torch.ops.dsv4hal, bound.definition.name + variant.suffix)
+        return op, (*variant.flat(values), bound.platform.handle)
     return custom_op(bound, variant.suffix), variant.flat(values)
 
 
 def traced(bound: Any) -> Callable[..., Any]:
     """What the bound op calls while Dynamo traces, with the op's own arguments: with the platform's `validate`,
     the arguments are validated first (unchecked: values are not known while tracing), then the bound op's custom
-    op runs on them flattened."""
+    op runs on them flattened. Given an op's name instead: the same, called as (platform handle, the op's
+    arguments), the platform found as the direct-call entry finds it."""
+    if isinstance(bound, str):
+        find = _direct_finder(bound)
+        return lambda handle, *args, **kwargs: traced(find((handle,)))(*args, **kwargs)
     plan, name = plan_of(bound.definition), custom_op_name(bound)
     validate = validator(bound.definition) if bound.platform.validate else None
-    ref = weakref.ref(bound)
+    find = _bound_finder(bound)
 
     @run_not_traced
     def register() -> bool:  # run, not traced: registering a custom op is no part of the graph
-        plan.register(name, ref)
+        plan.register(name, find)
         return True
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -368,3 +407,38 @@ def traced(bound: Any) -> Callable[..., Any]:
 
     call.__name__ = f"traced_{bound.definition.name}"
     return call
+
+
+# ---------------------------------------------------------------- the direct-call entry
+# torch.ops.dsv4hal.<op>(<flat arguments>..., platform handle), for callers of the torch op itself. Only this entry
+# reads DIRECT_CALL_PLATFORMS, the live platforms by handle (held weakly: a platform leaves it when freed); the
+# compiled path of platform.ops holds its own bound op instead.
+DIRECT_CALL_PLATFORMS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def _direct_finder(op: str) -> Callable[[Sequence[Any]], Callable[..., Any]]:
+    """The bound op of the platform whose handle is the last flat argument."""
+    def find(flat: Sequence[Any]) -> Callable[..., Any]:
+        handle = flat[-1]
+        platform = DIRECT_CALL_PLATFORMS.get(handle) if type(handle) is int else None
+        if platform is None:
+            raise Dsv4HalError(f"torch.ops.dsv4hal.{op}: no live platform has handle {handle!r} (the last argument)",
+                               remedy="pass the `handle` of a Platform that is still referenced "
+                                      "(dsv4hal.select_platform().handle)")
+        return platform.ops[op]
+
+    return find
+
+
+def enroll(platform: Any, bound_ops: Iterable[Any]) -> None:
+    """Make a platform reachable by its handle through the direct-call entry, and register the entry's custom op
+    `torch.ops.dsv4hal.<op>` (and `<op>_out`) of each of its ops that has none yet (the first definition of a name
+    keeps it)."""
+    DIRECT_CALL_PLATFORMS[platform.handle] = platform
+    for bound in bound_ops:
+        d = bound.definition
+        if _direct_ops.setdefault(d.name, d) is d:
+            plan_of(d).register(d.name, _direct_finder(d.name), handle=True)
+
+
+_direct_ops: dict[str, OpDefinition[..., Any]] = {}

@@ -17,7 +17,7 @@ from dsv4hal.dispatch.weighted_op import WeightedOp
 from dsv4hal.errors import InvalidArgumentError, UnknownOpError
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.lock import LockInForce, enforce
-from dsv4hal.ops.catalog import OP_NAMES, OPS_BY_NAME, OpSpec
+from dsv4hal.ops.catalog import OpSpec
 from dsv4hal.plugins import build_registry
 from dsv4hal.registry import PlatformSpec, Registry
 from dsv4hal.selection import Decision, PlatformDecision, select_platform_spec
@@ -63,9 +63,13 @@ class Ops(TypedOps):
     definition; platform.ops["name"] and iteration too."""
 
     def __init__(self, platform: Platform) -> None:
-        self._ops: dict[str, BoundOp[..., Any]] = {name: _bind(platform, OPS_BY_NAME[name]) for name in OP_NAMES}
+        ops = platform.registry.ops  # the built-in ops and those of the registry's plugins
+        self._ops: dict[str, BoundOp[..., Any]] = {name: _bind(platform, spec) for name, spec in ops.items()}
         for name, op in self._ops.items():
             setattr(self, name, op)
+        from dsv4hal import custom_ops  # torch: imported when ops are bound
+
+        custom_ops.enroll(platform, self._ops.values())  # torch.ops.dsv4hal.<op>(..., platform.handle)
 
     def __iter__(self) -> Iterator[BoundOp[..., Any]]:
         return iter(self._ops.values())
@@ -73,12 +77,12 @@ class Ops(TypedOps):
     def __getitem__(self, name: str) -> BoundOp[..., Any]:
         op = self._ops.get(name) if isinstance(name, str) else None
         if op is None:
-            raise _unknown_op(name)
+            raise _unknown_op(name, self._ops)
         return op
 
     def __getattr__(self, name: str) -> BoundOp[..., Any]:
         # only for names __init__ did not set: every op is an attribute, so this is always a miss
-        raise _unknown_op(name)
+        raise _unknown_op(name, self.__dict__.get("_ops", {}))
 
 
 def _bind(platform: Platform, spec: OpSpec) -> BoundOp[..., Any]:
@@ -86,8 +90,8 @@ def _bind(platform: Platform, spec: OpSpec) -> BoundOp[..., Any]:
     return (WeightedOp if spec.weights_arg else BoundOp)(platform, spec)
 
 
-def _unknown_op(name: object) -> UnknownOpError:
-    return UnknownOpError(f"unknown op {name!r}", remedy=f"valid ops: {', '.join(OP_NAMES)}")
+def _unknown_op(name: object, ops: Mapping[str, object]) -> UnknownOpError:
+    return UnknownOpError(f"unknown op {name!r}", remedy=f"valid ops: {', '.join(ops)}")
 
 
 class Platform:

@@ -114,7 +114,8 @@ class _HookRaised(Exception):
 
 
 def _register_one(pm: pluggy.PluginManager, registry: Registry, name: str, module: object, strict: bool) -> bool:
-    """Register `module` with pluggy and call its dsv4hal_register hook alone, inside registry.scope(name).
+    """Register `module` with pluggy and call its dsv4hal_ops and dsv4hal_register hooks alone, inside
+    registry.scope(name).
     False (recorded, warned, or raised in strict mode) when it is not a valid plugin or fails."""
     try:
         pm.register(module, name=name)
@@ -130,9 +131,13 @@ def _register_one(pm: pluggy.PluginManager, registry: Registry, name: str, modul
         pm.unregister(module)
         _fail(registry, name, "module has no dsv4hal_register(registry) hook (marked with dsv4hal.hookimpl)", strict)
         return False
+    ops_hook = pm.subset_hook_caller("dsv4hal_ops", remove_plugins=others)
     try:
         with registry.scope(name):
             try:
+                for specs in ops_hook():  # its ops first: its kernels may implement them
+                    for spec in specs:
+                        registry.add_op(spec)
                 hook(registry=registry)
             except _CONTAINED as exc:
                 raise _HookRaised(exc) from exc

@@ -10,7 +10,7 @@ from typing import Literal
 
 from dsv4hal.errors import RegistryError
 from dsv4hal.hardware import PlatformInfo
-from dsv4hal.ops.catalog import OP_NAMES
+from dsv4hal.ops.catalog import OPS_BY_NAME, OpSpec
 
 Case = Mapping[str, object]
 Tier = Literal["vendor", "portable", "reference"]
@@ -117,10 +117,11 @@ def _resolve_priority(priority: int | Mapping[str, int], platform: str) -> int:
 
 @dataclass(frozen=True)
 class PluginEntries:
-    """What one plugin registered: platform names and (op, kernel name) pairs."""
+    """What one plugin registered: platform names, (op, kernel name) pairs and the ops it defines."""
 
     platforms: tuple[str, ...] = ()
     kernels: tuple[tuple[str, str], ...] = ()
+    ops: tuple[str, ...] = ()
 
 
 @dataclass
@@ -129,6 +130,8 @@ class Registry:
 
     platforms: dict[str, PlatformSpec] = field(default_factory=dict)
     kernels: dict[str, dict[str, KernelImpl]] = field(default_factory=dict)  # op -> name -> impl
+    # the ops: the built-in catalog's, then those plugins define (add_op); a platform binds every one
+    ops: dict[str, OpSpec] = field(default_factory=lambda: dict(OPS_BY_NAME))
     plugin_versions: dict[str, str] = field(default_factory=dict)
     plugin_errors: dict[str, str] = field(default_factory=dict)
     closed: bool = False
@@ -146,6 +149,7 @@ class Registry:
         if self._current_plugin:
             raise RegistryError(f"scope({plugin!r}) opened inside scope({self._current_plugin!r})")
         platforms, kernels = dict(self.platforms), {op: dict(k) for op, k in self.kernels.items()}
+        ops = dict(self.ops)
         self._current_plugin = plugin
         try:
             yield
@@ -153,13 +157,30 @@ class Registry:
             if tie is not None:
                 raise tie
         except BaseException:  # SystemExit from a plugin is rolled back too; the host decides what to do
-            self.platforms, self.kernels = platforms, kernels
+            self.platforms, self.kernels, self.ops = platforms, kernels, ops
             raise
         finally:
             self._current_plugin = ""
         self.registered[plugin] = PluginEntries(
             tuple(n for n in self.platforms if n not in platforms),
-            tuple((op, n) for op, ks in self.kernels.items() for n in ks if n not in kernels.get(op, {})))
+            tuple((op, n) for op, ks in self.kernels.items() for n in ks if n not in kernels.get(op, {})),
+            tuple(n for n in self.ops if n not in ops))
+
+    @property
+    def op_names(self) -> tuple[str, ...]:
+        """The ops of this registry, built-in ones first."""
+        return tuple(self.ops)
+
+    def add_op(self, spec: OpSpec) -> None:
+        """An op a plugin defines (its dsv4hal_ops hook): platforms of this registry bind it."""
+        self._check_open()
+        if not isinstance(spec, OpSpec):
+            raise RegistryError(f"plugin {self._current_plugin!r} gave {spec!r} as an op",
+                                remedy="return dsv4hal.ops.catalog.OpSpec entries from dsv4hal_ops()")
+        if spec.name in self.ops:
+            raise RegistryError(f"op {spec.name!r} defined twice (the second by plugin {self._current_plugin!r})",
+                                remedy="op names are unique; rename the plugin's op")
+        self.ops[spec.name] = spec
 
     def add_platform(self, spec: PlatformSpec) -> None:
         self._check_open()
@@ -175,9 +196,9 @@ class Registry:
 
     def add_kernel(self, impl: KernelImpl) -> None:
         self._check_open()
-        if impl.op not in OP_NAMES:
+        if impl.op not in self.ops:
             raise RegistryError(f"plugin {self._current_plugin!r} registered kernel {impl.name!r} for unknown op "
-                                f"{impl.op!r}", remedy=f"use one of: {', '.join(OP_NAMES)}")
+                                f"{impl.op!r}", remedy=f"use one of: {', '.join(self.ops)}")
         if ":" not in impl.target:
             raise RegistryError(f"kernel {impl.name!r}: target {impl.target!r} is not 'module:function'")
         by_name = self.kernels.setdefault(impl.op, {})

@@ -127,13 +127,12 @@ class CheckingOps:
 
     def __init__(self, platform: Any, stats: SoakStats, rate: float, rng: random.Random,
                  logical_weights: dict[int, Any]) -> None:
-        from dsv4hal.ops.catalog import OPS_BY_NAME
         from dsv4hal.plugins import import_target
 
         self._p, self._stats, self.rate, self._rng = platform, stats, rate, rng
         self._weights = logical_weights
         self._refs: dict[str, Callable[..., Any]] = {}
-        self._ref_of = lambda name: self._refs.setdefault(name, import_target(OPS_BY_NAME[name].reference))
+        self._ref_of = lambda name: self._refs.setdefault(name, import_target(platform.registry.ops[name].reference))
         self.sampling = True
 
     def __getattr__(self, name: str) -> Any:

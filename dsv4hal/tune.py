@@ -36,7 +36,7 @@ from dsv4hal.errors import Dsv4HalError, LockMismatchError
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.lock import FORMAT, MACHINE_FIELDS, dsv4hal_version, hash_libraries, machine_of
 from dsv4hal.ops.buckets import DECLARED, FP8, bucket_label, bucket_of
-from dsv4hal.ops.catalog import OP_NAMES, OPS_BY_NAME, OpSpec
+from dsv4hal.ops.catalog import OPS_BY_NAME, OpSpec
 from dsv4hal.platform import Platform, load_registry, select_platform
 from dsv4hal.plugins import import_target
 from dsv4hal.prepared import PreparedWeights
@@ -109,13 +109,15 @@ def declared_samples(op: str, on_gpu: bool, device: torch.device, info: Platform
     return out
 
 
-def derived_samples(op: str, on_gpu: bool, device: torch.device) -> list[tuple[str, list[Sample]]]:
+def derived_samples(op: str, on_gpu: bool, device: torch.device,
+                    registry: Registry | None = None) -> list[tuple[str, list[Sample]]]:
     """An op without declared samples: its conformance cases grouped by bucket; on the CPU the first small case
-    of each bucket, on a GPU up to three full-size (gpu_only) cases, else the last small one."""
-    spec = OPS_BY_NAME[op]
+    of each bucket, on a GPU up to three full-size (gpu_only) cases, else the last small one. `registry`: where a
+    plugin's op is found (the built-in catalog without one)."""
+    spec = (registry.ops if registry is not None else OPS_BY_NAME)[op]
     by_label: dict[str, list[Sample]] = {}
     big: dict[str, bool] = {}
-    for seed, (cs, build) in enumerate(load_catalog([op])):
+    for seed, (cs, build) in enumerate(load_catalog([op], registry=registry)):
         if "eager" not in cs.modes or "eager" in cs.unreachable or "eager" in cs.deferred:
             continue
         if cs.gpu_only and not on_gpu:
@@ -246,7 +248,7 @@ def choose(cands: Mapping[str, dict[str, Any]], static: str | None, margin: floa
 def _candidates(registry: Registry, op: str, case: Mapping[str, object], platform: Platform, o: ov.Overrides,
                 samples: Sequence[Sample], interpreted: bool) -> tuple[dict[str, dict[str, Any]], str | None]:
     decision = select_kernel(registry, op, case, platform.info, platform.name, o)
-    spec, device = OPS_BY_NAME[op], torch.device(platform.device_type)
+    spec, device = registry.ops[op], torch.device(platform.device_type)
     impls = registry.kernels[op]
     out: dict[str, dict[str, Any]] = {}
     for c in decision.candidates:
@@ -271,16 +273,16 @@ def tune(platform_name: str | None = None, *, ops: Iterable[str] | None = None, 
     o = dataclasses.replace(ov.current(), kernels={}, lock=None)
     reg = registry or load_registry(o)
     platform = select_platform(platform_name, info=info, registry=reg, overrides=o)
-    wanted = list(OP_NAMES) if ops is None else list(ops)
-    unknown = [op for op in wanted if op not in OPS_BY_NAME]
+    wanted = list(reg.ops) if ops is None else list(ops)
+    unknown = [op for op in wanted if op not in reg.ops]
     if unknown:
-        raise Dsv4HalError(f"tune: unknown ops {', '.join(unknown)}", remedy=f"valid ops: {', '.join(OP_NAMES)}")
+        raise Dsv4HalError(f"tune: unknown ops {', '.join(unknown)}", remedy=f"valid ops: {', '.join(reg.ops)}")
     on_gpu, device = platform.device_type == "cuda", torch.device(platform.device_type)
     say = progress or (lambda line: None)
     table: dict[str, Any] = {}
     for op in wanted:
         buckets = (declared_samples(op, on_gpu, device, platform.info) if op in DECLARED and DECLARED[op].buckets
-                   else derived_samples(op, on_gpu, device))
+                   else derived_samples(op, on_gpu, device, reg))
         entry: dict[str, Any] = {"features": list(DECLARED[op].features) if op in DECLARED else "all",
                                  "buckets": {}}
         for i, (label, samples) in enumerate(buckets):

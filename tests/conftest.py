@@ -57,6 +57,17 @@ ALL_LIBS = {"torch": "2", "triton": "3", "flash_mla": "1.0.0", "deep_gemm": "2",
             "vllm_moe": "0.24"}
 
 
+def first_conformance_case(platform, op: str) -> dict:  # noqa: ANN001
+    """The arguments of an op's first CPU conformance case, in eager mode, weights prepared on `platform`."""
+    import dataclasses
+
+    from dsv4hal.conformance.runner import _prepared, load_catalog
+
+    spec, build = next((s, b) for s, b in load_catalog([op]) if not s.gpu_only)
+    spec = dataclasses.replace(spec, params={**spec.params, "mode": "eager"})
+    return _prepared(platform.ops[op], build(spec, torch.device("cpu"), torch.Generator().manual_seed(0))).args
+
+
 def fake(arch: str, **libs: str):  # noqa: ANN201
     return simulated(arch, libraries={"torch": "2", **libs})
 

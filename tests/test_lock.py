@@ -261,7 +261,7 @@ def test_gpu_samples_are_built_per_bucket_and_released(monkeypatch: pytest.Monke
     from dsv4hal import tune
 
     catalog = tune.load_catalog
-    monkeypatch.setattr(tune, "load_catalog", lambda ops: list(catalog(ops))[:6])
+    monkeypatch.setattr(tune, "load_catalog", lambda ops, **kw: list(catalog(ops, **kw))[:6])
     buckets = tune.derived_samples("build_attention_metadata", True, torch.device("cpu"))
     samples = [s for _, group in buckets for s in group]
     assert samples and all(s.built is None for s in samples)

@@ -233,7 +233,7 @@ def test_custom_op_moe_experts_refuses_other_weights_tensors(cpu: dsv4hal.Platfo
     copies = [t.clone() for t in a._tensors]
     assert torch.equal(experts(x, ids, tw, copies, a._handle, 10.0), ref)
     for other in (list(b._tensors), [], list(a._tensors)[:2]):
-        with pytest.raises(InvalidArgumentError, match="'weights_tensors' expected the 4 tensors"):
+        with pytest.raises(InvalidArgumentError, match="'weight_tensors' expected the 4 tensors"):
             experts(x, ids, tw, other, a._handle, 10.0)
 
 

@@ -19,19 +19,24 @@ from dsv4hal import hardware
 from dsv4hal.conformance.cells import DESELECTED, STATUSES, Cell, Report, clone_args, copy_into  # noqa: F401
 from dsv4hal.conformance.types import CaseSpec, Fixture, Tolerance, compare_close
 from dsv4hal.errors import Dsv4HalError
-from dsv4hal.ops.catalog import MODULES
+from dsv4hal.ops.catalog import MODULES, OPS_BY_NAME
 from dsv4hal.platform import Platform, load_registry, select_platform
 from dsv4hal.prepared import PreparedWeights
+from dsv4hal.registry import Registry
 from dsv4hal.selection import select_kernel
 
-CATALOG_MODULES = MODULES  # dsv4hal.conformance.cases_<module> for every op module of the catalog
+CATALOG_MODULES = MODULES  # dsv4hal.conformance.cases_<module> for every built-in op module
 
 
-def load_catalog(ops: Iterable[str] | None = None) -> list[tuple[CaseSpec, Callable[..., Fixture]]]:
+def load_catalog(ops: Iterable[str] | None = None, *,
+                 registry: Registry | None = None) -> list[tuple[CaseSpec, Callable[..., Fixture]]]:
+    """The conformance cases (and their builders) of the ops of `registry` (its plugins' ops too; the built-in
+    catalog without one), of those named in `ops` if given."""
     wanted = set(ops) if ops else None
+    specs = (registry.ops if registry is not None else OPS_BY_NAME).values()
     out = []
-    for name in CATALOG_MODULES:
-        mod = importlib.import_module(f"dsv4hal.conformance.cases_{name}")
+    for module in dict.fromkeys(o.cases for o in specs if wanted is None or o.name in wanted):
+        mod = importlib.import_module(module)
         specs = [s for attr in sorted(dir(mod)) if attr.startswith("CASES") for s in getattr(mod, attr)]
         out += [(s, mod.build) for s in specs if wanted is None or s.op in wanted]
     return out
@@ -150,14 +155,16 @@ def _static_status(spec: CaseSpec, mode: str, on_gpu: bool) -> tuple[str, str] |
 
 def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | None = None,
                     progress: Callable[[int, int, Cell], None] | None = None, seed: int = 0,
-                    cases: str | None = None) -> Report:
+                    cases: str | None = None, registry: Registry | None = None) -> Report:
     """Run the catalog on the selected platform (ops: a subset of ops; cases: a regular expression the case
-    names must match). A platform that does not fit this machine yields not-run cells naming the
-    implementation it would use and why it did not run."""
+    names must match; registry: the plugins' registry, whose ops' cases are run, loaded if not given). A
+    platform that does not fit this machine yields not-run cells naming the implementation it would use and why it
+    did not run."""
     from dsv4hal.conformance.decode_step import RATIOS, case_name, decode_step_cells
     from dsv4hal.conformance.decode_step_verify import verify_cases, verify_cells
 
-    full = load_catalog()
+    registry = registry or load_registry()
+    full = load_catalog(registry=registry)
     wanted = _check_ops(ops, full)
     pattern = _case_pattern(cases)
     catalog = [c for c in full
@@ -172,7 +179,6 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
                            + "; ".join(names + [case_name(RATIOS[0])]))
     chosen = {id(c[0]) for c in catalog}
     skipped = [c for c in full if id(c[0]) not in chosen]
-    registry = load_registry()
     info = hardware.detect(registry.requirements())
     spec_platform = registry.platforms.get(platform_name or "")
     fits = spec_platform is not None and not spec_platform.claims(info)
@@ -212,10 +218,8 @@ def run_conformance(platform_name: str | None = None, *, ops: Iterable[str] | No
 def _check_ops(ops: Iterable[str] | None, catalog: list) -> set[str] | None:
     if ops is None:
         return None
-    from dsv4hal.ops.catalog import OP_NAMES
-
     wanted = {o.strip() for o in ops if o.strip()}
-    known = set(OP_NAMES) | {s.op for s, _ in catalog} | {"decode_step"}
+    known = {s.op for s, _ in catalog} | {"decode_step"}
     unknown = sorted(wanted - known)
     if unknown or not wanted:
         raise Dsv4HalError(f"unknown op(s) {', '.join(map(repr, unknown)) or '(none given)'}",
@@ -250,7 +254,7 @@ def _absent_platform_report(name: str, catalog: list, info: hardware.PlatformInf
     why = f"no hardware: {'; '.join(spec.claims(info))}"
     report = Report(name, {**info.to_json(), "simulated_for_selection": sim.arch})
     for case, _ in catalog:
-        ops_spec = importlib.import_module("dsv4hal.ops.catalog").OPS_BY_NAME[case.op]
+        ops_spec = registry.ops[case.op]
         try:
             impl = select_kernel(registry, case.op, ops_spec.default_case, sim, name, current()).chosen.name
         except Dsv4HalError:

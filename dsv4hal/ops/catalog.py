@@ -2,7 +2,10 @@
 docstring, validate and case functions: dsv4hal.ops.signatures), its pure-PyTorch reference of the same name in
 the reference package's `<module>.py` and its conformance cases in `conformance/cases_<module>.py`. The catalog
 holds only what must be read without importing torch (names, one-line summaries, the typical production case used
-when a table of choices is printed without one); everything else is found from the definition."""
+when a table of choices is printed without one); everything else is found from the definition.
+
+These are the built-in ops. A plugin adds its own (hookspecs.dsv4hal_ops); the ops of a platform are those of its
+registry (Registry.ops), which code that lists or checks op names reads."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
+
+from dsv4hal.errors import RegistryError
 
 if TYPE_CHECKING:
     from dsv4hal.ops.signatures import OpDefinition
@@ -27,28 +32,31 @@ def _definition(contract: str, name: str) -> OpDefinition[..., Any]:
 
 @dataclass(frozen=True)
 class OpSpec:
+    """What is known of an op without importing torch. A built-in op names its `module`, from which its three
+    modules are derived; a plugin's op (hookspecs.dsv4hal_ops) names `contract`, `reference` and `cases` itself."""
+
     name: str
     summary: str
-    module: str  # dsv4hal.ops.<module> defines it, the reference package's <module> holds its reference
+    module: str = ""  # dsv4hal.ops.<module> defines it, the reference package's <module> holds its reference
     default_case: Mapping[str, object] = field(default_factory=dict)
     # other typical cases: binding at selection accepts a forced kernel that runs any of them (an FP8-only
     # MoE kernel forced for an FP8 checkpoint is not a bad override because the default case is MXFP4)
     alternate_cases: tuple[Mapping[str, object], ...] = ()
+    contract: str = ""  # the module holding the op's definition (imports torch)
+    reference: str = ""  # "module:function" of the pure-PyTorch reference
+    cases: str = ""  # the conformance case module (CASES..., build)
 
-    @property
-    def contract(self) -> str:
-        """The module holding the op's definition (imports torch)."""
-        return f"dsv4hal.ops.{self.module}"
-
-    @property
-    def reference(self) -> str:
-        """"module:function" of the pure-PyTorch reference."""
-        return f"{_ROOT}.reference.{self.module}:{self.name}"  # named, never imported: ops/ sits below reference/
-
-    @property
-    def cases(self) -> str:
-        """The conformance case module."""
-        return f"dsv4hal.conformance.cases_{self.module}"
+    def __post_init__(self) -> None:
+        derived = {"contract": f"dsv4hal.ops.{self.module}",
+                   # named, never imported here: ops/ sits below reference/
+                   "reference": f"{_ROOT}.reference.{self.module}:{self.name}",
+                   "cases": f"dsv4hal.conformance.cases_{self.module}"}
+        for attr, value in derived.items():
+            if not getattr(self, attr):
+                if not self.module:
+                    raise RegistryError(f"op {self.name!r}: its OpSpec names neither `module` nor `{attr}`",
+                                        remedy=f"name the op's {attr} module (OpSpec(..., {attr}=...))")
+                object.__setattr__(self, attr, value)  # frozen: derived once, here
 
     def definition(self) -> OpDefinition[..., Any]:
         """The op's typed definition (imports the contract module, and so torch)."""

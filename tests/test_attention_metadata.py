@@ -12,6 +12,7 @@ from dsv4hal.reference.attention_metadata import build_attention_metadata
 
 
 def test_hand_computed_row() -> None:
+    """The window indices of one hand-computed position map through the page table and full_to_swa."""
     pos = torch.tensor([257], dtype=torch.int32)  # L = 258: second page, offset 1
     table = torch.tensor([[3, 7]], dtype=torch.int32)
     f2s = torch.arange(8 * 256, dtype=torch.int64) + 10_000
@@ -29,6 +30,7 @@ def test_hand_computed_row() -> None:
 
 
 def test_writes_in_place() -> None:
+    """build_attention_metadata with out= fills and returns that same object."""
     out = AttentionMetadata.empty(1, 2)
     ret = build_attention_metadata(torch.tensor([9], dtype=torch.int32), torch.tensor([[1, 2]], dtype=torch.int32),
                                    torch.arange(1024), out=out)
@@ -37,6 +39,7 @@ def test_writes_in_place() -> None:
 
 @pytest.mark.parametrize("bad", ["positions_dtype", "table_rows", "out_shape", "topk", "beyond_table"])
 def test_validator(bad: str) -> None:
+    """Each malformed argument (dtype, table rows, out shape, topk, position past the table) is refused by name."""
     args = dict(positions=torch.tensor([5, 300], dtype=torch.int32), page_table=torch.zeros(2, 2, dtype=torch.int32),
                 full_to_swa=torch.zeros(1024, dtype=torch.int64), index_topk=512, out=None)
     if bad == "positions_dtype":
@@ -54,6 +57,7 @@ def test_validator(bad: str) -> None:
 
 
 def test_bound_on_cpu_platform() -> None:
+    """The cpu platform's build_attention_metadata fills the window and marks missing entries -1."""
     p = dsv4hal.select_platform("cpu")
     m = p.ops.build_attention_metadata(torch.tensor([0], dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32),
                                        torch.arange(256))

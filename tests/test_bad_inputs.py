@@ -171,6 +171,7 @@ def test_row_strided_indices_are_taken(unchecked) -> None:  # noqa: ANN001
 
 
 def test_metadata_out_must_be_contiguous(unchecked) -> None:  # noqa: ANN001
+    """A strided out tensor passed to build_attention_metadata is refused by its field name."""
     args = _meta()
     out = ref_meta.build_attention_metadata(**args)
     out.swa_indices = _strided(out.swa_indices, 0)
@@ -182,6 +183,7 @@ def test_metadata_out_must_be_contiguous(unchecked) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("op", ["sparse_attention_decode", "sparse_attention_prefill"])
 def test_nan_sink_refused_in_checked_mode(checked, unchecked, op) -> None:  # noqa: ANN001
+    """Checked mode refuses a NaN attention sink; unchecked mode runs without reading values."""
     args = _decode() if op.endswith("decode") else _prefill()
     args["sink"][3] = float("nan")
     with pytest.raises(InvalidArgumentError) as e:
@@ -193,6 +195,7 @@ def test_nan_sink_refused_in_checked_mode(checked, unchecked, op) -> None:  # no
 @pytest.mark.parametrize("scale", [float("inf"), float("nan"), True, 0.0, -0.1, "0.04", None])
 @pytest.mark.parametrize("op", ["sparse_attention_decode", "sparse_attention_prefill"])
 def test_softmax_scale_must_be_a_positive_finite_number(unchecked, op, scale) -> None:  # noqa: ANN001
+    """Attention refuses a softmax_scale that is not a positive finite number, even unchecked."""
     args = _decode() if op.endswith("decode") else _prefill()
     with pytest.raises(InvalidArgumentError) as e:
         unchecked.ops[op](**{**args, "softmax_scale": scale})
@@ -201,6 +204,7 @@ def test_softmax_scale_must_be_a_positive_finite_number(unchecked, op, scale) ->
 
 @pytest.mark.parametrize(("arg", "value"), [("k", 512.0), ("k", True), ("page_size", True), ("page_size", 64.0)])
 def test_topk_ints_are_ints(unchecked, arg, value) -> None:  # noqa: ANN001
+    """indexer_topk refuses a float or bool k or page_size, naming the argument."""
     with pytest.raises(InvalidArgumentError) as e:
         unchecked.ops.indexer_topk(**{**_topk(), arg: value})
     assert e.value.argument == arg
@@ -208,6 +212,7 @@ def test_topk_ints_are_ints(unchecked, arg, value) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("value", ["no", "yes", 1, 0, None])
 def test_select_platform_flags_are_bools(value) -> None:  # noqa: ANN001
+    """select_platform refuses checked/validate values that are not bools."""
     for flag in ("checked", "validate"):
         with pytest.raises(InvalidArgumentError, match=flag):
             dsv4hal.select_platform(**{flag: value})
@@ -216,6 +221,7 @@ def test_select_platform_flags_are_bools(value) -> None:  # noqa: ANN001
 # ------------------------------------------------------------------ attention metadata tables
 
 def test_metadata_empty_full_to_swa(triton_checked, checked) -> None:  # noqa: ANN001
+    """An empty full_to_swa table is refused by name before any kernel reads it."""
     args = {**_meta(), "full_to_swa": torch.zeros(0, dtype=torch.int32, device=DEV)}
     for p in (checked, triton_checked):  # refused before the Triton kernel reads the empty table
         with pytest.raises(InvalidArgumentError) as e:
@@ -243,6 +249,7 @@ def test_metadata_bad_page_ids(checked, triton_checked, row, col, value) -> None
 
 
 def test_metadata_unused_table_entries_may_be_minus_one(checked) -> None:  # noqa: ANN001
+    """Checked build_attention_metadata accepts -1 in page-table entries past a row's pages."""
     args = _meta(2)  # positions 5 and 300: pages 0 and 0..1 are used; page 2 is not
     args["page_table"][:, 2] = -1
     checked.ops.build_attention_metadata(**args)
@@ -251,6 +258,7 @@ def test_metadata_unused_table_entries_may_be_minus_one(checked) -> None:  # noq
 # ------------------------------------------------------------------ MoE devices
 
 def test_moe_experts_weights_on_another_device(unchecked) -> None:  # noqa: ANN001
+    """moe_experts refuses prepared weights on another device than the activations."""
     from dsv4hal.reference.moe import quantize_experts
 
     w = quantize_experts(torch.randn(2, 64, 64) * 0.1, torch.randn(2, 64, 32) * 0.1, "fp8_block")
@@ -312,6 +320,7 @@ def test_empty_inputs_run_on_the_reference_and_triton(checked, triton_checked, o
 # ------------------------------------------------------------------ sizes that cannot be allocated
 
 def test_expand_views_never_reach_the_allocator(unchecked, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Huge expanded (stride-0) views are refused by name before any allocation sized from them."""
     huge = 2**40
     q = torch.zeros(1, 64, 512, dtype=torch.bfloat16, device=DEV).expand(huge, 64, 512)
     args = _decode()
@@ -355,6 +364,7 @@ def _cpu(reg, **kw):  # noqa: ANN001, ANN003, ANN202
 
 
 def test_priority_tie_with_a_builtin_is_contained() -> None:
+    """A plugin kernel tying a built-in's priority warns and selection stays deterministic."""
     prio = _ref_priority()
 
     def tie(registry):  # noqa: ANN001, ANN202
@@ -385,6 +395,7 @@ def _raise(case, info):  # noqa: ANN001, ANN202
     ({"target": "builtins:len", "supports": lambda case, info: None}, "not a list"),
 ])
 def test_kernel_faults_are_contained_and_shown(kw, needle, monkeypatch, capsys) -> None:  # noqa: ANN001
+    """A plugin kernel that fails to import or whose supports() misbehaves is rejected with the reason shown."""
     reg = registry_with(("bad", _bad_kernel(**kw)))
     with pytest.warns(PluginWarning, match=needle):
         p = _cpu(reg)
@@ -405,6 +416,7 @@ def test_kernel_faults_are_contained_and_shown(kw, needle, monkeypatch, capsys) 
 
 
 def test_sys_exit_in_a_plugin_is_contained(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """A plugin calling sys.exit at import is contained as a warning, not a process exit."""
     (tmp_path / "dsv4hal_exiting_plugin.py").write_text("import sys\nsys.exit(3)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     ep = importlib.metadata.EntryPoint("exiting", "dsv4hal_exiting_plugin", "dsv4hal.platforms")
@@ -429,6 +441,7 @@ def test_sys_exit_in_a_plugin_is_contained(tmp_path, monkeypatch) -> None:  # no
 # ------------------------------------------------------------------ typed errors instead of KeyError/ValueError
 
 def test_lookups_raise_typed_errors(unchecked) -> None:  # noqa: ANN001
+    """Unknown op and arch lookups raise typed errors that are still KeyErrors."""
     with pytest.raises(UnknownNameError, match="valid ops"):
         unchecked.explain("nope")
     with pytest.raises(KeyError):  # still a KeyError for callers that catch lookups
@@ -495,6 +508,7 @@ NEGATIVE = [
 @pytest.mark.parametrize("value", [-2, I32_MIN])
 @pytest.mark.parametrize(("op", "make", "arg"), NEGATIVE, ids=[f"{o}:{a}:{i}" for i, (o, _, a) in enumerate(NEGATIVE)])
 def test_negative_indices_other_than_minus_one_are_refused(checked, triton_checked, op, make, arg, value) -> None:  # noqa: ANN001
+    """Checked mode accepts -1 index entries and refuses any other negative, naming the argument."""
     for p in (checked, triton_checked):
         p.ops[op](**_set(make(), arg, -1))  # -1 is an unused entry (a -1 page past the row's pages: unused)
         with pytest.raises(InvalidArgumentError) as e:
@@ -524,6 +538,7 @@ def test_overrides_keep_working_with_fault_free_registry() -> None:
 
 
 def test_reference_page_transform_with_an_empty_table() -> None:
+    """The reference page_transform maps every index to -1 against an empty page table."""
     raw = torch.tensor([[0, 5, -1]], dtype=torch.int32)
     assert ref_topk.page_transform(raw, torch.zeros(1, 0, dtype=torch.int32)).tolist() == [[-1, -1, -1]]
 

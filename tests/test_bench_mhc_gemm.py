@@ -68,6 +68,7 @@ def _row(monkeypatch: pytest.MonkeyPatch, calls: list[dict[str, Any]], *, arch_m
 
 
 def test_shapes_floor_and_splits() -> None:
+    """The mHC GEMM benchmark's shapes, floor bytes and DeepGEMM split candidates are as specified."""
     assert bench.gemm_shapes() == [(d, t) for d in (4096, 7168) for t in (1, 8, 64, 512, 4096)]
     assert bench.gemm_shapes(quick=True) == [(4096, 1), (4096, 64), (7168, 1), (7168, 64)]
     assert bench.gemm_bytes(1, 4096) == 4 * 4096 * 2 + 24 * 4 * 4096 * 4
@@ -82,6 +83,7 @@ def test_shapes_floor_and_splits() -> None:
 
 
 def test_shape_skip_reasons() -> None:
+    """deep_gemm_shape_skip names the arch, split or K-multiple rule a shape breaks, or None."""
     assert bench.deep_gemm_shape_skip(9, 24, 16384) is None
     assert bench.deep_gemm_shape_skip(10, 40, 28672) is None
     assert "SM90 and SM100 only" in bench.deep_gemm_shape_skip(8, 24, 16384)
@@ -90,6 +92,7 @@ def test_shape_skip_reasons() -> None:
 
 
 def test_entry_skip_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    """deep_gemm_entry says why DeepGEMM is unusable: not importable or lacking the GEMM."""
     monkeypatch.setitem(sys.modules, "deep_gemm", None)  # import deep_gemm raises ImportError
     entry, why = bench.deep_gemm_entry()
     assert entry is None and why.startswith("deep_gemm not importable: ModuleNotFoundError")
@@ -100,6 +103,7 @@ def test_entry_skip_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @on_the_cpu
 def test_row_with_fake_deep_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A benchmark row times every split candidate with the shapes DeepGEMM expects."""
     calls: list[dict[str, Any]] = []
     row = _row(monkeypatch, calls, times={"triton_partials": 3.0, "deep_gemm splits=4": 1.5})
     dg = ["deep_gemm", "deep_gemm splits=16", "deep_gemm splits=4"]  # K = 1024: 16 blocks; wave = 4 SMs
@@ -126,6 +130,7 @@ def test_row_with_fake_deep_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @on_the_cpu
 def test_row_records_skips(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing split is recorded under skipped with its error, and left out of times and errors."""
     calls: list[dict[str, Any]] = []
     row = _row(monkeypatch, calls, fail={16}, times={"triton_partials": 1.0})
     assert row["skipped"] == {"deep_gemm splits=16": "RuntimeError: Assertion error (fake): refused"}

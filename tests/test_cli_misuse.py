@@ -58,6 +58,7 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 ])
 def test_misuse_exits_2_with_a_message(capsys: pytest.CaptureFixture[str], args: tuple[str, ...],
                                        needle: str) -> None:
+    """Each CLI misuse exits 2 with a short message naming the problem, not a traceback."""
     rc, _, err = _run(capsys, *args)
     assert rc == 2, err
     assert needle in err
@@ -65,6 +66,7 @@ def test_misuse_exits_2_with_a_message(capsys: pytest.CaptureFixture[str], args:
 
 
 def test_valid_case_values_are_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    """explain accepts valid --case values, including keys of an op's alternate case."""
     rc, out, err = _run(capsys, "explain", "sparse_attention_decode", "--case", "h_q=128", "--case", "fp8=e4m3fnuz",
                         "--case", "compress_ratio=0")
     assert rc == 0, err
@@ -94,6 +96,7 @@ def test_the_closed_case_sets_are_what_the_case_functions_return() -> None:
 
 def test_outputs_are_checked_before_the_run(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unwritable output paths are refused before a conformance run starts."""
     import dsv4hal.conformance.runner as runner
 
     def never(*a: object, **k: object) -> None:
@@ -112,6 +115,7 @@ def test_outputs_are_checked_before_the_run(capsys: pytest.CaptureFixture[str], 
 
 def test_interrupt_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt during a command prints one line and exits 130."""
     import dsv4hal.conformance.runner as runner
 
     def interrupted(*a: object, **k: object) -> None:
@@ -123,6 +127,7 @@ def test_interrupt_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str],
 
 
 def test_sigint_to_a_running_command() -> None:
+    """SIGINT to a running dsv4hal demo exits 130 without a traceback."""
     proc = subprocess.Popen([sys.executable, "-m", "dsv4hal.cli", "demo", "--steps", "100"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)  # inside main's try: importing torch or prefilling
@@ -134,6 +139,7 @@ def test_sigint_to_a_running_command() -> None:
 
 def test_conformance_progress_has_a_fixed_total_and_decode_step_honours_cases(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Conformance progress counts toward a fixed total, and decode-step cells honour --cases."""
     import dsv4hal.conformance.decode_step as ds
     from dsv4hal.conformance.runner import Cell, run_conformance
 
@@ -158,6 +164,7 @@ def test_conformance_progress_has_a_fixed_total_and_decode_step_honours_cases(
 
 
 def test_plain_progress_lines_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    """Off a terminal conformance progress is plain [i/total] lines ending at total/total."""
     rc, _, err = _run(capsys, "conformance", "--platform", "cpu", "--ops", "build_attention_metadata")
     assert rc == 0, err
     lines = [ln for ln in err.splitlines() if ln.startswith("[conformance ")]
@@ -167,6 +174,7 @@ def test_plain_progress_lines_off_a_terminal(capsys: pytest.CaptureFixture[str])
 
 
 def test_version_help_and_case_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    """--version prints the version and explain --help lists every op and its case keys."""
     rc, out, _ = _run(capsys, "--version")
     assert rc == 0 and out.strip() == f"dsv4hal {dsv4hal.__version__}"
     rc, out, _ = _run(capsys, "explain", "--help")
@@ -177,6 +185,7 @@ def test_version_help_and_case_keys(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_every_option_has_help_with_its_default() -> None:
+    """Every CLI option has help text that states its default."""
     parser = cli.build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     missing = []
@@ -192,6 +201,7 @@ def test_every_option_has_help_with_its_default() -> None:
 
 
 def test_decisions_are_logged(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """-vv logs the chosen platform and each op's chosen kernel."""
     with caplog.at_level(logging.DEBUG, logger="dsv4hal"):
         rc, _, _ = _run(capsys, "-vv", "info", "--platform", "cpu")  # (on a GPU machine too)
     assert rc == 0
@@ -219,6 +229,7 @@ def test_no_prints_in_library_code() -> None:
 
 
 def test_module_runs_as_main() -> None:
+    """python -m dsv4hal.cli runs and reports misuse as exit 2 without a traceback."""
     env = {**os.environ}
     r = subprocess.run([sys.executable, "-m", "dsv4hal.cli", "explain", "nosuchop"], capture_output=True, text=True,
                        cwd=ROOT, env=env, timeout=120)

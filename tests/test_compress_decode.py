@@ -15,6 +15,7 @@ from dsv4hal.reference.rope import make_rope_table
 @pytest.mark.parametrize(("ratio", "hd", "hadamard", "ring"), [(4, 512, False, None), (4, 128, True, 16),
                                                              (128, 128, False, None)])
 def test_decode_equals_prefill(ratio: int, hd: int, hadamard: bool, ring: int | None) -> None:
+    """compress_decode one token at a time gives the same compressed rows as the prefill compress."""
     g = torch.Generator().manual_seed(ratio + hd)
     coff = 2 if ratio == 4 else 1
     length, width = 260, 2 * coff * hd
@@ -56,6 +57,7 @@ def _args() -> dict:
     ({"sin": torch.zeros(32, 32)}, "sin"),
 ])
 def test_validator(change: dict, argument: str) -> None:
+    """Each malformed compress_decode argument (state, slots, positions, ratio, sin) is refused by name."""
     validate_decode(**_args(), checked=True)
     with pytest.raises(InvalidArgumentError) as e:
         validate_decode(**{**_args(), **change}, checked=True)
@@ -85,6 +87,7 @@ def test_checked_mode_refuses_every_non_finite_float(name: str, value: float) ->
 
 
 def test_checked_mode_state_rules() -> None:
+    """Checked mode ignores NaN in unaddressed state slots and accepts -inf scores as empty."""
     args = _args()
     args["state"][1, 2, 5] = float("nan")  # slot 1 is not addressed: never read
     validate_decode(**args, checked=True)  # and new_state's -inf scores are the empty marker
@@ -98,6 +101,7 @@ def test_checked_mode_state_rules() -> None:
 
 @pytest.mark.parametrize("eps", [True, float("inf"), float("nan"), -1e-6, "1e-6"])
 def test_eps_refused_in_both_forms(eps: object) -> None:
+    """compress and compress_decode refuse an eps that is not a positive finite float."""
     from dsv4hal.ops.compress import validate
 
     with pytest.raises(InvalidArgumentError) as e:

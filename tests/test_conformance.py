@@ -28,12 +28,14 @@ def platform(request):  # noqa: ANN001, ANN201
 
 @pytest.mark.parametrize(("spec", "build"), CASES, ids=[f"{s.op}:{s.name}" for s, _ in CASES])
 def test_cell(platform, spec, build) -> None:  # noqa: ANN001
+    """Every conformance catalog cell passes on the platform with a finite error."""
     cell = run_cell(platform, spec, build, "eager")
     assert cell.status == "pass", f"{cell.implementation}: {cell.detail}"
     assert cell.max_error is not None and cell.max_error == cell.max_error  # NaN never passes
 
 
 def test_report_covers_every_op_and_ratio() -> None:
+    """The conformance catalog covers every op and attention compress ratios 0, 4 and 128."""
     specs = [s for s, _ in load_catalog()]
     assert {s.op for s in specs} == set(dsv4hal.OP_NAMES)
     assert {s.compress_ratio for s in specs if s.op.startswith("sparse_attention")} == {0, 4, 128}
@@ -42,6 +44,7 @@ def test_report_covers_every_op_and_ratio() -> None:
 
 
 def test_catalog_lists_each_case_once() -> None:
+    """The conformance catalog holds each (op, case) pair once."""
     from dsv4hal.conformance.runner import load_catalog
 
     keys = [(s.op, s.name) for s, _ in load_catalog()]
@@ -54,6 +57,7 @@ class _Layout:  # a library object without __eq__, like triton_kernels' layout d
 
 
 def test_graph_replay_copy_compares_plain_objects_by_field() -> None:
+    """Graph-replay copy_into copies equal-field objects' tensors and refuses differing fields."""
     from dsv4hal.conformance.runner import copy_into
 
     static = _Layout([2, 3], torch.zeros(2))

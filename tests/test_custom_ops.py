@@ -33,6 +33,7 @@ def _first_case(platform: dsv4hal.Platform, op: str) -> dict:
 
 @pytest.mark.parametrize("op", OP_NAMES)
 def test_opcheck(platform: dsv4hal.Platform, op: str) -> None:
+    """Every op's torch.library custom op passes opcheck on its first conformance case."""
     args = _first_case(platform, op)
     if op == "build_attention_metadata":
         args["out"] = None  # the functional form here; the in-place one below
@@ -49,6 +50,7 @@ def test_opcheck(platform: dsv4hal.Platform, op: str) -> None:
 
 
 def test_opcheck_build_attention_metadata_into_out(platform: dsv4hal.Platform) -> None:
+    """The out= form of build_attention_metadata is its own overload declaring out as written."""
     args = _first_case(platform, "build_attention_metadata")
     args["out"] = AttentionMetadata.empty(args["positions"].shape[0], args["page_table"].shape[1])
     overload, flat = custom_ops.flatten("build_attention_metadata", platform.handle, **args)
@@ -58,6 +60,7 @@ def test_opcheck_build_attention_metadata_into_out(platform: dsv4hal.Platform) -
 
 
 def test_in_place_ops_declare_what_they_write() -> None:
+    """In-place custom ops' schemas declare exactly the buffers they write."""
     mutated = {name: [a.name for a in getattr(torch.ops.dsv4hal, name).default._schema.arguments
                       if a.alias_info is not None and a.alias_info.is_write]
                for name in ("pack_store", "indexer_store", "compress_decode", "sparse_attention_decode")}
@@ -91,6 +94,7 @@ def _caches() -> tuple[dsv4hal.V4PagedCache, dsv4hal.V4PagedCache]:
 
 @pytest.mark.slow
 def test_compiled_fullgraph_decode_matches_eager(platform: dsv4hal.Platform) -> None:
+    """A fullgraph torch.compile of a decode step matches eager results."""
     inp = _decode_inputs(platform)
 
     def step(swa: dsv4hal.V4PagedCache, c4: dsv4hal.V4PagedCache, q: torch.Tensor, x: torch.Tensor) -> tuple:
@@ -114,6 +118,7 @@ def test_compiled_fullgraph_decode_matches_eager(platform: dsv4hal.Platform) -> 
 
 
 def test_compiled_in_place_ops_write_their_buffers(platform: dsv4hal.Platform) -> None:
+    """Under torch.compile in-place ops still write the caller's buffers."""
     args = _first_case(platform, "build_attention_metadata")
     t, p = args["positions"].shape[0], args["page_table"].shape[1]
     out_e, out_c = AttentionMetadata.empty(t, p), AttentionMetadata.empty(t, p)

@@ -34,6 +34,7 @@ def test_split_rule_picks_the_fastest_measured(t: int, d: int, fastest: int) -> 
 
 
 def test_split_rule_limits() -> None:
+    """DeepGEMM mHC split count is capped by K blocks and is 1 when token blocks fill the SMs."""
     assert deepgemm_mhc.splits(1, 256, H200_SMS) == 4  # one split per 64-column K block at most
     assert deepgemm_mhc.splits(100000, 4 * 4096, H200_SMS) == 1  # more token blocks than SMs: no split
 
@@ -96,6 +97,7 @@ def _stand_in(calls: list[int]):  # noqa: ANN202
 @pytest.mark.parametrize(("t", "d", "iters"), [(1, 64, 20), (7, 64, 1), (33, 64, 20), (3, 256, 20), (0, 64, 20)])
 def test_matches_the_reference_with_deepgemms_layout(monkeypatch: pytest.MonkeyPatch, t: int, d: int,
                                                      iters: int) -> None:
+    """The DeepGEMM mHC path matches the reference given DeepGEMM's operand layout."""
     calls: list[int] = []
     install_modules(monkeypatch, {"deep_gemm": fake_module("deep_gemm", __version__="2.5.0",
                                                            tf32_hc_prenorm_gemm=_stand_in(calls))})
@@ -118,6 +120,7 @@ def test_matches_the_reference_with_deepgemms_layout(monkeypatch: pytest.MonkeyP
 
 @on_the_cpu
 def test_post_pre_is_triton_post_then_deepgemm_pre(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused mHC post+pre runs the Triton post then the DeepGEMM pre."""
     from dsv4hal.kernels.triton.mhc import mhc_post
 
     calls: list[int] = []

@@ -118,6 +118,7 @@ def _routing(t: int, k: int, masked: bool, seed: int = 4):  # noqa: ANN202
 @on_the_cpu
 @pytest.mark.parametrize("t,k,gain,masked", [(1, 2, 1.0, False), (7, 3, 20.0, True), (40, 4, 1.0, False)])
 def test_matches_the_oracle(fake_dg: FakeDeepGemm, t: int, k: int, gain: float, masked: bool) -> None:
+    """The DeepGEMM MoE path matches the float64 oracle, masked routes included."""
     w = _weights(gain=gain)
     x, ids, tw = _routing(t, k, masked)
     y = deepgemm_moe.moe_experts(x, ids, tw, deepgemm_moe.prepare_weights(w))
@@ -229,6 +230,7 @@ def test_psum_block_n_is_put_back_when_the_gemm_raises(fake_dg: FakeDeepGemm, mo
 
 @on_the_cpu
 def test_quantized_rows_match_the_formula() -> None:
+    """quantize_routed_rows gives the spec's per-group FP8 codes and scales, padding zeroed."""
     from dsv4hal.kernels.triton.moe_quant import quantize_routed_rows
 
     gen = torch.Generator().manual_seed(9)
@@ -246,6 +248,7 @@ def test_quantized_rows_match_the_formula() -> None:
 
 
 def test_prepare_refuses_what_it_cannot_run(fake_dg: FakeDeepGemm) -> None:
+    """DeepGEMM prepare_weights refuses non-FP8 or misaligned weights and lays out what it takes."""
     with pytest.raises(ValueError, match="takes fp8_block expert weights"):
         deepgemm_moe.prepare_weights(_weights("mxfp4"))
     with pytest.raises(ValueError, match="multiples of 128"):
@@ -256,6 +259,7 @@ def test_prepare_refuses_what_it_cannot_run(fake_dg: FakeDeepGemm) -> None:
 
 @on_the_cpu
 def test_selection_and_mismatch(fake_dg: FakeDeepGemm) -> None:
+    """Selection rejects DeepGEMM MoE for MXFP4 weights or a missing library, saying why."""
     reg = registry_with(strict=True)
     info = simulated_info("sm90", deep_gemm="2.5.0", triton="3")
     d = select_kernel(reg, "moe_experts", case_expert_weights(_weights("mxfp4")), info, "cuda_sm90", ov.Overrides())
@@ -278,6 +282,7 @@ def test_selection_and_mismatch(fake_dg: FakeDeepGemm) -> None:
 
 @on_the_cpu
 def test_psum_registration_above_the_per_row_layout(fake_dg: FakeDeepGemm) -> None:
+    """The DeepGEMM psum MoE kernel ranks above the per-row layout for FP8 weights."""
     reg = registry_with(strict=True)
     info = simulated_info("sm90", deep_gemm="2.5.0", triton="3")
     fp8 = case_expert_weights(_weights())
@@ -313,6 +318,7 @@ def test_psum_registration_above_the_per_row_layout(fake_dg: FakeDeepGemm) -> No
 
 
 def test_forcing_it_without_the_library_still_fails_at_selection() -> None:
+    """Forcing the DeepGEMM MoE kernel without deep_gemm fails at selection with a typed error."""
     from dsv4hal.errors import UnsupportedCaseError
 
     reg = registry_with(strict=True)
@@ -323,6 +329,7 @@ def test_forcing_it_without_the_library_still_fails_at_selection() -> None:
 
 @on_the_cpu
 def test_pow2_scales_and_zeroed_padding_rows() -> None:
+    """pow2_scales quantization rounds scales to powers of two and zeroes padding rows."""
     from dsv4hal.kernels.triton.moe_quant import quantize_routed_rows
 
     gen = torch.Generator().manual_seed(10)

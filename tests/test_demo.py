@@ -19,6 +19,7 @@ TRITON = {"pack_store": "triton_pack_store", "indexer_topk": "triton_radix_topk"
 
 @pytest.mark.slow
 def test_demo_runs_and_reports() -> None:
+    """The demo decodes finite outputs and counts each op's calls per step."""
     res = run_demo(dsv4hal.select_platform("cpu"), batch=2, context=300, steps=2)
     assert len(res["outputs"]) == 3 and all(torch.isfinite(o).all() for o in res["outputs"])
     assert res["decode_tokens_per_s"] > 0
@@ -51,6 +52,7 @@ def test_demo_ops_replayed_with_triton_kernels_match_the_reference() -> None:
 
 
 def test_demo_cli_json(tmp_path) -> None:  # noqa: ANN001
+    """dsv4hal demo --json writes per-op times and the run's figures."""
     out = tmp_path / "demo.json"
     # two steps: on a GPU the graph mode's first step is the eager warm-up, and the second the timed replay
     r = run_cli("demo", "--batch", "1", "--context", "8", "--steps", "2", "--json", str(out))
@@ -72,6 +74,7 @@ def test_demo_cli_compile(tmp_path) -> None:  # noqa: ANN001
 
 
 def test_demo_random_fill_decodes_and_reports_every_layer() -> None:
+    """A random-fill demo reports finite non-zero outputs for every layer."""
     res = run_demo(dsv4hal.select_platform("cpu"), batch=2, context=600, steps=1, fill="random")
     assert res["fill"] == "random" and res["prefill_s"] >= 0 and len(res["outputs"]) == 1
     (layers,) = res["layer_outputs"]
@@ -88,6 +91,7 @@ def test_demo_graph_mode_needs_a_replay_to_time() -> None:
 
 
 def test_demo_graph_needs_a_gpu() -> None:
+    """demo --graph on a CPU machine fails with a message saying it needs CUDA."""
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     r = run_cli("demo", "--platform", "cpu", "--graph", "--steps", "1", "--context", "8")
@@ -95,6 +99,7 @@ def test_demo_graph_needs_a_gpu() -> None:
 
 
 def test_floor_bytes_count_what_a_step_must_move_and_plots_render(tmp_path) -> None:  # noqa: ANN001
+    """floor_bytes counts the bytes a decode step must move and the breakdown plot renders."""
     from dsv4hal.bench.plot import plot
     from dsv4hal.demo import DemoConfig, DemoModel, NullTimer, fill_random, floor_bytes, plot_breakdown
 

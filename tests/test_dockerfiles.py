@@ -104,6 +104,7 @@ def image(request: pytest.FixtureRequest) -> str:
 
 
 def test_dockerfile_exists_and_base_is_pinned(image: str) -> None:
+    """Each image's Dockerfile exists with one FROM pinned to a tag."""
     path = DOCKER / f"Dockerfile.{image}"
     assert path.is_file(), path
     froms = [args for word, args in instructions(path) if word == "FROM"]
@@ -118,6 +119,7 @@ def test_dockerfile_exists_and_base_is_pinned(image: str) -> None:
 
 
 def test_installs_dsv4hal_with_its_own_extra(image: str) -> None:
+    """Each image pip-installs the project with its own optional extra."""
     extra, _ = IMAGES[image]
     assert extra in pyproject()["project"]["optional-dependencies"]
     ins = instructions(DOCKER / f"Dockerfile.{image}")
@@ -142,6 +144,7 @@ def test_installs_dsv4hal_with_its_own_extra(image: str) -> None:
 
 
 def test_apt_and_shell_hygiene(image: str) -> None:
+    """RUN steps follow apt and shell hygiene and the image sets a WORKDIR."""
     ins = instructions(DOCKER / f"Dockerfile.{image}")
     words = [w for w, _ in ins]
     assert "WORKDIR" in words
@@ -156,6 +159,7 @@ def test_apt_and_shell_hygiene(image: str) -> None:
 
 
 def test_non_root_numeric_user_after_installs(image: str) -> None:
+    """Each image ends as a numeric non-root USER set after the installs."""
     ins = instructions(DOCKER / f"Dockerfile.{image}")
     users = [(i, args) for i, (word, args) in enumerate(ins) if word == "USER"]
     assert users, "no USER"
@@ -193,6 +197,7 @@ def test_cuda_images_build_the_native_glue_for_the_runtime_user(image: str) -> N
 
 
 def test_entrypoint_and_default_platform(image: str) -> None:
+    """Each image's ENTRYPOINT is the shared script and its default platform is a registered one."""
     _, platform = IMAGES[image]
     assert platform in pyproject()["project"]["entry-points"]["dsv4hal.platforms"]
     ins = instructions(DOCKER / f"Dockerfile.{image}")
@@ -206,6 +211,7 @@ def test_entrypoint_and_default_platform(image: str) -> None:
 
 
 def test_entrypoint_script_text() -> None:
+    """The entrypoint script is strict bash that runs info then conformance."""
     assert ENTRYPOINT.is_file()
     text = ENTRYPOINT.read_text()
     assert text.splitlines()[0] in ("#!/usr/bin/env bash", "#!/bin/bash")
@@ -242,6 +248,7 @@ def run_entrypoint(env: dict[str, str], *args: str) -> subprocess.CompletedProce
 
 
 def test_entrypoint_runs_info_then_conformance(fake_dsv4hal: tuple[dict[str, str], Path], tmp_path: Path) -> None:
+    """The entrypoint runs dsv4hal info then conformance into DSV4HAL_OUT."""
     env, log = fake_dsv4hal
     out = tmp_path / "reports" / "h200"
     r = run_entrypoint({**env, "DSV4HAL_PLATFORM": "cuda_sm90", "DSV4HAL_OUT": str(out)})
@@ -255,6 +262,7 @@ def test_entrypoint_runs_info_then_conformance(fake_dsv4hal: tuple[dict[str, str
 
 def test_entrypoint_passes_conformance_status_and_survives_info(
         fake_dsv4hal: tuple[dict[str, str], Path], tmp_path: Path) -> None:
+    """The entrypoint exits with conformance's status after running info."""
     env, log = fake_dsv4hal
     r = run_entrypoint({**env, "DSV4HAL_PLATFORM": "rocm", "DSV4HAL_OUT": str(tmp_path / "o"), "FAKE_RC": "1"})
     assert r.returncode == 1
@@ -262,6 +270,7 @@ def test_entrypoint_passes_conformance_status_and_survives_info(
 
 
 def test_entrypoint_passes_arguments_through(fake_dsv4hal: tuple[dict[str, str], Path]) -> None:
+    """Arguments given to the entrypoint run that dsv4hal command verbatim."""
     env, log = fake_dsv4hal
     r = run_entrypoint({**env, "DSV4HAL_PLATFORM": "cuda_sm100"}, "info", "--json", "a b")
     assert r.returncode == 0, r.stderr
@@ -269,6 +278,7 @@ def test_entrypoint_passes_arguments_through(fake_dsv4hal: tuple[dict[str, str],
 
 
 def test_entrypoint_without_platform_fails_clearly(fake_dsv4hal: tuple[dict[str, str], Path]) -> None:
+    """The entrypoint without DSV4HAL_PLATFORM fails naming it and runs nothing."""
     env, log = fake_dsv4hal
     r = run_entrypoint(env)
     assert r.returncode != 0
@@ -277,6 +287,7 @@ def test_entrypoint_without_platform_fails_clearly(fake_dsv4hal: tuple[dict[str,
 
 
 def test_entrypoint_unwritable_out(fake_dsv4hal: tuple[dict[str, str], Path], tmp_path: Path) -> None:
+    """The entrypoint exits 2 naming an unwritable DSV4HAL_OUT and runs nothing."""
     env, log = fake_dsv4hal
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -288,6 +299,7 @@ def test_entrypoint_unwritable_out(fake_dsv4hal: tuple[dict[str, str], Path], tm
 @pytest.mark.skipif(shutil.which("hadolint") is None,
                     reason="hadolint is not on PATH (.ci/lint-dockerfiles.sh installs it)")
 def test_hadolint_passes(image: str) -> None:
+    """Each Dockerfile passes hadolint at warning level."""
     cmd = ["hadolint", "--no-color", "--failure-threshold", "warning", str(DOCKER / f"Dockerfile.{image}")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr

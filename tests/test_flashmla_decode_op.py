@@ -94,6 +94,7 @@ def _args(t: int, ratio: int) -> dict[str, Any]:
 @pytest.mark.parametrize("ratio", [0, 4])
 def test_the_op_gets_what_the_python_entry_would_pass(monkeypatch: pytest.MonkeyPatch, namespaces: dict[str, Any],
                                                       ratio: int, glue: str) -> None:
+    """The native FlashMLA decode op receives the same arguments as the Python entry would."""
     entry_calls = _install(monkeypatch, namespaces["expected"])
     assert (flashmla_glue.native_decode("sgl") is not None) == (glue == "1")
     op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
@@ -117,6 +118,7 @@ def test_the_op_gets_what_the_python_entry_would_pass(monkeypatch: pytest.Monkey
 
 
 def test_a_step_shares_one_plan_per_shape(monkeypatch: pytest.MonkeyPatch, namespaces: dict[str, Any]) -> None:
+    """Within a decode step FlashMLA plans once per shape and reuses the plan."""
     _install(monkeypatch, namespaces["expected"])
     op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
     small, large = _args(2, 4), _args(5, 4)
@@ -135,6 +137,7 @@ def test_a_step_shares_one_plan_per_shape(monkeypatch: pytest.MonkeyPatch, names
 
 def test_an_op_with_another_schema_is_not_called(monkeypatch: pytest.MonkeyPatch,
                                                  namespaces: dict[str, Any]) -> None:
+    """A FlashMLA op with an unexpected schema is not called; the Python entry is used."""
     entry_calls = _install(monkeypatch, namespaces["other"])
     assert flashmla_glue.decode_op("sgl") is None and flashmla_glue.decode_op("vllm") is None
     op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode

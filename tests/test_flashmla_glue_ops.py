@@ -140,6 +140,7 @@ def _paths(arch: str, library: str, args: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(("t", "h"), [(1, 64), (5, 128)])
 def test_decode_adds_only_the_layout_views(monkeypatch: pytest.MonkeyPatch, arch: str, library: str, ratio: int,
                                            t: int, h: int) -> None:
+    """The FlashMLA decode glue adds only layout views over a direct library call."""
     outs: dict[tuple, tuple] = {}
     _install(monkeypatch, library, outs)
     args = _args(t, h, ratio, outs)

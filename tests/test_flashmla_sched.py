@@ -41,6 +41,7 @@ def _i32(v: list[int] | None) -> torch.Tensor | None:
 @settings(max_examples=40, deadline=None)
 @given(cases())
 def test_the_parallel_plan_is_the_walks(case: tuple) -> None:
+    """The FlashMLA split plan built in parallel equals the serial walk."""
     b, width, extra_width, parts, lengths, extra = case
     rows, splits = fs.serial_plan(lengths if lengths is not None else [width] * b, width, extra, extra_width, parts)
     meta, nsplits, _, _ = fs.make_plan(b, parts, _i32(lengths), width, _i32(extra), extra_width, DEV)

@@ -34,6 +34,7 @@ def _group(*head: float, amax: float = 6.0) -> torch.Tensor:
 
 
 def test_e2m1_table_and_codes():
+    """The E2M1 value table and its 16 codes decode to the spec's values, sign in the top bit."""
     assert E2M1_VALUES == (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
     decoded = e2m1_decode(torch.arange(16, dtype=torch.uint8))
     assert decoded[:8].tolist() == list(E2M1_VALUES)
@@ -41,6 +42,7 @@ def test_e2m1_table_and_codes():
 
 
 def test_hand_packed_byte():
+    """quantize_mxfp4 packs a hand-computed group to the expected bytes and scale."""
     # Scale exponent 0 (amax 6): 1.0 -> code 0x2, -0.5 -> 0x8 | 0x1 = 0x9; even element in the low nibble.
     packed, scale = quantize_mxfp4(_group(1.0, -0.5))
     assert packed[0].item() == 0x92
@@ -49,6 +51,7 @@ def test_hand_packed_byte():
 
 
 def test_nibble_order():
+    """MXFP4 packs the even element in the low nibble; pack and unpack invert each other."""
     packed, _ = quantize_mxfp4(_group(0.0, 3.0))  # only the odd element of byte 0 is set
     assert packed[0].item() == 0x50
     codes = torch.randint(0, 16, (3, 64), dtype=torch.uint8)
@@ -61,12 +64,14 @@ def test_nibble_order():
     [(6.0, 127), (6.0001, 128), (3.0, 126), (3.0001, 127), (12.0, 128), (0.0, 112), (1e-6, 112)],
 )
 def test_scale_exponent(amax: float, byte: int):
+    """The MXFP4 scale byte is ceil(log2(max(amax, 1e-4) / 6)) + 127."""
     # ceil(log2(max(amax, 1e-4) / 6)) + 127; the floor gives ceil(log2(1.67e-5)) = -15.
     _, scale = quantize_mxfp4(_group(amax=amax))
     assert scale.item() == byte
 
 
 def test_ties_round_down_and_strict_thresholds():
+    """MXFP4 rounding sends exact midpoints down and anything above up."""
     mids = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
     below = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
     packed, scale = quantize_mxfp4(_group(*mids, *[m + 1e-3 for m in mids], *[-m for m in mids]))
@@ -77,6 +82,7 @@ def test_ties_round_down_and_strict_thresholds():
 
 
 def test_round_trip_error_bound():
+    """The MXFP4 round trip stays within half a step of each group's scale."""
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(4, 5, 256, generator=gen) * torch.logspace(-3, 3, 5).view(1, 5, 1)
     packed, scale = quantize_mxfp4(w)
@@ -93,6 +99,7 @@ def test_round_trip_error_bound():
 
 
 def test_no_negative_zero():
+    """MXFP4 never encodes negative zero for values that round to zero."""
     gen = torch.Generator().manual_seed(2)
     w = -torch.rand(8, 64, generator=gen) * 0.2  # all tiny negatives ...
     w[:, 0] = 6.0  # ... next to a large value, so most round to zero
@@ -104,6 +111,7 @@ def test_no_negative_zero():
 
 
 def test_non_finite_group_becomes_nan():
+    """A group holding NaN or inf gets the NaN scale byte and dequantizes to NaN."""
     w = torch.ones(2, 64)
     w[0, 40] = float("nan")
     w[1, 3] = float("inf")
@@ -115,6 +123,7 @@ def test_non_finite_group_becomes_nan():
 
 
 def test_mxfp4_shape_errors():
+    """MXFP4 quantize and dequantize refuse bad widths, scale shapes and dtypes."""
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_mxfp4(torch.zeros(4, 48))
     packed, scale = quantize_mxfp4(torch.zeros(4, 64))
@@ -138,6 +147,7 @@ def _per_element(scale: torch.Tensor, n: int, k: int, rows: int = 128) -> torch.
 
 @pytest.mark.parametrize("fp8", ["e4m3fn", "e4m3fnuz"])
 def test_fp8_block_quantize_bound(fp8: str):
+    """FP8 128x128 block quantization keeps each tile within its scale's error, edge tiles included."""
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(300, 200, generator=gen) * torch.logspace(-4, 2, 300).unsqueeze(1)
     q, scale = quantize_fp8_block(w, fp8=fp8)
@@ -152,6 +162,7 @@ def test_fp8_block_quantize_bound(fp8: str):
 
 
 def test_fp8_block_pow2_and_floor():
+    """FP8 block pow2 scales are powers of two and an all-zero tile gets the floor scale."""
     gen = torch.Generator().manual_seed(4)
     w = torch.randn(2, 256, 256, generator=gen) * 7.0
     w[1, :128, :128] = 0.0
@@ -170,6 +181,7 @@ def test_fp8_block_pow2_and_floor():
 
 
 def test_fp8_block_nan_propagates_and_shape_errors():
+    """A NaN stays in its FP8 block only, and dequantization refuses a bad scale shape."""
     w = torch.ones(128, 256)
     w[5, 200] = float("nan")
     q, scale = quantize_fp8_block(w)
@@ -180,6 +192,7 @@ def test_fp8_block_nan_propagates_and_shape_errors():
 
 
 def test_act_quant_1x128():
+    """act_quant_1x128 scales each 128-wide group by its amax / 448."""
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(6, 384, generator=gen) * torch.logspace(-2, 2, 6).unsqueeze(1)
     q, scale = act_quant_1x128(x)

@@ -67,12 +67,14 @@ def _encode(x: torch.Tensor, hw: bool) -> torch.Tensor:
 
 
 def test_integer_encoder_matches_torch() -> None:
+    """The integer FP8 e4m3fn encoder gives the same bytes as torch's cast."""
     x = _values(2000 if DEV.type == "cpu" else 200000).to(DEV)
     want = x.to(torch.float8_e4m3fn).view(torch.uint8)
     assert torch.equal(_encode(x, False), want)
 
 
 def test_hardware_path_is_off_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hardware FP8 cast is off on the CPU, under the interpreter and when disabled."""
     assert not hardware_fp8(torch.device("cpu"))
     monkeypatch.setattr(fp8_codec, "_INTERPRET", True)
     assert not hardware_fp8(torch.device("cuda", 0))  # interpreting: never, whatever the device
@@ -85,6 +87,7 @@ def test_hardware_path_is_off_where_it_cannot_run(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9)
                     or torch.version.hip is not None, reason="needs an NVIDIA GPU with an fp8 conversion (SM89+)")
 def test_hardware_conversion_gives_the_encoders_bytes() -> None:
+    """On an SM89+ GPU the hardware FP8 cast gives the integer encoder's bytes."""
     assert hardware_fp8(DEV)
     x = _values(1 << 20).to(DEV)
     hw, sw = _encode(x, True), _encode(x, False)

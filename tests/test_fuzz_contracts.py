@@ -475,6 +475,7 @@ FUZZED_OPS = [op for op in OP_NAMES if op in OPS_BY_NAME]
 @FUZZ
 @given(data=st.data())
 def test_contract_fuzz_cpu(op: str, data: st.DataObject) -> None:
+    """Fuzzed calls of each op on the CPU either run per the contract or raise a typed error."""
     if not _cases(op):
         pytest.skip(f"{op} has no small conformance case")
     _check(op, data.draw(calls(op), label="call"))
@@ -484,6 +485,7 @@ def test_contract_fuzz_cpu(op: str, data: st.DataObject) -> None:
 @FUZZ_TRITON
 @given(data=st.data())
 def test_contract_fuzz_triton_interpreter(op: str, data: st.DataObject) -> None:
+    """Fuzzed calls of each Triton kernel under the interpreter honour the op's contract."""
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the CPU platform runs Triton only under its interpreter (a GPU machine fuzzes the CPU reference)")
@@ -491,6 +493,7 @@ def test_contract_fuzz_triton_interpreter(op: str, data: st.DataObject) -> None:
 
 
 def test_select_platform_builds_the_registry_once_under_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Concurrent select_platform calls build the plugin registry only once."""
     import dsv4hal.platform as platform_mod
 
     built: list[int] = []

@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def test_flashmla_sequence_runs_and_matches_the_reference() -> None:
+    """The FlashMLA shape sequence runs on a GPU and matches the reference."""
     # a process of its own: a device assertion would end the CUDA context, not just the test
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "flashmla_sequence.py")], capture_output=True, text=True,
                        timeout=600)

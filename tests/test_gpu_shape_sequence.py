@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def test_shuffled_shapes_and_garbage_inputs_keep_the_context_and_the_results(tmp_path: Path) -> None:
+    """Shuffled shapes and garbage inputs on a GPU neither kill the CUDA context nor change results."""
     report = tmp_path / "sequence.json"
     # a process of its own: a device assertion would end the CUDA context, not just the test
     r = subprocess.run([sys.executable, "-m", "dsv4hal.conformance.sequence", "--rounds", "1", "--json", str(report)],

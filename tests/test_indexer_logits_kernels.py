@@ -48,6 +48,7 @@ def _same(got: torch.Tensor, want: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("spec", SMALL, ids=lambda c: c.name)
 def test_triton_matches_reference_and_oracle(spec: CaseSpec) -> None:
+    """The Triton indexer_logits kernel matches the reference and the oracle on small cases."""
     fx = cases.build(spec, DEV, torch.Generator().manual_seed(5))
     got = triton_logits(**fx.args)
     _same(got, reference(**fx.args))
@@ -75,6 +76,7 @@ def test_triton_several_blocks_per_program_and_garbage_tail() -> None:
 
 
 def test_mask_tail_writes_only_past_the_context() -> None:
+    """mask_tail_ writes -inf only past each row's context, leaving the rest intact."""
     x = torch.arange(2 * 300, dtype=torch.float32, device=DEV).view(2, 300)
     buf = torch.full((2, 512), 7.0, device=DEV)
     buf[:, :300] = x
@@ -152,6 +154,7 @@ LIBS = {"deep_gemm": "2.5.0", "triton": "3.6", "flash_mla": "1.0.0"}
 
 @pytest.mark.parametrize("contexts", [(200,), (0, 1, 63, 64, 65, 129, 0)])
 def test_binding_marshals_and_matches_reference(fake_dg: FakeDeepGemm, contexts: tuple[int, ...]) -> None:
+    """The DeepGEMM indexer binding passes the expected shapes and matches the reference."""
     fx = _fixture(contexts)
     got = deepgemm_indexer.indexer_logits(**fx.args)
     _same(got, reference(**fx.args))
@@ -162,6 +165,7 @@ def test_binding_marshals_and_matches_reference(fake_dg: FakeDeepGemm, contexts:
 
 
 def test_cache_view_is_zero_copy() -> None:
+    """fused_cache_view is a zero-copy view of the indexer cache in DeepGEMM's layout."""
     cache = IndexerPagedCache.empty(3, device=DEV)
     view = deepgemm_indexer.fused_cache_view(cache)
     assert view.shape == (3, 64, 1, 132) and view.stride() == (8448, 132, 132, 1)
@@ -169,6 +173,7 @@ def test_cache_view_is_zero_copy() -> None:
 
 
 def test_schedule_per_call_and_per_step(fake_dg: FakeDeepGemm) -> None:
+    """The DeepGEMM indexer builds its schedule per call, or once per decode step."""
     fx = _fixture((70, 5))
     p = dsv4hal.select_platform(info=simulated_info("sm90", **LIBS))
     chosen = p.ops.indexer_logits.decide(p.ops.indexer_logits.case_of(**fx.args)).chosen
@@ -184,6 +189,7 @@ def test_schedule_per_call_and_per_step(fake_dg: FakeDeepGemm) -> None:
 
 
 def test_large_batches_run_in_schedule_chunks(fake_dg: FakeDeepGemm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches beyond MAX_TOKENS run in schedule chunks and still match the reference."""
     monkeypatch.setattr(deepgemm_indexer, "MAX_TOKENS", 2)
     fx = _fixture((3, 70, 0, 64, 1))
     got = deepgemm_indexer.indexer_logits(**fx.args)
@@ -192,6 +198,7 @@ def test_large_batches_run_in_schedule_chunks(fake_dg: FakeDeepGemm, monkeypatch
 
 
 def test_misaligned_cache_is_a_typed_error(fake_dg: FakeDeepGemm) -> None:
+    """A misaligned indexer cache is refused with a typed error naming the alignment."""
     fx = _fixture((10,))
     cache = fx.args["cache"]
     pool = torch.zeros(cache.data.numel() + 8, dtype=torch.uint8, device=DEV)
@@ -202,12 +209,14 @@ def test_misaligned_cache_is_a_typed_error(fake_dg: FakeDeepGemm) -> None:
 
 
 def test_empty_shapes_need_no_library() -> None:
+    """Empty block tables give an empty result without calling the library."""
     fx = _fixture((0,))
     out = deepgemm_indexer.indexer_logits(**{**fx.args, "block_table": fx.args["block_table"][:, :0]})
     assert out.shape == (1, 0)
 
 
 def test_supports_reasons() -> None:
+    """The DeepGEMM indexer's supports() names the fp8 format or version it lacks."""
     info = simulated_info("sm90", **LIBS)
     supports = sm90_kernels.deepgemm_indexer_supports
     assert supports({"fp8": "e4m3fn"}, info) == []

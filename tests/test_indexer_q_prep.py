@@ -29,6 +29,7 @@ def triton_platform():  # noqa: ANN201
 
 @pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[s.name for s, _ in CATALOG])
 def test_kernel_and_reference_pass_the_catalog(triton_platform, spec, build) -> None:  # noqa: ANN001
+    """The Triton q_prep kernel and the reference both pass every catalog case."""
     cell = run_cell(triton_platform, spec, build, "eager")
     assert cell.implementation == KERNEL and cell.status == "pass", cell.detail
     ref = run_cell(dsv4hal.select_platform("cpu"), spec, build, "eager")
@@ -43,6 +44,7 @@ def _fixture(name: str):  # noqa: ANN202
 @pytest.mark.parametrize("broken", ["no rope", "no hadamard", "scale not folded", "rope at position 0",
                                     "scale without floor"])
 def test_the_check_catches_each_step_left_out(broken: str) -> None:
+    """The q_prep conformance check fails when any one step (rope, hadamard, scale) is left out."""
     fx = _fixture("t6_edges")
     a = fx.args
     q, w = reference(**a)
@@ -86,6 +88,7 @@ def test_kernel_equals_the_reference_bit_for_bit(name: str) -> None:
                          [("sm90", "cuda_sm90", "e4m3fn"), ("sm100", "cuda_sm100", "e4m3fn"),
                           ("gfx942", "rocm", "e4m3fnuz")])
 def test_gpu_platforms_select_the_kernel_and_the_cpu_the_reference(arch: str, platform: str, fp8: str) -> None:
+    """GPU platforms select the Triton q_prep kernel and the cpu platform the reference."""
     from dsv4hal import override as ov
     from dsv4hal.selection import select_kernel
 

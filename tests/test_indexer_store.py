@@ -24,6 +24,7 @@ def _gen(seed: int = 0) -> torch.Generator:
 
 
 def test_pow2_scales_are_the_exact_ceiling() -> None:
+    """pow2 row scales are the smallest power of two at or above the amax scale."""
     amax = torch.rand(4096, generator=_gen()) * torch.exp2(torch.randint(-20, 20, (4096,), generator=_gen(1)).float())
     for fp8 in ("e4m3fn", "e4m3fnuz"):
         plain, pow2 = row_scales(amax, fp8, "amax"), row_scales(amax, fp8, "pow2")
@@ -40,6 +41,7 @@ def test_pow2_scales_are_the_exact_ceiling() -> None:
 
 
 def test_pow2_quantization_never_saturates() -> None:
+    """pow2-scaled indexer rows never exceed the FP8 range and round within tolerance."""
     k = torch.randn(256, 128, generator=_gen()) * 7
     raw, s = quantize_rows(k, "e4m3fn", "pow2")
     back = raw.view(torch.float8_e4m3fn).float() * s[:, None]
@@ -48,6 +50,7 @@ def test_pow2_quantization_never_saturates() -> None:
 
 
 def test_write_rows_skips_without_touching_other_bytes() -> None:
+    """write_rows skips -1, negative and out-of-range locations and writes no other bytes."""
     cache = IndexerPagedCache(torch.randint(0, 256, (3, 8448), generator=_gen(), dtype=torch.uint8))
     before = cache.data.clone()
     raw, s = quantize_rows(torch.randn(4, 128, generator=_gen(2)))
@@ -68,6 +71,7 @@ def _args(fp8: str = "e4m3fn") -> dict:
 
 
 def test_validate_accepts_and_cases() -> None:
+    """indexer_store validation accepts valid calls and reports their case."""
     contract.validate(**_args(), checked=True)
     contract.validate(**{**_args(), "k": torch.zeros(3, 128, dtype=torch.bfloat16)}, scale="pow2", checked=True)
     assert contract.case(**_args("e4m3fnuz"), scale="pow2") == {"fp8": "e4m3fnuz", "scale": "pow2"}
@@ -79,6 +83,7 @@ def test_validate_accepts_and_cases() -> None:
     {"scale": "ue8m0"}, {"scale": None},
 ])
 def test_validate_rejects(change: dict) -> None:
+    """indexer_store refuses a wrong k dtype or width, loc shape or dtype, cache or scale rule."""
     with pytest.raises(InvalidArgumentError):
         contract.validate(**{**_args(), **change})
 
@@ -88,6 +93,7 @@ def test_validate_rejects(change: dict) -> None:
     ({"k": torch.full((3, 128), float("nan"))}, "finite"),
 ])
 def test_checked_mode(change: dict, match: str) -> None:
+    """Checked indexer_store refuses bad locations and non-finite k; unchecked mode does not look."""
     contract.validate(**{**_args(), **change})
     with pytest.raises(InvalidArgumentError, match=match):
         contract.validate(**{**_args(), **change}, checked=True)
@@ -96,6 +102,7 @@ def test_checked_mode(change: dict, match: str) -> None:
 @pytest.mark.parametrize("name", ["n1", "n64_int32_bf16", "decode_b64_pow2", "e4m3fnuz_amax_tiny_n64",
                                   "e4m3fnuz_pow2_pow2_n64", "e4m3fn_amax_huge_n64"])
 def test_triton_is_bit_exact(name: str) -> None:
+    """The Triton indexer_store writes the same bytes as the reference."""
     from dsv4hal.kernels.triton.indexer_store import indexer_store as triton_store
 
     spec = next(c for c in cases.CASES if c.name == name)
@@ -107,6 +114,7 @@ def test_triton_is_bit_exact(name: str) -> None:
 
 
 def test_oracle_catches_a_wrong_scale_rule() -> None:
+    """The indexer_store oracle fails a store made with the wrong scale rule."""
     spec = next(c for c in cases.CASES if c.name == "n64_int32_bf16")
     fx = cases.build(spec, CPU, _gen(4))
     reference(**{**fx.args, "scale": "pow2"})
@@ -115,12 +123,14 @@ def test_oracle_catches_a_wrong_scale_rule() -> None:
 
 
 def test_selection() -> None:
+    """GPU platforms choose the Triton indexer_store and the cpu platform the reference."""
     p = dsv4hal.select_platform(info=simulated_info("sm90", triton="3.6"))
     assert p.ops.indexer_store.decide({"fp8": "e4m3fn", "scale": "pow2"}).chosen.name == "triton_indexer_store"
     assert dsv4hal.select_platform("cpu").ops.indexer_store.decide().chosen.name == "torch_reference"
 
 
 def test_demo_stores_through_the_op() -> None:
+    """The demo's indexer stores go through the indexer_store op."""
     from dsv4hal.demo import Tape, run_demo
 
     platform = dsv4hal.select_platform("cpu")

@@ -33,6 +33,7 @@ def _under(mod: str, package: str) -> bool:
 
 
 def test_ops_never_import_the_references() -> None:
+    """Modules under dsv4hal/ops never import dsv4hal.reference."""
     assert violations("dsv4hal/ops", lambda p, mod: _under(mod, "dsv4hal.reference")) == []
 
 
@@ -43,10 +44,12 @@ def test_ops_do_not_even_name_the_references() -> None:
 
 
 def test_core_never_imports_a_vendor_plugin() -> None:
+    """The dsv4hal core never imports a vendor plugin package."""
     assert violations("dsv4hal", lambda p, mod: any(_under(mod, name) for name in PLUGINS)) == []
 
 
 def test_no_plugin_imports_another_plugin() -> None:
+    """No vendor plugin imports another vendor plugin."""
     def banned(path: Path, mod: str) -> bool:
         own = path.relative_to(ROOT / "platforms").parts[0]
         return any(_under(mod, name) for name, folder in PLUGINS.items() if folder != own)
@@ -55,11 +58,13 @@ def test_no_plugin_imports_another_plugin() -> None:
 
 
 def test_formats_import_no_implementation() -> None:
+    """dsv4hal/formats imports no reference, kernel, conformance, platform or plugin module."""
     above = ("dsv4hal.reference", "dsv4hal.kernels", "dsv4hal.conformance", "dsv4hal.platform", "dsv4hal.plugins")
     assert violations("dsv4hal/formats", lambda p, mod: any(_under(mod, a) for a in above)) == []
 
 
 def test_the_scan_sees_function_level_imports(tmp_path: Path) -> None:
+    """The import scan finds imports inside functions."""
     src = tmp_path / "m.py"
     src.write_text("def f():\n    from dsv4hal.reference.moe import quantize_experts\n")
     assert (2, "dsv4hal.reference.moe") in imports(src)

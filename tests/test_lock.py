@@ -42,6 +42,7 @@ def _edited(src: Path, dst: Path, edit) -> Path:  # noqa: ANN001
 
 
 def test_tune_writes_a_lock_with_reasons(lock_file: Path) -> None:
+    """tune writes a lock naming machine, libraries and each tuned op's buckets."""
     data = json.loads(lock_file.read_text())
     assert data["format"] == "dsv4hal-lock/1" and data["platform"] == "cpu"
     assert data["machine"]["arch"] == "cpu" and "torch" in data["libraries"] and data["dsv4hal"]
@@ -61,6 +62,7 @@ def test_tune_writes_a_lock_with_reasons(lock_file: Path) -> None:
 
 
 def test_explain_names_the_lock_with_measured_times(lock_file: Path) -> None:
+    """explain and info name the lock in force and show measured times."""
     r = run_cli("explain", "indexer_topk", "--platform", "cpu", env={"DSV4HAL_LOCK": str(lock_file)})
     assert r.returncode == 0, r.stderr
     assert "source lock" in r.stdout and str(lock_file) in r.stdout and "measured" in r.stdout
@@ -70,6 +72,7 @@ def test_explain_names_the_lock_with_measured_times(lock_file: Path) -> None:
 
 
 def test_selection_follows_the_lock(lock_file: Path) -> None:
+    """With a lock, selection takes the locked kernel; untuned ops stay automatic."""
     plain = select_platform("cpu")
     assert plain.lock is None and plain.default_decisions["indexer_topk"].source == "auto"
     p = select_platform("cpu", lock=lock_file)
@@ -81,6 +84,7 @@ def test_selection_follows_the_lock(lock_file: Path) -> None:
 
 @on_the_cpu
 def test_the_lock_not_the_priority_decides(lock_file: Path, tmp_path: Path) -> None:
+    """A lock overrides kernel priority, and a forced kernel overrides the lock."""
     # a lock naming the Triton kernel (eligible on the CPU platform under the interpreter only)
     forced = _edited(lock_file, tmp_path / "triton.json",
                      lambda d: d["ops"]["indexer_topk"]["buckets"][DEFAULT_TOPK].update(chosen="triton_radix_topk"))
@@ -94,6 +98,7 @@ def test_the_lock_not_the_priority_decides(lock_file: Path, tmp_path: Path) -> N
 
 def test_changed_library_version_is_a_typed_error(lock_file: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock from another library version raises LockMismatchError; the CLI exits 2."""
     bad = _edited(lock_file, tmp_path / "old.json", lambda d: d["libraries"].update(torch="1.0.0"))
     monkeypatch.setenv("DSV4HAL_LOCK", str(bad))
     with pytest.raises(LockMismatchError, match=r"library torch version .* differs from the locked 1\.0\.0"):
@@ -121,6 +126,7 @@ def test_changed_library_version_is_a_typed_error(lock_file: Path, tmp_path: Pat
      r"indexer_topk: the lock's buckets are by \(k, size\)"),
 ])
 def test_lock_mismatches_are_refused(lock_file: Path, tmp_path: Path, edit, message: str) -> None:  # noqa: ANN001
+    """Each lock mismatch is refused by name, and lock_mismatch=reselect falls back to auto."""
     bad = _edited(lock_file, tmp_path / "bad.json", edit)
     with pytest.raises(LockMismatchError, match=message):
         select_platform("cpu", lock=bad)
@@ -129,6 +135,7 @@ def test_lock_mismatches_are_refused(lock_file: Path, tmp_path: Path, edit, mess
 
 
 def test_unreadable_locks_and_bad_policy(tmp_path: Path) -> None:
+    """A missing or foreign-format lock and a bad mismatch policy raise typed errors."""
     with pytest.raises(LockError, match="does not exist"):
         select_platform("cpu", lock=tmp_path / "nope.json")
     (tmp_path / "old.json").write_text(json.dumps({"format": "something-else"}))
@@ -139,6 +146,7 @@ def test_unreadable_locks_and_bad_policy(tmp_path: Path) -> None:
 
 
 def test_simulated_other_machine_is_refused(lock_file: Path) -> None:
+    """A lock from another machine is refused, naming the device."""
     info = hardware.simulated("cpu", libraries=hardware.detect().libraries)
     with pytest.raises(LockMismatchError, match="machine device_name is 'simulated cpu'"):
         select_platform("cpu", info=info, lock=lock_file)
@@ -155,6 +163,7 @@ def _crashing_topk(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
 
 
 def test_a_wrong_or_crashing_kernel_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tune never locks a kernel that gives wrong results or crashes."""
     from dsv4hal.tune import summary, tune
 
     fakes = types.ModuleType("dsv4hal_tune_fakes")
@@ -182,6 +191,7 @@ def test_a_wrong_or_crashing_kernel_is_never_chosen(monkeypatch: pytest.MonkeyPa
 
 
 def test_update_adds_ops_of_the_same_machine_only(lock_file: Path, tmp_path: Path) -> None:
+    """tune --update adds ops to a lock of the same machine only."""
     from dsv4hal.cli import main
 
     out = tmp_path / "lock.json"
@@ -196,6 +206,7 @@ def test_update_adds_ops_of_the_same_machine_only(lock_file: Path, tmp_path: Pat
 
 
 def test_bucket_of_projects_on_declared_features() -> None:
+    """bucket_of keys a case on the op's declared features only."""
     assert bucket_of("indexer_topk", {"k": 1024, "page_transform": False, "size": "small", "extra": 1}) == \
         "k=1024,page_transform=False,size=small"
     assert bucket_of("pack_store", {"fp8": "e4m3fnuz", "page_size": 64, "size": "large"}) == "page_size=64,size=large"
@@ -206,6 +217,7 @@ def test_bucket_of_projects_on_declared_features() -> None:
 
 
 def test_declared_cpu_samples_land_in_their_buckets() -> None:
+    """Each declared tuning sample lands in the bucket its label names."""
     from dsv4hal.tune import declared_samples
 
     info = hardware.detect()
@@ -222,6 +234,7 @@ def _decode_case(t: int, h: int, ratio: int, width: int | None) -> dict:
 
 
 def test_decode_buckets_are_classes_that_real_calls_fall_in() -> None:
+    """Decode buckets group real contexts by class: 32K and 128K share one, 1M does not."""
     # a C128 width grows with the context: 32K and 128K contexts share a bucket, 1M does not
     at = {ctx: bucket_of("sparse_attention_decode", _decode_case(1, 64, 128, -(-ctx // 128 // 64) * 64))
           for ctx in (32768, 131072, 1048576)}

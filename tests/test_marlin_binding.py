@@ -81,10 +81,12 @@ def _inputs(t: int = T):  # noqa: ANN202
 
 
 def test_float4_e2m1f_id() -> None:
+    """The Marlin float4_e2m1f scalar type id matches vLLM's."""
     assert marlin_moe.FLOAT4_E2M1F_ID == 562949953487106 == 0x2000000010102
 
 
 def test_prepare_weights_layout() -> None:
+    """Marlin prepare_weights gives int32 repacked weights and e8m0 scales of the spec's shapes."""
     w = _weights()
     mw = marlin_moe.prepare_weights(w)
     assert (mw.num_experts, mw.hidden, mw.intermediate) == (E, H, I)
@@ -98,6 +100,7 @@ def test_prepare_weights_layout() -> None:
 
 
 def test_prepare_refuses_fp8_block_and_bad_shapes() -> None:
+    """Marlin prepare_weights refuses FP8-block weights and shapes Marlin cannot tile."""
     with pytest.raises(ValueError, match="MXFP4 expert weights only"):
         marlin_moe.prepare_weights(_weights("fp8_block"))
     with pytest.raises(ValueError, match="size_n % 64"):
@@ -106,6 +109,7 @@ def test_prepare_refuses_fp8_block_and_bad_shapes() -> None:
 
 @on_the_cpu
 def test_calls_match_the_contract(fake_moe_c: Recorder) -> None:
+    """The Marlin MoE binding calls the library twice with the contract's arguments."""
     x, ids, tw = _inputs()
     mw = marlin_moe.prepare_weights(_weights())
     y = marlin_moe.moe_experts(x, ids, tw, mw)
@@ -175,6 +179,7 @@ def test_swiglu_clamp_between_the_gemms(fake_moe_c: Recorder, monkeypatch: pytes
 
 
 def test_empty_batch_makes_no_call(fake_moe_c: Recorder) -> None:
+    """An empty batch returns an empty result without calling Marlin."""
     mw = marlin_moe.prepare_weights(_weights())
     y = marlin_moe.moe_experts(torch.zeros(0, H, dtype=torch.bfloat16), torch.zeros(0, K, dtype=torch.int32),
                                torch.zeros(0, K), mw)
@@ -182,6 +187,7 @@ def test_empty_batch_makes_no_call(fake_moe_c: Recorder) -> None:
 
 
 def test_library_loading(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    """The vLLM MoE library loads from VLLM_MOE_LIB, with clear errors when unset or missing."""
     monkeypatch.delenv(marlin_moe.ENV_LIB, raising=False)
     with pytest.raises(RuntimeError, match="VLLM_MOE_LIB is not set"):
         vllm_moe_lib.load_library(None, marlin_moe.NAME)
@@ -207,6 +213,7 @@ def _candidate(decision, name: str):  # noqa: ANN001, ANN202
 
 
 def test_selection_ranks_marlin_after_the_fused_moe_and_picks_it_without_triton(reg, fake_moe_c: Recorder) -> None:  # noqa: ANN001
+    """Marlin ranks after the fused Triton MoE and is chosen when Triton is absent."""
     info = simulated_info("sm90", **SIM_LIBS)
     auto = dsv4hal.select_platform(info=info, registry=reg)
     d = auto.explain("moe_experts")  # the catalog's MXFP4 case, class decode: the portable fused MoE, then Marlin
@@ -229,6 +236,7 @@ def test_selection_ranks_marlin_after_the_fused_moe_and_picks_it_without_triton(
 
 
 def test_selection_refuses_fp8_block_with_reasons(reg) -> None:  # noqa: ANN001
+    """Selection rejects Marlin for FP8-block weights, saying MXFP4 only."""
     info = simulated_info("sm90", **SIM_LIBS)
     case = case_expert_weights(_weights("fp8_block"))
     d = select_kernel(reg, "moe_experts", case, info, "cuda_sm90", ov.Overrides())
@@ -240,6 +248,7 @@ def test_selection_refuses_fp8_block_with_reasons(reg) -> None:  # noqa: ANN001
 
 
 def test_selection_refuses_bad_shapes_and_missing_library(reg) -> None:  # noqa: ANN001
+    """Selection rejects Marlin for untileable GEMMs or a missing library, with reasons."""
     case = case_expert_weights(_weights(h=96, i=32))
     d = select_kernel(reg, "moe_experts", case, simulated_info("sm90", **SIM_LIBS), "cuda_sm90", ov.Overrides())
     reasons = _candidate(d, marlin_moe.NAME).reasons
@@ -253,6 +262,7 @@ def test_selection_refuses_bad_shapes_and_missing_library(reg) -> None:  # noqa:
 
 
 def test_detected_machine_reads_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    """On a detected machine Marlin's availability reads VLLM_MOE_LIB and says how to set it."""
     info = dataclasses.replace(simulated_info("sm90"), detected_by="nvidia-smi")
     assert isinstance(info, PlatformInfo)
     monkeypatch.setattr(vllm_moe_lib, "op_registered", lambda name: False)

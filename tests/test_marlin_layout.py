@@ -33,6 +33,7 @@ def _word(q: torch.Tensor, *idx: int) -> int:
 
 @pytest.mark.parametrize("e,n,k", [(1, 64, 16), (2, 128, 32), (3, 192, 64), (2, 256, 128), (1, 64, 256)])
 def test_repack_roundtrip_and_shape(e: int, n: int, k: int) -> None:
+    """The Marlin MXFP4 repack has the expected shape and un-repacks to the input."""
     packed = _random_packed(e, n, k, seed=n + k)
     q = repack_mxfp4_for_marlin(packed)
     assert q.dtype == torch.int32 and q.shape == (e, k // 16, 2 * n)
@@ -61,6 +62,7 @@ def _literal_repack(packed: torch.Tensor) -> list[list[int]]:
 
 
 def test_repack_matches_literal_formula() -> None:
+    """The Marlin repack equals the literal per-nibble formula."""
     packed = _random_packed(1, 128, 32, seed=7)
     q = repack_mxfp4_for_marlin(packed)[0]
     got = [[v & 0xFFFFFFFF for v in row] for row in q.tolist()]
@@ -68,6 +70,7 @@ def test_repack_matches_literal_formula() -> None:
 
 
 def test_repack_hand_checked_nibbles() -> None:
+    """Single codes land in the hand-computed Marlin word and nibble."""
     # Logical (row n=9, col k=3), code 5, in a 64x16 weight: W[3, 9]. With kt = nt = 0: k = 3 = 2*(t%4) + 1 needs
     # t%4 = 1 and a "+1" row (nibbles 4..7); n = 9 = 16w + t//4 (+8 for n1) needs w = 0, t//4 = 1, n1: nibble 6
     # ("W[r+1, n1]", r = 2, n1 = 1 + 8). So t = 5 and word 4t + w = 20 holds 5 << 24; every other word is 0.
@@ -86,6 +89,7 @@ def test_repack_hand_checked_nibbles() -> None:
 
 
 def test_repack_rejects_bad_shapes() -> None:
+    """The Marlin repack refuses N or K off its tile multiples and non-uint8 input."""
     with pytest.raises(ValueError, match="N % 64"):
         repack_mxfp4_for_marlin(torch.zeros(1, 32, 8, dtype=torch.uint8))
     with pytest.raises(ValueError, match="K % 16"):
@@ -95,6 +99,7 @@ def test_repack_rejects_bad_shapes() -> None:
 
 
 def test_scale_perm_is_the_documented_composition() -> None:
+    """SCALE_PERM is the documented transpose then row-of-4 reorder, a permutation of 64."""
     # scale_perm: new 8a + b <- old a + 8b; then rows of 4 reordered [0, 2, 1, 3].
     step1 = [a + 8 * b for a in range(8) for b in range(8)]
     expect = [step1[4 * (i // 4) + (0, 2, 1, 3)[i % 4]] for i in range(64)]
@@ -104,6 +109,7 @@ def test_scale_perm_is_the_documented_composition() -> None:
 
 @pytest.mark.parametrize("e,n,g", [(1, 64, 1), (2, 128, 2), (3, 192, 4), (2, 64, 7)])
 def test_scale_permute_roundtrip(e: int, n: int, g: int) -> None:
+    """Marlin scale permutation keeps each expert's bytes and un-permutes to the input."""
     gen = torch.Generator().manual_seed(n * g)
     scale = torch.randint(0, 255, (e, n, g), generator=gen, dtype=torch.uint8)
     s = permute_scales_for_marlin(scale)
@@ -115,6 +121,7 @@ def test_scale_permute_roundtrip(e: int, n: int, g: int) -> None:
 
 
 def test_scale_permute_hand_checked() -> None:
+    """A hand-built scale tensor permutes to SCALE_PERM and decodes as e8m0."""
     # scale[e=0, n, g=0] = n: after the transpose the first 64 bytes are n = 0..63, so the result's first row is
     # SCALE_PERM itself; e8m0 byte b decodes to 2^(b-127).
     scale = torch.arange(64, dtype=torch.uint8).view(1, 64, 1)

@@ -25,6 +25,7 @@ def _oracle(ids: list[list[int]], e: int, bs: int):  # noqa: ANN202
 @pytest.mark.parametrize("t,k,e,bs", [(1, 6, 16, 8), (5, 6, 16, 16), (40, 6, 8, 16), (3, 2, 4, 64), (64, 6, 256, 8),
                                       (2, 1, 1, 16)])
 def test_align_tokens_to_experts(t: int, k: int, e: int, bs: int) -> None:
+    """align_routes groups routes into expert blocks padded to the block size."""
     gen = torch.Generator().manual_seed(t * 131 + e)
     ids = torch.randint(0, e, (t, k), generator=gen, dtype=torch.int32)
     r = align_routes(ids, e, bs)
@@ -48,6 +49,7 @@ def test_align_tokens_to_experts(t: int, k: int, e: int, bs: int) -> None:
 
 
 def test_align_drops_invalid_ids() -> None:
+    """align_routes drops -1 and out-of-range expert ids."""
     ids = torch.tensor([[0, -1], [3, 1], [-1, 0]], dtype=torch.int32)
     r = align_routes(ids, 2, 4)
     sorted_ids, expert_ids, total = r.sorted_routes, r.block_expert, r.num_padded  # id 3 >= E is dropped too
@@ -57,11 +59,13 @@ def test_align_drops_invalid_ids() -> None:
 
 
 def test_capacity_matches_vllm_allocation() -> None:
+    """route_capacity matches vLLM's allocation formula."""
     assert route_capacity(6, 256, 8) == 48  # numel < E: min(numel * bs, numel + E*(bs-1))
     assert route_capacity(384, 256, 16) == 384 + 256 * 15
 
 
 def test_blocks_group_routes_by_expert_stably() -> None:
+    """Each block holds one expert's routes in token order."""
     gen = torch.Generator().manual_seed(5)
     t, k, e, bm = 9, 3, 5, 4
     ids = torch.randint(-1, e, (t, k), generator=gen, dtype=torch.int32)
@@ -87,6 +91,7 @@ def test_blocks_group_routes_by_expert_stably() -> None:
 
 
 def test_row_of_route_inverts_sorted_routes() -> None:
+    """row_of_route maps each valid route back to its sorted row."""
     gen = torch.Generator().manual_seed(11)
     t, k, e, bs = 7, 6, 9, 8
     ids = torch.randint(-1, e + 2, (t, k), generator=gen, dtype=torch.int32)
@@ -99,6 +104,7 @@ def test_row_of_route_inverts_sorted_routes() -> None:
 
 
 def test_combine_routes_sums_weighted_rows_and_skips_dropped() -> None:
+    """combine_routes sums weighted rows and never reads a dropped route's row."""
     from dsv4hal.kernels.triton.moe_combine import combine_routes
 
     gen = torch.Generator().manual_seed(2)
@@ -145,6 +151,7 @@ def _check_expert_ends(ids: torch.Tensor, e: int, bs: int, impl: str) -> None:
 @pytest.mark.parametrize("t,k,e,bs", [(1, 6, 16, 8), (3, 6, 256, 128), (40, 6, 8, 16), (64, 4, 5, 128),
                                       (300, 3, 6, 128), (9, 2, 4, 1), (7, 3, 5, 3)])
 def test_expert_end_is_the_psum_layout(impl: str, t: int, k: int, e: int, bs: int) -> None:
+    """expert_end is the prefix sum of padded expert rows, in torch and Triton."""
     if impl == "triton":
         pytest.importorskip("triton")
     gen = torch.Generator().manual_seed(t * 17 + e)
@@ -155,6 +162,7 @@ def test_expert_end_is_the_psum_layout(impl: str, t: int, k: int, e: int, bs: in
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_expert_end_when_nothing_is_routed(impl: str) -> None:
+    """expert_end is all zeros when no route is valid."""
     if impl == "triton":
         pytest.importorskip("triton")
     for ids in (torch.zeros(0, 6, dtype=torch.int32), torch.full((4, 2), -1, dtype=torch.int32)):

@@ -116,6 +116,7 @@ TILES = [(1, 16), (2, 8), (4, 4), (8, 2), (16, 1), None]  # None: row_tile's cho
 @pytest.mark.parametrize(("source", "limit"), SOURCES)
 def test_bytes_match_the_one_row_kernel(monkeypatch: pytest.MonkeyPatch, source: str, limit: float | None,
                                         pow2: bool, tile: tuple[int, int] | None) -> None:
+    """The tiled routed-row quantizer writes the same bytes as the one-row kernel."""
     # 37 rows (no multiple of any BLOCK_R > 1), K = 384 (3 groups: BLOCK_G 2, 4, 8, 16 leave lanes empty)
     rows, k, p, top_k = 37, 384, 23, 3
     src, sorted_routes = _case(rows, k, p, top_k, source == "swiglu", seed=len(source) + int(pow2))

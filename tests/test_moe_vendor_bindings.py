@@ -47,6 +47,7 @@ def _bytes(*shape: int, seed: int = 0) -> torch.Tensor:
 # ---------------------------------------------------------------- Blackwell layouts
 
 def test_trtllm_row_shuffle_is_flashinfers_block32_map() -> None:
+    """The TRT-LLM row shuffle is FlashInfer's 32-row block map."""
     idx = bw.shuffle_rows(64)
     for blk in (0, 32):
         for src, dst in enumerate(SRC_TO_DST_BLK32):
@@ -54,11 +55,13 @@ def test_trtllm_row_shuffle_is_flashinfers_block32_map() -> None:
 
 
 def test_trtllm_gated_order_is_up_gate_interleaved() -> None:
+    """The TRT-LLM gated weight order interleaves up and gate rows."""
     order = bw.gated_interleave_rows(8)  # DSV4 rows: gate 0..3, up 4..7
     assert order.tolist() == [4, 0, 5, 1, 6, 2, 7, 3]
 
 
 def test_trtllm_scale_swizzle_hand_checked_and_bijective() -> None:
+    """The TRT-LLM scale swizzle matches hand-computed offsets and is a bijection."""
     offs = bw.swizzle_offsets(256, 8)
     assert offs[0, 0] == 0 and offs[0, 1] == 1 and offs[0, 4] == 512 and offs[1, 0] == 16 and offs[32, 0] == 4
     assert offs[128, 0] == 2 * 512 and offs[37, 6] == 512 + 5 * 16 + 1 * 4 + 2
@@ -69,6 +72,7 @@ def test_trtllm_scale_swizzle_hand_checked_and_bijective() -> None:
 
 @pytest.mark.parametrize("gated", [True, False])
 def test_trtllm_layout_inverts(gated: bool) -> None:
+    """The TRT-LLM weight and scale layout round-trips, scales moving with their rows."""
     w, s = _bytes(2, 256, 64, seed=1), _bytes(2, 256, 8, seed=2)
     tw, ts = bw.to_trtllm(w, s, gated=gated)
     assert tw.shape == w.shape and ts.shape == s.shape and not torch.equal(tw, w)
@@ -82,6 +86,7 @@ def test_trtllm_layout_inverts(gated: bool) -> None:
 
 
 def test_deepgemm_ue8m0_packing_inverts_and_is_mn_major() -> None:
+    """DeepGEMM's UE8M0 scale packing puts four groups per word, MN-major, padding zeroed."""
     s = _bytes(2, 6, 9, seed=3)  # K/32 = 9: three words, the last one partly padding
     p = bw.pack_ue8m0_for_deepgemm(s)
     assert p.dtype == torch.int32 and p.shape == (2, 6, 3) and p.stride() == (3 * 8, 1, 8)  # N 6 -> aligned 8
@@ -95,6 +100,7 @@ def test_deepgemm_ue8m0_packing_inverts_and_is_mn_major() -> None:
 
 @pytest.mark.parametrize("gate_up", [True, False])
 def test_aiter_weight_shuffle_formula_and_inverse(gate_up: bool) -> None:
+    """The aiter weight shuffle is aiter's view/permute formula and inverts."""
     w = _bytes(2, 64, 128, seed=5)
     sh = amd.shuffle_weights(w, gate_up=gate_up)
     assert torch.equal(amd.unshuffle_weights(sh, gate_up=gate_up), w)
@@ -109,6 +115,7 @@ def test_aiter_weight_shuffle_formula_and_inverse(gate_up: bool) -> None:
 
 @pytest.mark.parametrize("gate_up", [True, False])
 def test_aiter_scale_shuffle_pads_and_inverts(gate_up: bool) -> None:
+    """The aiter scale shuffle pads with the unit scale and inverts."""
     s = _bytes(2, 64, 4, seed=6)  # K/32 = 4: padded to 8 with 0x7F (2**0)
     sh = amd.shuffle_scales(s, gate_up=gate_up)
     assert sh.shape == (2 * 64, 8)
@@ -162,6 +169,7 @@ def fake_dg100(monkeypatch: pytest.MonkeyPatch) -> FakeDeepGemmSm100:
 @on_the_cpu  # (the fake GEMM keeps CPU tensors; the glue around it is Triton)
 @pytest.mark.parametrize("t,gain", [(1, 1.0), (9, 20.0)])
 def test_deepgemm_sm100_matches_the_oracle(fake_dg100: FakeDeepGemmSm100, t: int, gain: float) -> None:
+    """The SM100 DeepGEMM MoE path matches the float64 oracle, a dropped route included."""
     w = _weights(gain=gain)
     gen = torch.Generator().manual_seed(t)
     x = torch.randn(t, H, generator=gen).bfloat16()
@@ -177,6 +185,7 @@ def test_deepgemm_sm100_matches_the_oracle(fake_dg100: FakeDeepGemmSm100, t: int
 # ---------------------------------------------------------------- FlashInfer and aiter: recorded calls
 
 def test_flashinfer_call_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FlashInfer MoE binding calls the library with the contract's layouts and arguments."""
     seen: dict = {}
 
     def mxfp8_quantize(x, is_sf_swizzled_layout=True, alignment=32):  # noqa: ANN001, ANN202
@@ -208,6 +217,7 @@ def test_flashinfer_call_contract(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_aiter_call_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The aiter MoE binding calls fused_moe with the contract's weights, ids and options."""
     seen: dict = {}
 
     def fused_moe(x, w1, w2, topk_weight, topk_ids, **kw):  # noqa: ANN001, ANN003, ANN202
@@ -236,6 +246,7 @@ def _candidate(decision, name: str):  # noqa: ANN001, ANN202
 
 
 def test_selection_on_simulated_blackwell_and_rocm() -> None:
+    """MoE selection on simulated SM100 and ROCm picks the vendor kernel each format allows."""
     reg = registry_with(strict=True)
     mx, fp8 = case_expert_weights(_weights()), case_expert_weights(_weights("fp8_block"))
     sm100 = simulated_info("sm100", flashinfer="0.6.12", deep_gemm="2.5.0", triton="3")
@@ -258,6 +269,7 @@ def test_selection_on_simulated_blackwell_and_rocm() -> None:
 
 
 def test_environment_knob_is_recorded_at_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hardware detection records aiter's all-tokens-FP8 knob from the environment."""
     from dsv4hal import hardware
 
     monkeypatch.setattr(hardware, "library_versions", lambda names: {"torch": "2", "aiter": "0.1"})

@@ -50,6 +50,7 @@ def _op(name: str, schema: str = SCHEMA, impl: Any = _plain) -> tuple[Any, Any]:
 
 
 def test_an_unknown_mode_is_an_error_with_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown DSV4HAL_NATIVE_GLUE value is a NativeGlueError listing the choices."""
     monkeypatch.setenv(native_glue.MODE_ENV, "yes")
     with pytest.raises(NativeGlueError, match="auto.*0.*1") as err:
         native_glue.module(native_glue.FLASHMLA_DECODE)
@@ -58,6 +59,7 @@ def test_an_unknown_mode_is_an_error_with_the_choices(monkeypatch: pytest.Monkey
 
 
 def test_mode_0_never_builds(monkeypatch: pytest.MonkeyPatch, no_compiler: list[str]) -> None:
+    """DSV4HAL_NATIVE_GLUE=0 never builds the glue and says so in status."""
     monkeypatch.setenv(native_glue.MODE_ENV, "0")
     assert native_glue.module(native_glue.FLASHMLA_DECODE) is None and no_compiler == []
     assert native_glue.status()["not_in_use"] == {native_glue.FLASHMLA_DECODE: "DSV4HAL_NATIVE_GLUE=0"}
@@ -66,6 +68,7 @@ def test_mode_0_never_builds(monkeypatch: pytest.MonkeyPatch, no_compiler: list[
 
 
 def test_auto_falls_back_once_and_says_why(monkeypatch: pytest.MonkeyPatch, no_compiler: list[str]) -> None:
+    """In auto mode a failed build falls back once, is not retried, and status says why."""
     monkeypatch.delenv(native_glue.MODE_ENV, raising=False)
     assert native_glue.module(native_glue.FLASHMLA_DECODE) is None
     assert native_glue.module(native_glue.FLASHMLA_DECODE) is None
@@ -77,6 +80,7 @@ def test_auto_falls_back_once_and_says_why(monkeypatch: pytest.MonkeyPatch, no_c
 
 def test_required_glue_that_cannot_be_built_is_an_error(monkeypatch: pytest.MonkeyPatch,
                                                         no_compiler: list[str]) -> None:
+    """DSV4HAL_NATIVE_GLUE=1 with a failing build raises NativeGlueError with a remedy."""
     monkeypatch.setenv(native_glue.MODE_ENV, "1")
     with pytest.raises(NativeGlueError, match="command not found") as err:
         native_glue.module(native_glue.FLASHMLA_DECODE)
@@ -85,6 +89,7 @@ def test_required_glue_that_cannot_be_built_is_an_error(monkeypatch: pytest.Monk
 
 def test_info_shows_the_mode_and_why_a_glue_is_not_in_use(monkeypatch: pytest.MonkeyPatch, no_compiler: list[str],
                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """dsv4hal info shows the native-glue mode and why a glue is not in use."""
     monkeypatch.delenv(native_glue.MODE_ENV, raising=False)
     native_glue.module(native_glue.FLASHMLA_DECODE)
     assert main(["info", "--platform", "cpu"]) == 0
@@ -125,6 +130,7 @@ def test_the_built_module_calls_the_op_with_the_views(monkeypatch: pytest.Monkey
 
 
 def test_an_op_the_dispatcher_does_not_hold_is_not_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An op no longer registered with the dispatcher is not bound, and status says so."""
     lib, op = _op("dsv4hal_test_native_b")
     lib._destroy()  # the OpOverload object outlives the op's registration
     monkeypatch.setenv(native_glue.MODE_ENV, "auto")

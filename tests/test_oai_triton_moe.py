@@ -55,6 +55,7 @@ def oracle(ids: torch.Tensor, w: torch.Tensor, e: int) -> tuple[torch.Tensor, to
 @given(t=st.integers(0, 40), k=st.sampled_from([1, 2, 3, 6, 8]), e=st.sampled_from([8, 33, 80]),
        seed=st.integers(0, 2 ** 31 - 1))
 def test_padded_routes_follow_the_rules(t: int, k: int, e: int, seed: int) -> None:
+    """padded_routes builds triton_kernels' bitmatrix and routes per the oracle, scratch zeroed."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(-3, e + 3, (t, k), generator=g, dtype=torch.int32)  # dropped ids both sides, repeats
     w = torch.rand(t, k, generator=g)
@@ -67,6 +68,7 @@ def test_padded_routes_follow_the_rules(t: int, k: int, e: int, seed: int) -> No
 
 
 def test_interleave_gate_up() -> None:
+    """interleave_gate_up alternates gate and up rows."""
     t = torch.arange(2 * 6 * 3).view(2, 6, 3)  # E=2, 2I=6: gate rows 0-2, up rows 3-5
     got = oai.interleave_gate_up(t)
     assert torch.equal(got[:, 0::2], t[:, :3]) and torch.equal(got[:, 1::2], t[:, 3:])
@@ -111,6 +113,7 @@ def _weights(fmt: str = "mxfp4", h: int = 256, i: int = 128):  # noqa: ANN202
 
 
 def test_selection_below_marlin_up_to_64_tokens_above_it_from_65_and_reasons() -> None:
+    """triton_kernels MoE ranks below Marlin up to 64 tokens and above it from 65."""
     both = {"triton_kernels": "1", "vllm_moe": "0.24"}
     for tokens in (None, 1, 8, 9, 64):  # few (the default) and decode: the portable fused MoE, Marlin, triton_kernels
         d = _decide(case_expert_weights(_weights(), tokens), both)
@@ -140,6 +143,7 @@ def test_selection_below_marlin_up_to_64_tokens_above_it_from_65_and_reasons() -
 
 
 def test_prepare_refuses_other_weights_before_importing_the_library() -> None:
+    """triton_kernels prepare_weights refuses non-MXFP4 or misaligned weights before importing."""
     with pytest.raises(ValueError, match="mxfp4"):
         oai.prepare_weights(_weights("fp8_block"))
     with pytest.raises(ValueError, match="multiples of 128"):
@@ -151,6 +155,7 @@ def test_prepare_refuses_other_weights_before_importing_the_library() -> None:
 @pytest.mark.parametrize(("t", "k", "e", "h", "i"), [(1, 6, 16, 512, 256), (5, 6, 16, 512, 256),
                                                      (64, 6, 32, 1024, 512), (33, 4, 8, 256, 128)])
 def test_matches_the_reference_on_the_gpu(t: int, k: int, e: int, h: int, i: int) -> None:
+    """triton_kernels MoE matches the reference on a GPU, a dropped route included."""
     g = torch.Generator().manual_seed(t * 131 + k)
     w = quantize_experts((torch.randn(e, 2 * i, h, generator=g) * 0.05).cuda(),
                          (torch.randn(e, h, i, generator=g) * 0.05).cuda(), "mxfp4")
@@ -185,6 +190,7 @@ def test_matches_the_reference_on_the_gpu(t: int, k: int, e: int, h: int, i: int
 
 
 def test_prepare_weights_states_the_token_class() -> None:
+    """prepare_weights records the token class: few up to 8 tokens, decode above."""
     from dsv4hal.errors import InvalidArgumentError
 
     op = dsv4hal.select_platform("cpu").ops.moe_experts

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_license_and_typed_package() -> None:
+    """The package declares Apache-2.0, ships LICENSE and py.typed, and images copy LICENSE."""
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["license"] == "Apache-2.0"
     assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
@@ -31,12 +32,14 @@ def test_license_and_typed_package() -> None:
 
 
 def test_readme_lists_every_op() -> None:
+    """README's ops line lists OP_NAMES in order."""
     readme = (ROOT / "README.md").read_text()
     ops_line = readme[readme.index("Ops: `"):readme.index("(`dsv4hal.OP_NAMES`")]
     assert re.findall(r"`([a-z_0-9]+)`", ops_line) == list(dsv4hal.OP_NAMES)
 
 
 def test_every_extra_has_a_torch_line_in_ci() -> None:
+    """Every optional extra has a torch line in the CI dry run and an install line in README."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     script = (ROOT / ".ci" / "extras-dry-run.sh").read_text()
     assert "bash .ci/extras-dry-run.sh" in (ROOT / ".ci" / "run").read_text()

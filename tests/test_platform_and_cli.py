@@ -34,6 +34,7 @@ def test_import_is_free_and_does_not_touch_cuda() -> None:
 
 
 def test_select_platform_binds_ops_and_caches_per_case() -> None:
+    """select_platform binds every op and caches one decision per new case."""
     p = dsv4hal.select_platform(info=fake("cpu"))
     assert p.name == "cpu" and set(p.default_decisions) == set(dsv4hal.OP_NAMES)
     scores = torch.randn(2, 700)
@@ -50,6 +51,7 @@ def test_select_platform_binds_ops_and_caches_per_case() -> None:
 
 
 def test_select_platform_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """select_platform raises typed errors for an unfit platform or a bad kernel override."""
     with pytest.raises(PlatformNotFoundError, match="does not fit"):
         dsv4hal.select_platform("cuda_sm90", info=fake("cpu"))
     monkeypatch.setenv("DSV4HAL_KERNELS", "indexer_topk=warp_speed")
@@ -58,12 +60,14 @@ def test_select_platform_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_gpu_platform_on_fake_hardware_reports_reference_fallback() -> None:
+    """A simulated GPU selects its platform and reports a tier for each op."""
     p = dsv4hal.select_platform(info=fake("gfx942"))
     assert p.name == "rocm" and p.info.fp8 == "e4m3fnuz"
     assert p.explain("mhc_post").chosen.tier in ("reference", "portable", "vendor")
 
 
 def test_cli_info_json_lists_platforms() -> None:
+    """info --json lists every platform and marks the selected one."""
     r = run_cli("info", "--json", "--simulate", "cpu")  # (a CPU machine, also on a GPU one)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
@@ -76,6 +80,7 @@ def test_cli_info_json_lists_platforms() -> None:
 
 
 def test_cli_forced_platform_on_cpu_fails_with_reason() -> None:
+    """Forcing a GPU platform on a CPU machine exits 2 with the reason."""
     r = run_cli("info", "--simulate", "cpu", env={"DSV4HAL_PLATFORM": "cuda_sm90"})
     assert r.returncode == 2
     assert "cuda_sm90" in r.stderr and "needs an NVIDIA GPU" in r.stderr and "Traceback" not in r.stderr
@@ -83,6 +88,7 @@ def test_cli_forced_platform_on_cpu_fails_with_reason() -> None:
 
 @pytest.mark.parametrize(("arch", "platform"), [("gfx942", "rocm"), ("sm100", "cuda_sm100"), ("sm120", "cpu")])
 def test_cli_info_simulated(arch: str, platform: str) -> None:
+    """info --simulate ARCH selects that arch's platform."""
     r = run_cli("info", "--json", "--simulate", arch)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
@@ -90,6 +96,7 @@ def test_cli_info_simulated(arch: str, platform: str) -> None:
 
 
 def test_cli_bad_inputs_are_typed() -> None:
+    """Malformed env overrides, unknown ops and unknown arches exit 2 without a traceback."""
     r = run_cli("info", env={"DSV4HAL_KERNELS": "nonsense"})
     assert r.returncode == 2 and "malformed" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("explain", "warp_drive")
@@ -99,6 +106,7 @@ def test_cli_bad_inputs_are_typed() -> None:
 
 
 def test_cli_explain_json() -> None:
+    """explain --json reports the chosen kernel, the case and the decision's source."""
     r = run_cli("explain", "indexer_topk", "--json", "--case", "k=1024", "--simulate", "cpu")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
@@ -114,6 +122,7 @@ def _third_party(site: Path, body: str) -> None:
 
 
 def test_third_party_plugin_through_entry_points(tmp_path: Path) -> None:
+    """A third-party plugin found through entry points registers a kernel that can be chosen."""
     _third_party(tmp_path, """
         from dsv4hal import hookimpl
         from dsv4hal.registry import KernelImpl
@@ -140,6 +149,7 @@ def test_third_party_plugin_through_entry_points(tmp_path: Path) -> None:
 
 
 def test_broken_third_party_plugin_warns_or_fails_strict(tmp_path: Path) -> None:
+    """A broken third-party plugin warns, or fails the command under DSV4HAL_STRICT."""
     _third_party(tmp_path, "raise ImportError('acme needs libacme.so')\n")
     r = run_cli("info", "--json", env={"PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0, r.stderr
@@ -150,6 +160,7 @@ def test_broken_third_party_plugin_warns_or_fails_strict(tmp_path: Path) -> None
 
 
 def test_cli_conformance_writes_json_cells(tmp_path: Path) -> None:
+    """conformance --json writes every cell with its fields, creating the directories."""
     out = tmp_path / "new" / "dir" / "report.json"
     r = run_cli("conformance", "--platform", "cpu", "--ops", "indexer_topk,build_attention_metadata", "--json",
                 str(out), "--markdown", str(tmp_path / "report.md"), "--quiet")

@@ -45,11 +45,13 @@ def _candidate(decision, name: str):  # noqa: ANN001, ANN202
 
 @pytest.mark.parametrize(("arch", "fp8"), [("gfx942", "e4m3fnuz"), ("gfx950", "e4m3fn")])
 def test_amd_archs_pick_rocm_with_their_fp8(arch: str, fp8: str) -> None:
+    """gfx942 and gfx950 select rocm with their FP8 formats."""
     p = dsv4hal.select_platform(info=simulated_info(arch, triton="3.9"))
     assert p.name == "rocm" and p.info.fp8 == fp8 and p.device_type == "cuda"
 
 
 def test_indexer_topk_choice_and_reasons() -> None:
+    """ROCm picks the sgl_kernel HIP top-k when present, else the portable kernel, with reasons."""
     d = _decide(TOPK, TOPK_CASE, sgl_kernel="0.4.10", triton="3.9")
     assert d.chosen.name == "sgl_kernel_hip_topk" and d.chosen.tier == "vendor" and d.chosen.plugin == "rocm"
     assert _decide(TOPK, {**TOPK_CASE, "k": 1024}, sgl_kernel="0.4.10").chosen.name == "sgl_kernel_hip_topk"
@@ -66,6 +68,7 @@ def test_indexer_topk_choice_and_reasons() -> None:
 
 
 def test_attention_decode_choice_and_reasons() -> None:
+    """ROCm picks aiter sparse decode on gfx950 with e4m3fn only, giving reasons otherwise."""
     d = _decide(DECODE, DECODE_CASE, "gfx950", aiter="0.1", triton="3.9")
     assert d.chosen.name == "aiter_pa_decode_sparse" and d.chosen.requires == ("aiter", "triton")
     d = _decide(DECODE, {**DECODE_CASE, "fp8": "e4m3fnuz"}, "gfx942", aiter="0.1", triton="3.9")
@@ -85,6 +88,7 @@ def _info_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 
 
 def test_cli_info_simulated_gfx942(capsys: pytest.CaptureFixture[str]) -> None:
+    """info --simulate gfx942 reports rocm, e4m3fnuz, the given libraries and choices."""
     data = _info_json(capsys, "--simulate", "gfx942", "--library", "sgl_kernel=0.4.10", "--library", "aiter=0.1")
     assert data["platform"] == "rocm" and data["info"]["fp8"] == "e4m3fnuz"
     assert data["info"]["libraries"]["sgl_kernel"] == "0.4.10"
@@ -101,6 +105,7 @@ def test_cli_info_simulated_gfx942(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_info_simulated_gfx950_binds_aiter(capsys: pytest.CaptureFixture[str]) -> None:
+    """info --simulate gfx950 with aiter chooses aiter's sparse decode."""
     data = _info_json(capsys, "--simulate", "gfx950", "--library", "aiter=0.1", "--library", "triton=3.9")
     assert data["platform"] == "rocm" and data["info"]["fp8"] == "e4m3fn"
     assert data["ops"][DECODE]["chosen"] == "aiter_pa_decode_sparse"
@@ -120,6 +125,7 @@ def _topk_args(b: int = 4, s: int = 3000, k: int = 512, pages: int = 50):  # noq
 
 @pytest.mark.parametrize("k", [512, 1024])
 def test_topk_marshalling(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
+    """The ROCm top-k binding passes sgl_kernel the expected shapes, dtypes and strides."""
     rec = install_sgl_kernel(monkeypatch)
     scores, lengths, _, page_table, page_size = _topk_args(k=k)
     raw, pages = sgl_ops.indexer_topk(scores, lengths, k, page_table, page_size)
@@ -136,6 +142,7 @@ def test_topk_marshalling(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
 
 
 def test_topk_fake_op_enforces_the_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake sgl_kernel top-k op enforces the real op's schema."""
     rec = install_sgl_kernel(monkeypatch)
     op = torch.ops.sgl_kernel.deepseek_v4_topk_transform_512
     schema = str(op.default._schema)
@@ -148,6 +155,7 @@ def test_topk_fake_op_enforces_the_schema(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_topk_marshalling_edges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ROCm top-k binding handles strided page tables and empty batches."""
     rec = install_sgl_kernel(monkeypatch)
     scores, lengths, k, page_table, page_size = _topk_args()
     strided_pt = torch.zeros(50, 4, dtype=torch.int32).t()  # unit stride along rows, not pages
@@ -160,6 +168,7 @@ def test_topk_marshalling_edges(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_topk_through_the_bound_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound ROCm indexer_topk op calls sgl_kernel once and returns its shapes."""
     rec = install_sgl_kernel(monkeypatch)
     p = dsv4hal.select_platform(info=simulated_info("gfx942", sgl_kernel="0.4.10", triton="3.9"))
     scores, lengths, k, page_table, page_size = _topk_args()
@@ -199,6 +208,7 @@ def _assert_csr(call, flat: str, indptr: str, indices: torch.Tensor, lengths: to
 
 
 def test_aiter_decode_marshalling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The aiter decode binding passes pa_decode_sparse the expected arguments."""
     rec = install_aiter(monkeypatch)
     args, kw = _decode_args()
     q, swa, idx, lengths, sink, scale = args
@@ -234,6 +244,7 @@ def test_aiter_csr_indices_values() -> None:
 
 
 def test_aiter_decode_swa_only_and_chunked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The aiter decode binding runs SWA-only and splits rows into chunks of the split buffer."""
     rec = install_aiter(monkeypatch)
     args, _ = _decode_args(t=5, extra=False)
     monkeypatch.setattr(aiter_ops, "SPLIT_BUFFER_BYTES", 2 * 64 * 512 * 4 * 2)  # two rows per chunk at 2 splits
@@ -246,6 +257,7 @@ def test_aiter_decode_swa_only_and_chunked(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_num_splits() -> None:
+    """aiter num_splits caps splits by key tiles and uses the minimum when the GPU is full."""
     assert aiter_ops.num_splits(1, 64, 640, 256) == 10  # one 64-key tile per split at most
     assert aiter_ops.num_splits(1, 64, 4096, 256) == 16
     assert aiter_ops.num_splits(512, 128, 640, 256) == 2  # the GPU is full: the minimum that yields partials
@@ -271,6 +283,7 @@ def _partials(scores: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, s
 
 
 def test_combine_partials_matches_the_decode_math() -> None:
+    """Combining split partials matches the single-pass decode math, empty splits included."""
     g = torch.Generator().manual_seed(4)
     t, h, n, d, scale = 4, 16, 96, 8, 0.3
     scores = torch.randn(t, h, n, generator=g, dtype=torch.float64) * 4
@@ -299,6 +312,7 @@ def test_combine_partials_matches_the_decode_math() -> None:
 
 
 def test_convert_cache_round_trip_preserves_dequantized_values() -> None:
+    """The ROCm cache conversion round-trips dequantized values."""
     assert "vendor" in (dsv4hal_rocm.convert_cache.__doc__ or "")
     g = torch.Generator().manual_seed(5)
     cache = V4PagedCache.empty(2, 64, "e4m3fn")

@@ -32,6 +32,7 @@ def _candidate(decision, name: str):  # noqa: ANN001, ANN202
 
 @pytest.mark.parametrize("arch", ["sm100", "sm103"])
 def test_sm100_family_binds_flashmla(arch: str) -> None:
+    """SM100 and SM103 select cuda_sm100 and bind FlashMLA for decode and prefill."""
     p = dsv4hal.select_platform(info=simulated_info(arch, **LIBS))
     assert p.name == "cuda_sm100" and p.info.fp8 == "e4m3fn"
     for op in (DECODE, PREFILL):
@@ -45,6 +46,7 @@ def test_sm100_family_binds_flashmla(arch: str) -> None:
 
 @pytest.mark.parametrize("arch", ["sm100", "sm103"])
 def test_without_flash_mla_falls_back_with_reason(arch: str) -> None:
+    """Without flash_mla, SM100 attention falls back, saying flash_mla is missing."""
     d = _decide(DECODE, DECODE_CASE, arch, triton="3.9")
     assert d.chosen.name != "flashmla_sm100_sgl"
     c = _candidate(d, "flashmla_sm100_sgl")
@@ -52,6 +54,7 @@ def test_without_flash_mla_falls_back_with_reason(arch: str) -> None:
 
 
 def test_supports_reasons() -> None:
+    """SM100 FlashMLA rejects e4m3fnuz caches, other head counts and old versions, with reasons."""
     d = _decide(DECODE, {**DECODE_CASE, "fp8": "e4m3fnuz"}, **LIBS)
     assert d.chosen.name != "flashmla_sm100_sgl"
     assert any("e4m3fn caches only" in r for r in _candidate(d, "flashmla_sm100_sgl").reasons)
@@ -69,6 +72,7 @@ def test_supports_reasons() -> None:
     (128, 1344, False), (128, 1408, True),  # h128 above 1280: the regular kernel, B_TOPK 128
 ])
 def test_prefill_topk_alignment_differs_from_sm90(h_q: int, width: int, ok: bool) -> None:
+    """SM100 sparse prefill accepts widths SM90 refuses, per its top-k block rule."""
     d = _decide(PREFILL, {"h_q": h_q, "width": width}, **LIBS)
     assert (d.chosen.name == "flashmla_sm100_sgl") is ok
     if not ok:
@@ -79,6 +83,7 @@ def test_prefill_topk_alignment_differs_from_sm90(h_q: int, width: int, ok: bool
 
 
 def test_sm120_is_not_an_sm100_platform() -> None:
+    """SM120 does not fit cuda_sm100 and forcing it says why."""
     info = simulated_info("sm120", **LIBS)
     d = select_platform_spec(load_registry(), info, ov.Overrides())
     assert d.chosen.name == "cpu"
@@ -114,6 +119,7 @@ def _assert_v4_cache_view(f, cache: V4PagedCache) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("h", [64, 128])
 def test_decode_marshalling_with_extra_cache(monkeypatch: pytest.MonkeyPatch, h: int) -> None:
+    """SM100 decode passes FlashMLA the expected views with an extra cache."""
     rec = install_flash_mla(monkeypatch)
     args, kw = _decode_args(h=h)
     q, swa, idx, lengths, sink, scale = args
@@ -143,6 +149,7 @@ def test_decode_marshalling_with_extra_cache(monkeypatch: pytest.MonkeyPatch, h:
 
 
 def test_decode_marshalling_swa_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SM100 SWA-only decode passes no extra cache and uses the legacy entry."""
     rec = install_flash_mla(monkeypatch)
     args, _ = _decode_args(extra=False)
     sm100.sparse_attention_decode(*args)
@@ -152,6 +159,7 @@ def test_decode_marshalling_swa_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_decode_q_strides_made_sm100_compatible(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SM100 decode copies q whose strides FlashMLA cannot take."""
     rec = install_flash_mla(monkeypatch)
     args, kw = _decode_args()
     q = args[0]
@@ -167,6 +175,7 @@ def test_decode_q_strides_made_sm100_compatible(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_decode_refuses_misaligned_cache_base(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SM100 decode refuses a cache whose base is not 16-byte aligned."""
     rec = install_flash_mla(monkeypatch)
     args, kw = _decode_args(extra=False)
     pb = page_bytes(256)
@@ -181,6 +190,7 @@ def test_decode_refuses_misaligned_cache_base(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_decode_shares_one_plan_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SM100 decode plans once per decode step for layers of one ratio."""
     rec = install_flash_mla(monkeypatch)
     args, kw = _decode_args()
     p = dsv4hal.select_platform(info=simulated_info("sm100", **LIBS))
@@ -193,6 +203,7 @@ def test_decode_shares_one_plan_per_step(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_decode_without_legacy_library_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SM100 decode without FlashMLA's legacy entry raises an error naming it."""
     install_flash_mla(monkeypatch, has_legacy=False)
     args, kw = _decode_args()
     with pytest.raises(RuntimeError, match="legacy"):
@@ -201,6 +212,7 @@ def test_decode_without_legacy_library_is_an_error(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize(("h", "width"), [(64, 576), (128, 1408)])
 def test_prefill_marshalling(monkeypatch: pytest.MonkeyPatch, h: int, width: int) -> None:
+    """SM100 prefill passes FlashMLA the expected shapes and dtypes."""
     rec = install_flash_mla(monkeypatch)
     g = torch.Generator().manual_seed(1)
     t, s = 5, 700

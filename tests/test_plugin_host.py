@@ -23,6 +23,7 @@ def _spec(name: str, **kw: object) -> PlatformSpec:
 
 
 def test_registry_records_what_each_plugin_registered() -> None:
+    """The registry records each plugin's platforms and kernels."""
     reg = registry_with()
     assert reg.registered["cpu"].platforms == ("cpu",)
     assert reg.registered["portable_triton"].platforms == ()
@@ -37,6 +38,7 @@ def test_registry_records_what_each_plugin_registered() -> None:
 
 
 def test_scope_rolls_back_everything_including_capability_offers() -> None:
+    """A failed registry scope rolls back all it added, capability offers included."""
     reg = Registry()
     with reg.scope("triton"):
         reg.add_kernel(KernelImpl(op="mhc_post", name="t", target="m:f", platforms=(), priority=1,
@@ -52,6 +54,7 @@ def test_scope_rolls_back_everything_including_capability_offers() -> None:
 
 
 def test_scope_refuses_a_tie_it_brought() -> None:
+    """A scope adding a kernel tying another's priority is refused."""
     reg = Registry()
     with reg.scope("a"):
         reg.add_platform(_spec("p"))
@@ -62,6 +65,7 @@ def test_scope_refuses_a_tie_it_brought() -> None:
 
 
 def test_triton_kernels_follow_the_capability_not_names() -> None:
+    """Triton kernels go to every platform offering the capability, at that platform's priority."""
     reg = registry_with()
     for impl in reg.kernels["indexer_topk"].values():
         if impl.name == "triton_radix_topk":
@@ -79,6 +83,7 @@ def test_triton_kernels_follow_the_capability_not_names() -> None:
 
 
 def test_hooks_go_through_pluggy() -> None:
+    """Plugin hooks are validated by pluggy, so a misspelt hook is an error, not ignored."""
     misspelt = types.ModuleType("misspelt")
 
     @hookimpl
@@ -100,6 +105,7 @@ def test_hooks_go_through_pluggy() -> None:
 
 
 def test_each_plugin_hook_runs_once() -> None:
+    """Each plugin's register hook runs once per registry build."""
     calls: list[str] = []
 
     def one(registry):  # noqa: ANN001, ANN202

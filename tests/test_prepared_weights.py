@@ -52,6 +52,7 @@ def _inputs(t: int = 4):  # noqa: ANN202
 
 
 def test_prepare_chooses_and_forward_runs_that_kernel(reg) -> None:  # noqa: ANN001
+    """prepare_weights chooses a kernel and the forward runs that same kernel."""
     p = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
     x, ids, tw, w = _inputs()
     prepared = p.ops.moe_experts.prepare_weights(w)
@@ -62,6 +63,7 @@ def test_prepare_chooses_and_forward_runs_that_kernel(reg) -> None:  # noqa: ANN
 
 
 def test_forcing_another_kernel_refuses_prepared_weights(reg) -> None:  # noqa: ANN001
+    """Weights prepared for one kernel are refused when another kernel is forced."""
     p = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
     x, ids, tw, w = _inputs()
     prepared = p.ops.moe_experts.prepare_weights(w)
@@ -76,6 +78,7 @@ def test_forcing_another_kernel_refuses_prepared_weights(reg) -> None:  # noqa: 
 
 
 def test_weights_from_another_platform_are_refused(reg) -> None:  # noqa: ANN001
+    """Weights prepared on another platform are refused, naming the platforms."""
     cpu = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
     hopper = dsv4hal.select_platform(info=fake("sm90"), registry=reg)
     x, ids, tw, w = _inputs()
@@ -86,6 +89,7 @@ def test_weights_from_another_platform_are_refused(reg) -> None:  # noqa: ANN001
 
 
 def test_unprepared_weights_are_a_typed_error(reg) -> None:  # noqa: ANN001
+    """Unprepared weights passed to moe_experts are a typed error naming prepare_weights."""
     p = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
     x, ids, tw, w = _inputs()
     with pytest.raises(InvalidArgumentError, match="prepare_weights") as e:
@@ -94,6 +98,7 @@ def test_unprepared_weights_are_a_typed_error(reg) -> None:  # noqa: ANN001
 
 
 def test_no_silent_switch_when_the_prepared_kernel_refuses_the_case(reg) -> None:  # noqa: ANN001
+    """If the prepared kernel refuses a case, moe_experts raises rather than switching kernels."""
     p = dsv4hal.select_platform(info=fake("cpu"), registry=reg)
     x, ids, tw, w = _inputs(t=100)
     prepared = p.ops.moe_experts.prepare_weights(w)

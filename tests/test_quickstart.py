@@ -21,6 +21,7 @@ def _load():
 
 
 def test_quickstart_runs(capsys):
+    """examples/quickstart.py runs and returns finite attention and MoE outputs."""
     res = _load().main()
     assert res["out"].shape == (2, 64, 512) and res["out"].dtype == torch.bfloat16
     assert res["lse"].shape == (2, 64) and torch.isfinite(res["lse"]).all()
@@ -31,6 +32,7 @@ def test_quickstart_runs(capsys):
 
 
 def test_readme_points_to_the_quickstart():
+    """README points to the quickstart and every name it imports is exported."""
     readme = (ROOT / "README.md").read_text()
     assert "examples/quickstart.py" in readme
     # every name the example takes from dsv4hal is exported by the package
@@ -41,5 +43,6 @@ def test_readme_points_to_the_quickstart():
 
 
 def test_import_stays_free_of_torch():
+    """import dsv4hal and reading __all__ does not import torch."""
     code = "import sys, dsv4hal; dsv4hal.__all__; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

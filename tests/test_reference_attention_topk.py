@@ -34,6 +34,7 @@ def _two_keys() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_decode_hand_computed() -> None:
+    """Reference sparse decode on two hand-built keys gives the hand-computed output and lse."""
     k, q = _two_keys()
     cache = _cache_with(k, [5, 9])
     idx = torch.full((1, 64), -1, dtype=torch.int32)
@@ -53,6 +54,7 @@ def test_decode_hand_computed() -> None:
 
 
 def test_sink_invariants_and_empty_rows() -> None:
+    """The sink lowers weights as specified and a row of only -1 indices gives zeros."""
     k, q = _two_keys()
     cache = _cache_with(k, [0, 1])
     idx = torch.full((2, 64), -1, dtype=torch.int32)
@@ -69,6 +71,7 @@ def test_sink_invariants_and_empty_rows() -> None:
 
 
 def test_prefill_matches_decode_on_the_same_keys() -> None:
+    """Reference prefill equals decode over the same keys."""
     k, q = _two_keys()
     idx = torch.full((1, 128), -1, dtype=torch.int32)
     idx[0, :2] = torch.tensor([1, 0])
@@ -82,6 +85,7 @@ def test_prefill_matches_decode_on_the_same_keys() -> None:
 
 
 def test_topk_sets_equal_torch_topk_and_short_rows_ascending() -> None:
+    """Reference top-k returns torch.topk's sets, and short rows all indices ascending."""
     gen = torch.Generator().manual_seed(3)
     scores = torch.randn(3, 2000, generator=gen)
     lengths = torch.tensor([2000, 1500, 7], dtype=torch.int32)
@@ -94,6 +98,7 @@ def test_topk_sets_equal_torch_topk_and_short_rows_ascending() -> None:
 
 
 def test_page_transform_hand_example() -> None:
+    """page_transform maps raw indices through the page table, -1 kept."""
     raw = torch.tensor([[0, 63, 64, 130, -1]], dtype=torch.int32)
     table = torch.tensor([[5, 9, 2]], dtype=torch.int32)
     assert page_transform(raw, table).tolist() == [[5 * 64, 5 * 64 + 63, 9 * 64, 2 * 64 + 2, -1]]
@@ -117,12 +122,14 @@ def _attn_args() -> dict:
     ({"extra_cache": V4PagedCache.empty(1, 64)}, "extra_cache/extra_indices/extra_lengths"),
 ])
 def test_attention_validator(change: dict, argument: str) -> None:
+    """Each malformed sparse decode argument is refused by name."""
     with pytest.raises(InvalidArgumentError) as e:
         attn_contract.validate_decode(**{**_attn_args(), **change})
     assert e.value.argument == argument
 
 
 def test_attention_checked_mode_reads_values() -> None:
+    """Checked attention validation refuses out-of-range indices and lengths."""
     args = _attn_args()
     attn_contract.validate_decode(**args, checked=True)
     with pytest.raises(InvalidArgumentError, match="indices in"):
@@ -139,6 +146,7 @@ def test_attention_checked_mode_reads_values() -> None:
 
 
 def test_topk_validator() -> None:
+    """indexer_topk validation refuses a bad k and, checked, lengths past the row."""
     s, n = torch.zeros(2, 600), torch.tensor([5, 600], dtype=torch.int32)
     topk_contract.validate(s, n, 512, checked=True)
     with pytest.raises(InvalidArgumentError, match="'k'"):

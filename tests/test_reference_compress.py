@@ -24,6 +24,7 @@ def _gen(seed: int = 0) -> torch.Generator:
 # ---------------------------------------------------------------- RoPE
 
 def test_rope_table_plain_matches_closed_form() -> None:
+    """make_rope_table matches the closed-form cos and sin."""
     cos, sin = make_rope_table(50, 10000.0)
     assert cos.shape == sin.shape == (50, 32) and cos.dtype == torch.float32
     p, i = 37, 5
@@ -34,6 +35,7 @@ def test_rope_table_plain_matches_closed_form() -> None:
 
 
 def test_yarn_keeps_fast_dims_and_slows_slow_dims() -> None:
+    """YaRN leaves fast dims and divides slow dims by the factor, blending monotonically."""
     plain, yarn = rope_frequencies(160000.0), rope_frequencies(160000.0, DSV4_YARN)
     assert yarn[0] == plain[0]  # wavelength far below the original context: untouched
     assert yarn[-1].item() == pytest.approx(plain[-1].item() / DSV4_YARN.factor, rel=1e-12)
@@ -44,6 +46,7 @@ def test_yarn_keeps_fast_dims_and_slows_slow_dims() -> None:
 
 
 def test_rope_hand_example_and_nope_untouched() -> None:
+    """apply_rope rotates the rope pairs by the hand-computed angle and leaves nope dims."""
     x = torch.zeros(1, 70)
     x[0, :6] = torch.arange(1.0, 7.0)
     x[0, 6], x[0, 7] = 1.0, 0.0  # first rope pair = 1 + 0i
@@ -57,6 +60,7 @@ def test_rope_hand_example_and_nope_untouched() -> None:
 
 
 def test_rope_preserves_pair_norms_and_inverse_undoes() -> None:
+    """RoPE preserves each pair's norm and the inverse rotation undoes it."""
     cos, sin = make_rope_table(4096, 10000.0, DSV4_YARN)
     pos = torch.randint(0, 4096, (16,), generator=_gen())
     x = torch.randn(16, 3, 512, generator=_gen(1))
@@ -69,6 +73,7 @@ def test_rope_preserves_pair_norms_and_inverse_undoes() -> None:
 
 
 def test_rope_keeps_dtype() -> None:
+    """apply_rope keeps the input dtype."""
     cos, sin = make_rope_table(4, 10000.0)
     assert apply_rope(torch.randn(4, 128).bfloat16(), cos, sin).dtype == torch.bfloat16
 
@@ -80,11 +85,13 @@ def _cu(*lengths: int) -> torch.Tensor:
 
 
 def test_compression_positions_hand_example() -> None:
+    """compression_positions gives each sequence's compressed rows and their positions."""
     rows, pos = compression_positions(_cu(3, 9, 0, 4), 4)
     assert rows.tolist() == [3, 7, 12] and pos.tolist() == [0, 4, 0]
 
 
 def test_c128_equal_scores_give_mean_then_norm_and_rope() -> None:
+    """C128 with equal scores averages its 128 rows, then applies RMSNorm and RoPE."""
     hd, n = 512, 256
     kv = torch.randn(n, hd, generator=_gen())
     kv_score = torch.cat((kv, torch.full((n, hd), 0.7)), dim=1)
@@ -101,6 +108,7 @@ def _c4_score(n: int, hd: int, seed: int = 0) -> torch.Tensor:
 
 
 def test_c4_first_group_ignores_overlap_halves() -> None:
+    """The first C4 group ignores the overlap halves, there being no previous group."""
     hd = 128
     ks = _c4_score(4, hd)
     ape = torch.randn(4, 2 * hd, generator=_gen(3))
@@ -116,6 +124,7 @@ def test_c4_first_group_ignores_overlap_halves() -> None:
 
 
 def test_c4_second_group_uses_previous_group_through_ov_halves() -> None:
+    """The second C4 group reads the previous group's rows through the overlap halves."""
     hd = 128
     ks = _c4_score(8, hd)
     ks[:, 2 * hd :] = 0.0  # equal scores: plain mean over the 8-row window
@@ -127,6 +136,7 @@ def test_c4_second_group_uses_previous_group_through_ov_halves() -> None:
 
 
 def test_c4_ape_halves_apply_to_their_rows() -> None:
+    """Each C4 ape half biases the scores of its own rows."""
     hd = 128
     ks = _c4_score(4, hd)
     ks[:, 2 * hd :] = 0.0
@@ -138,6 +148,7 @@ def test_c4_ape_halves_apply_to_their_rows() -> None:
 
 
 def test_hadamard_is_orthonormal_sylvester() -> None:
+    """hadamard_transform is the orthonormal Sylvester matrix."""
     h = hadamard_transform(torch.eye(128))
     torch.testing.assert_close(h @ h, torch.eye(128), rtol=0, atol=1e-5)
     assert torch.allclose(h[0], torch.full((128,), 128**-0.5))
@@ -145,6 +156,7 @@ def test_hadamard_is_orthonormal_sylvester() -> None:
 
 
 def test_compress_hadamard_is_transform_of_plain_output() -> None:
+    """compress with hadamard=True is the Hadamard transform of the plain output."""
     hd = 128
     ks, ape = _c4_score(20, hd), torch.randn(4, 2 * hd, generator=_gen(5))
     cos, sin = make_rope_table(32, 160000.0)
@@ -155,6 +167,7 @@ def test_compress_hadamard_is_transform_of_plain_output() -> None:
 
 
 def test_compress_matches_oracle_and_oracle_detects_a_shift() -> None:
+    """Reference compress matches the oracle, which fails outputs shifted by one row."""
     spec = cases_compress.CASES[0]
     fx = cases_compress.build(spec, CPU, _gen(7))
     got = compress(**fx.args)
@@ -174,6 +187,7 @@ def _args(ratio: int = 4, hd: int = 512, lengths: tuple[int, ...] = (5, 8)) -> d
 
 
 def test_validate_accepts_good_arguments() -> None:
+    """compress validation accepts good arguments and reports the case."""
     contract.validate(**_args(), checked=True)
     contract.validate(**_args(128, 512, (130, 1)), checked=True)
     contract.validate(**_args(4, 128), hadamard=True, checked=True)
@@ -200,11 +214,13 @@ def test_validate_accepts_good_arguments() -> None:
     ],
 )
 def test_validate_rejects(change: dict) -> None:
+    """compress validation refuses each bad ratio, shape, dtype, cu_seqlens, hadamard or eps."""
     with pytest.raises(InvalidArgumentError):
         contract.validate(**{**_args(), **change})
 
 
 def test_validate_rejects_positions_beyond_rope_table() -> None:
+    """compress refuses positions past the RoPE table and accepts one just long enough."""
     args = _args(128, 512, (512,))
     args["cos"], args["sin"] = args["cos"][:384], args["sin"][:384]  # last group starts at 384
     with pytest.raises(InvalidArgumentError, match="RoPE table"):
@@ -214,6 +230,7 @@ def test_validate_rejects_positions_beyond_rope_table() -> None:
 
 
 def test_checked_mode_reads_values() -> None:
+    """Checked compress refuses decreasing cu_seqlens and non-finite values."""
     bad_order = _args()
     bad_order["cu_seqlens"] = torch.tensor([0, 9, 5, 13], dtype=torch.int32)
     bad_order["kv_score"] = torch.zeros(13, 2048)
@@ -229,6 +246,7 @@ def test_checked_mode_reads_values() -> None:
 # ---------------------------------------------------------------- catalog
 
 def test_catalog_shape() -> None:
+    """The compress catalog covers ratios 4 and 128, hd 128 and 512, and hadamard."""
     assert {c.op for c in cases_compress.CASES} == {"compress"}
     assert {c.compress_ratio for c in cases_compress.CASES} == {4, 128}
     assert {c.params["hd"] for c in cases_compress.CASES} == {128, 512}
@@ -239,6 +257,7 @@ def test_catalog_shape() -> None:
 
 @pytest.mark.parametrize("spec", [c for c in cases_compress.CASES if not c.gpu_only], ids=lambda c: c.name)
 def test_catalog_fixture_passes_on_reference(spec) -> None:
+    """Every CPU compress catalog fixture validates and passes on the reference."""
     fx = cases_compress.build(spec, CPU, _gen(11))
     contract.validate(**fx.args, checked=True)
     err, ok, detail = compare_close(compress(**fx.args), fx.expected, fx.tolerance)

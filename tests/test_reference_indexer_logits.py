@@ -34,6 +34,7 @@ def _gen(seed: int = 0) -> torch.Generator:
 # ---------------------------------------------------------------- format
 
 def test_constants() -> None:
+    """The indexer cache constants and an empty cache's shape match the spec."""
     assert TOKEN_BYTES == 132 and PAGE_SIZE == 64 and PAGE_BYTES == 8448 == 64 * 132
     cache = IndexerPagedCache.empty(3)
     assert cache.data.shape == (3, 8448) and cache.data.dtype == torch.uint8 and cache.num_slots == 192
@@ -41,6 +42,7 @@ def test_constants() -> None:
 
 @pytest.mark.parametrize("fp8", ["e4m3fn", "e4m3fnuz"])
 def test_quantize_rows_bound(fp8: str) -> None:
+    """Indexer quantize_rows scales are amax / FP8 max rounded once to fp32."""
     k = torch.randn(64, 128, generator=_gen()) * torch.exp(2 * torch.randn(64, 1, generator=_gen(1)))
     k[0] = 0.0
     raw, scale = quantize_rows(k, fp8)
@@ -58,6 +60,7 @@ def test_quantize_rows_bound(fp8: str) -> None:
 
 
 def test_write_rows_byte_layout_and_skip() -> None:
+    """write_rows puts codes and scale at the spec's byte offsets and skips -1."""
     cache = IndexerPagedCache.empty(2)
     k = torch.randn(2, 128, generator=_gen())
     raw, scale = quantize_rows(k)
@@ -105,6 +108,7 @@ def test_hand_example_relu_weights_and_context() -> None:
 
 
 def test_block_table_selects_pages() -> None:
+    """indexer_logits reads keys through the block table's pages."""
     cache = IndexerPagedCache.empty(3)
     raw = torch.stack([_fp8([1.0]), _fp8([2.0]), _fp8([4.0])])
     write_rows(cache, torch.tensor([0, 64, 128 + 63]), raw, torch.ones(3))
@@ -129,6 +133,7 @@ def _args(fp8: str = "e4m3fn") -> dict:
 
 
 def test_validate_accepts_good_arguments() -> None:
+    """indexer_logits validation accepts good arguments and reports the case."""
     contract.validate(**_args(), checked=True)
     contract.validate(**_args("e4m3fnuz"), checked=True)
     assert contract.case(**_args("e4m3fnuz")) == {"fp8": "e4m3fnuz"}
@@ -151,6 +156,7 @@ def test_validate_accepts_good_arguments() -> None:
     ],
 )
 def test_validate_rejects(change: dict) -> None:
+    """indexer_logits validation refuses each bad q, weights, lengths, block table or cache."""
     with pytest.raises(InvalidArgumentError):
         contract.validate(**{**_args(), **change})
 
@@ -167,6 +173,7 @@ def test_validate_rejects(change: dict) -> None:
     ],
 )
 def test_checked_mode_catches_values(change: dict, match: str) -> None:
+    """Checked indexer_logits refuses bad block tables, lengths and non-finite values."""
     args = {**_args(), **change}
     contract.validate(**args)  # unchecked mode reads no values
     with pytest.raises(InvalidArgumentError, match=match):
@@ -176,6 +183,7 @@ def test_checked_mode_catches_values(change: dict, match: str) -> None:
 # ---------------------------------------------------------------- catalog
 
 def test_catalog_shape() -> None:
+    """The indexer_logits catalog covers batch sizes 1, 4, 16 and contexts at page edges."""
     assert {c.op for c in cases.CASES} == {"indexer_logits"}
     cpu = [c for c in cases.CASES if not c.gpu_only]
     assert {len(c.params["contexts"]) for c in cpu} == {1, 4, 16}
@@ -186,6 +194,7 @@ def test_catalog_shape() -> None:
 
 @pytest.mark.parametrize("spec", [c for c in cases.CASES if not c.gpu_only], ids=lambda c: c.name)
 def test_catalog_fixture_passes_on_reference(spec) -> None:
+    """Every CPU indexer_logits catalog fixture validates and passes on the reference."""
     fx = cases.build(spec, CPU, _gen(3))
     contract.validate(**fx.args, checked=True)
     err, ok, detail = compare_close(indexer_logits(**fx.args), fx.expected, fx.tolerance)
@@ -193,6 +202,7 @@ def test_catalog_fixture_passes_on_reference(spec) -> None:
 
 
 def test_catalog_tolerance_catches_a_wrong_page() -> None:
+    """The indexer_logits tolerance fails a result read from other tokens' pages."""
     spec = next(c for c in cases.CASES if c.name == "t16_mixed")
     fx = cases.build(spec, CPU, _gen(3))
     args = dict(fx.args)
@@ -203,6 +213,7 @@ def test_catalog_tolerance_catches_a_wrong_page() -> None:
 
 
 def test_write_rows_scratch_slot_takes_skipped_rows() -> None:
+    """With a scratch slot, write_rows sends skipped rows there and nowhere else."""
     cache = IndexerPagedCache.empty(2)
     raw, scale = quantize_rows(torch.randn(2, 128, generator=_gen()))
     write_rows(cache, torch.tensor([-1, 70]), raw, scale, scratch=0)

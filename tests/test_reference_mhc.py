@@ -34,6 +34,7 @@ def _stream(t: int, d: int, seed: int = 1) -> torch.Tensor:
 # ---------------------------------------------------------------- semantics
 
 def test_sinkhorn_comb_is_doubly_stochastic_and_post_in_range() -> None:
+    """mhc_pre's comb is doubly stochastic and positive, post in range."""
     x = _stream(33, 64)
     y, post, comb = mhc_pre(x, *_params(64))
     assert y.dtype == torch.bfloat16 and y.shape == (33, 64)
@@ -45,6 +46,7 @@ def test_sinkhorn_comb_is_doubly_stochastic_and_post_in_range() -> None:
 
 
 def test_sinkhorn_columns_are_normalised_last_even_for_sharp_logits() -> None:
+    """Sinkhorn normalises columns last, staying finite for sharp logits."""
     logits = 8.0 * torch.randn(64, 4, 4, generator=_gen(9))
     comb = sinkhorn(logits, 20, 1e-6)
     torch.testing.assert_close(comb.sum(-2), torch.ones(64, 4), rtol=0, atol=1e-5)
@@ -52,6 +54,7 @@ def test_sinkhorn_columns_are_normalised_last_even_for_sharp_logits() -> None:
 
 
 def test_sinkhorn_first_step_is_row_softmax_then_column_normalisation() -> None:
+    """Sinkhorn's first step is a row softmax then column normalisation."""
     logits = torch.tensor([[[0.0, 1.0, 2.0, 3.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 5.0, 0.0], [2.0, 2.0, 2.0, 2.0]]])
     one = sinkhorn(logits, 1, 0.0)
     soft = torch.softmax(logits, -1)
@@ -86,6 +89,7 @@ def test_mhc_pre_gates_ignore_stream_scale() -> None:
 
 
 def test_mhc_post_hand_example() -> None:
+    """mhc_post on a hand-built example gives the hand-computed streams."""
     f = torch.tensor([[1.0, -2.0]]).bfloat16()
     x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [2.0, 2.0], [-1.0, 4.0]]]).bfloat16()
     post = torch.tensor([[1.0, 0.5, 0.0, 2.0]])
@@ -99,6 +103,7 @@ def test_mhc_post_hand_example() -> None:
 
 
 def test_mhc_head_hand_example() -> None:
+    """mhc_head on hand-picked parameters gives the hand-computed weighted stream sum."""
     x = _stream(3, 16)
     base = torch.tensor([0.0, math.log(3.0), 0.0, 0.0])
     y = mhc_head(x, torch.zeros(4, 64), base, torch.ones(1), hc_eps=0.0)
@@ -120,6 +125,7 @@ def _post_args(d: int = 16) -> dict:
 
 
 def test_validators_accept_good_arguments() -> None:
+    """The mHC validators accept good arguments, hc_eps 0 included for mhc_head."""
     contract.validate_mhc_pre(**_pre_args(), checked=True)
     contract.validate_mhc_post(**_post_args(), checked=True)
     a = _pre_args()
@@ -150,6 +156,7 @@ def test_validators_accept_good_arguments() -> None:
     ],
 )
 def test_validate_mhc_pre_rejects(change: dict) -> None:
+    """mhc_pre validation refuses each bad shape, dtype, iteration count or epsilon."""
     with pytest.raises(InvalidArgumentError):
         contract.validate_mhc_pre(**{**_pre_args(), **change})
 
@@ -166,6 +173,7 @@ def test_validate_mhc_pre_rejects(change: dict) -> None:
     ],
 )
 def test_validate_mhc_post_rejects(change: dict) -> None:
+    """mhc_post validation refuses each bad shape or dtype."""
     with pytest.raises(InvalidArgumentError):
         contract.validate_mhc_post(**{**_post_args(), **change})
 
@@ -206,6 +214,7 @@ def test_refused_inputs_are_the_ones_that_give_nan_and_the_platform_refuses_them
 
 
 def test_post_pre_is_post_then_pre_on_the_stored_stream() -> None:
+    """mhc_post_pre equals mhc_post then mhc_pre on the stored stream."""
     a = _pre_args()
     p = _post_args()
     p["f"] = torch.randn(3, 16, generator=_gen(4)).bfloat16()
@@ -217,12 +226,14 @@ def test_post_pre_is_post_then_pre_on_the_stored_stream() -> None:
 
 
 def test_validate_mhc_head_rejects_pre_sized_parameters() -> None:
+    """mhc_head validation refuses mhc_pre-sized parameters."""
     a = _pre_args()
     with pytest.raises(InvalidArgumentError):
         contract.validate_mhc_head(a["x"], a["fn"], a["base"], a["scale"])
 
 
 def test_checked_mode_catches_nan() -> None:
+    """Checked mHC validation refuses NaN inputs; unchecked mode does not look."""
     pre = _pre_args()
     pre["x"][1, 2, 3] = float("nan")
     contract.validate_mhc_pre(**pre)  # unchecked mode reads no values
@@ -238,6 +249,7 @@ def test_checked_mode_catches_nan() -> None:
 # ---------------------------------------------------------------- catalog
 
 def test_catalog_shape() -> None:
+    """The mHC catalog covers the four ops at edge token counts and a range case."""
     ops = {c.op for c in cases_mhc.CASES}
     assert ops == {"mhc_pre", "mhc_post", "mhc_post_pre", "mhc_head"} and set(cases_mhc.TOLERANCES) == ops
     for op in ops:
@@ -262,6 +274,7 @@ def _run(spec, fx) -> tuple[float, bool, str]:
 
 @pytest.mark.parametrize("spec", [c for c in cases_mhc.CASES if not c.gpu_only], ids=lambda c: f"{c.op}-{c.name}")
 def test_catalog_fixture_passes_on_reference(spec) -> None:
+    """Every CPU mHC catalog fixture validates and passes on the reference."""
     fx = cases_mhc.build(spec, CPU, _gen(5))
     VALIDATORS[spec.op](**fx.args, checked=True)
     err, ok, detail = _run(spec, fx)
@@ -269,6 +282,7 @@ def test_catalog_fixture_passes_on_reference(spec) -> None:
 
 
 def test_catalog_comparisons_catch_wrong_results() -> None:
+    """The mHC comparisons fail transposed comb, shifted post and NaN outputs."""
     pre_spec = next(c for c in cases_mhc.CASES if c.op == "mhc_pre" and c.name == "d64_t8")
     fx = cases_mhc.build(pre_spec, CPU, _gen(5))
     y, post, comb = mhc_pre(**fx.args)

@@ -59,6 +59,7 @@ def _dense_loop(x, ids, weights, ew: ExpertWeights, limit: float) -> torch.Tenso
 
 
 def test_route_hand_example():
+    """moe_route picks the top-k logits and weights them by normalised sqrt-softplus."""
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]])
     ids, w = moe_route(logits, top_k=2)
     assert ids.dtype == torch.int32 and w.dtype == torch.float32
@@ -69,6 +70,7 @@ def test_route_hand_example():
 
 
 def test_bias_changes_selection_not_weights():
+    """The routing bias changes which experts are chosen but not their weights."""
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]])
     ids, w = moe_route(logits, torch.tensor([0.0, 0.0, 0.0, 5.0]), top_k=2, routed_scaling_factor=2.0)
     assert ids.tolist() == [[3, 2]]
@@ -77,6 +79,7 @@ def test_bias_changes_selection_not_weights():
 
 
 def test_hash_routing():
+    """Hash routing takes experts from the table by input id and ignores the bias."""
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(5, 8, generator=gen)
     table = torch.tensor([[0, 1, 2], [7, 6, 5], [3, 0, 4]], dtype=torch.int32)
@@ -104,6 +107,7 @@ def _single_expert(gate: float, up: float, down: float) -> ExpertWeights:
 
 @pytest.mark.parametrize(("gate", "up", "g_eff", "u_eff"), [(2.0, 3.0, 2.0, 3.0), (16.0, -12.0, 10.0, -10.0)])
 def test_expert_clamp_hand_example(gate: float, up: float, g_eff: float, u_eff: float):
+    """The SwiGLU limit clamps gate and up as in the hand-computed example."""
     x = torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.bfloat16)
     ids = torch.zeros(1, 1, dtype=torch.int32)
     w = torch.full((1, 1), 1.5)
@@ -119,6 +123,7 @@ def test_expert_clamp_hand_example(gate: float, up: float, g_eff: float, u_eff: 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8_block"])
 def test_experts_match_dense_loop(fmt: str):
+    """Reference moe_experts matches a dense per-route loop, repeated experts counting twice."""
     gen = torch.Generator().manual_seed(2)
     ew = _random_experts(fmt)
     x = (torch.randn(7, 64, generator=gen) * 3).to(torch.bfloat16)
@@ -133,6 +138,7 @@ def test_experts_match_dense_loop(fmt: str):
 
 
 def test_negative_ids_ignored():
+    """Routes with negative expert ids contribute nothing."""
     gen = torch.Generator().manual_seed(3)
     ew = _random_experts("mxfp4")
     x = torch.randn(6, 64, generator=gen).to(torch.bfloat16)
@@ -149,6 +155,7 @@ def test_negative_ids_ignored():
 
 
 def test_shared_expert_is_the_dense_mlp():
+    """shared_expert is the dense SwiGLU MLP, returned in fp32."""
     gen = torch.Generator().manual_seed(4)
     w13 = torch.randn(2 * 32, 64, generator=gen)
     w2 = torch.randn(64, 32, generator=gen)
@@ -185,6 +192,7 @@ def _prep(args: dict) -> dict:
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8_block"])
 def test_validate_experts_accepts_good_args(fmt: str):
+    """moe_experts validation accepts good arguments and -1 ids, and reports the case."""
     args = _prep(_expert_args(fmt))
     validate_moe_experts(**args, checked=True)
     args["topk_ids"][0, 0] = -1  # expert-parallel masking is legal
@@ -197,6 +205,7 @@ def test_validate_experts_accepts_good_args(fmt: str):
 
 
 def test_validate_experts_rejects_bad_args():
+    """moe_experts validation refuses each bad input or weight by name."""
     raw = _expert_args("mxfp4")
     args = _prep(raw)
     w = raw["weights"]
@@ -229,6 +238,7 @@ def test_validate_experts_rejects_bad_args():
 
 
 def test_validate_fp8_experts_rejects_flavour_and_scale_mismatch():
+    """FP8 expert weights of another FP8 flavour or scale dtype are refused by field."""
     w = _expert_args("fp8_block")["weights"]
     with pytest.raises(InvalidArgumentError, match="float8_e4m3fnuz"):
         validate_expert_weights(dataclasses.replace(w, fp8="e4m3fnuz"))
@@ -238,6 +248,7 @@ def test_validate_fp8_experts_rejects_flavour_and_scale_mismatch():
 
 
 def test_checked_mode_reads_values():
+    """Checked moe_experts refuses expert ids past E; unchecked mode checks shapes only."""
     raw = _expert_args("fp8_block")
     args = _prep(raw)
     out_of_range = _replace(args, topk_ids=args["topk_ids"].clone().fill_(5))
@@ -267,6 +278,7 @@ def test_checked_mode_reads_values():
 
 
 def test_validate_route():
+    """moe_route validation accepts good arguments and refuses each bad one."""
     logits = torch.randn(3, 8)
     table = torch.randint(0, 8, (20, 6), dtype=torch.int32)
     input_ids = torch.tensor([0, 19, 4])
@@ -302,6 +314,7 @@ def test_validate_route():
 
 
 def test_catalog_shape():
+    """The MoE catalog names are unique and GPU cases cover the model shapes and token counts."""
     names = [c.name for c in cases_moe.ALL_CASES]
     assert len(names) == len(set(names))
     full = {(c.params["E"], c.params["H"], c.params["I"], c.params["T"], c.params["format"])
@@ -317,6 +330,7 @@ def test_catalog_shape():
 
 @pytest.mark.parametrize("spec", [c for c in cases_moe.ALL_CASES if not c.gpu_only], ids=lambda c: f"{c.op}-{c.name}")
 def test_catalog_fixture_passes_on_reference(spec):
+    """Every CPU MoE catalog fixture passes on the reference; NaN tokens are refused checked."""
     fixture = cases_moe.build(spec, torch.device("cpu"), torch.Generator().manual_seed(7))
     ref = moe_route if spec.op == "moe_route" else moe_experts
     if spec.op == "moe_route":
@@ -343,6 +357,7 @@ def test_catalog_fixture_passes_on_reference(spec):
 
 
 def test_catalog_clamp_case_is_active():
+    """The MoE clamp case fails an unclamped result, so the clamp is exercised."""
     spec = next(c for c in cases_moe.ALL_CASES if c.name.endswith("-clamp") and c.params["format"] == "mxfp4")
     fixture = cases_moe.build(spec, torch.device("cpu"), torch.Generator().manual_seed(8))
     a = fixture.args
@@ -351,6 +366,7 @@ def test_catalog_clamp_case_is_active():
 
 
 def test_route_compare_accepts_reordered_ids():
+    """The route comparison accepts reordered routes but not ids split from their weights."""
     spec = next(c for c in cases_moe.ALL_CASES if c.op == "moe_route" and not c.gpu_only and c.params["T"] == 64)
     fixture = cases_moe.build(spec, torch.device("cpu"), torch.Generator().manual_seed(9))
     ids, w = moe_route(**fixture.args)

@@ -52,6 +52,7 @@ def _setup(n: int = 50, page_size: int = 64, fp8: str = "e4m3fn", loc_dtype: tor
 @pytest.mark.parametrize("fp8", FP8_FLAVORS)
 @pytest.mark.parametrize("page_size, loc_dtype", [(256, torch.int64), (64, torch.int32), (2, torch.int64)])
 def test_store_then_gather_is_exact_dequant(fp8: str, page_size: int, loc_dtype: torch.dtype) -> None:
+    """pack_store then dequant_gather returns the exact dequantized keys and leaves k unchanged."""
     k, loc, cache = _setup(100, page_size, fp8, loc_dtype)
     k_before = k.clone()
     assert pack_store(k, loc, cache) is None
@@ -67,6 +68,7 @@ def test_store_then_gather_is_exact_dequant(fp8: str, page_size: int, loc_dtype:
 
 @pytest.mark.parametrize("fp8", FP8_FLAVORS)
 def test_round_trip_within_quantization_bound(fp8: str) -> None:
+    """The pack_store round trip stays within each tile's FP8 quantization bound."""
     k, loc, cache = _setup(80, 64, fp8)
     pack_store(k, loc, cache)
     keep = loc >= 0
@@ -79,6 +81,7 @@ def test_round_trip_within_quantization_bound(fp8: str) -> None:
 
 
 def test_store_overwrites_and_leaves_other_slots() -> None:
+    """pack_store overwrites its slots and leaves every other slot's bytes."""
     k, loc, cache = _setup(30, 2)
     pack_store(k, loc, cache)
     first = cache.data.clone()
@@ -95,6 +98,7 @@ def test_store_overwrites_and_leaves_other_slots() -> None:
 
 
 def test_gather_of_unwritten_and_negative_slots_is_zero() -> None:
+    """dequant_gather of unwritten or negative slots gives zero rows."""
     cache = V4PagedCache.empty(2, 64, "e4m3fnuz")
     out = dequant_gather(cache, torch.tensor([0, 127, -1, -9], dtype=torch.int32))
     assert out.shape == (4, HEAD_DIM) and int(out.count_nonzero()) == 0
@@ -104,6 +108,7 @@ def test_gather_of_unwritten_and_negative_slots_is_zero() -> None:
 
 
 def test_validators_accept_good_arguments() -> None:
+    """pack_store and dequant_gather validation accepts good and empty arguments."""
     k, loc, cache = _setup()
     validate_pack_store(k, loc, cache, checked=True)
     validate_pack_store(k, loc.to(torch.int32), cache)
@@ -130,6 +135,7 @@ def _bad_pack_store_args(k: torch.Tensor, loc: torch.Tensor, cache: V4PagedCache
 
 
 def test_validate_pack_store_rejects_bad_arguments() -> None:
+    """pack_store validation refuses each bad argument, naming the op and argument."""
     for what, args in _bad_pack_store_args(*_setup()).items():
         with pytest.raises(InvalidArgumentError) as info:
             validate_pack_store(*args)
@@ -138,6 +144,7 @@ def test_validate_pack_store_rejects_bad_arguments() -> None:
 
 
 def test_validate_dequant_gather_rejects_bad_arguments() -> None:
+    """dequant_gather validation refuses bad loc dtype or shape and bad caches."""
     _, loc, cache = _setup()
     bad = [(cache, loc.float()), (cache, loc.unsqueeze(0)), (cache.data, loc), (cache, None)]
     bad.append((V4PagedCache(cache.data.t(), cache.page_size), loc))
@@ -148,6 +155,7 @@ def test_validate_dequant_gather_rejects_bad_arguments() -> None:
 
 
 def test_checked_mode_reads_values() -> None:
+    """Checked pack_store refuses a slot past the end; unchecked mode does not read values."""
     k, loc, cache = _setup()
     far = loc.clone()
     far[1] = cache.num_slots  # one past the end
@@ -171,6 +179,7 @@ def test_checked_mode_reads_values() -> None:
 
 
 def test_case_features() -> None:
+    """pack_store and dequant_gather cases report fp8, page size and size class."""
     k, loc, cache = _setup(10, 2, "e4m3fnuz")
     f = case_pack_store(k, loc, cache)
     assert f == {"fp8": "e4m3fnuz", "page_size": 2, "size": "small"}
@@ -192,6 +201,7 @@ def _run(spec: CaseSpec, seed: int = 0):
 
 
 def test_catalog_covers_the_matrix() -> None:
+    """The cache catalogs cover the page size, ratio, fp8, kind and count matrix once each."""
     assert all(c.op == "pack_store" for c in catalog.CASES_PACK_STORE)
     assert all(c.op == "dequant_gather" for c in catalog.CASES_DEQUANT_GATHER)
     for cases in (catalog.CASES_PACK_STORE, catalog.CASES_DEQUANT_GATHER):
@@ -215,6 +225,7 @@ ALL_CASES = catalog.CASES_PACK_STORE + catalog.CASES_DEQUANT_GATHER
 
 @pytest.mark.parametrize("spec", ALL_CASES, ids=lambda s: f"{s.op}:{s.name}")
 def test_reference_passes_conformance(spec: CaseSpec) -> None:
+    """The reference passes every cache catalog case exactly, skipped rows exercised."""
     fx, got = _run(spec)
     err, ok, detail = fx.compare(got, fx.expected)
     assert ok and err == 0, detail
@@ -224,6 +235,7 @@ def test_reference_passes_conformance(spec: CaseSpec) -> None:
 
 
 def test_fixtures_are_deterministic_and_nontrivial() -> None:
+    """Cache fixtures are deterministic per seed and an untouched cache fails them."""
     spec = next(c for c in catalog.CASES_PACK_STORE if c.params["kind"] == "random" and c.params["n"] == 64)
     a = catalog.build(spec, torch.device("cpu"), torch.Generator().manual_seed(5))
     b = catalog.build(spec, torch.device("cpu"), torch.Generator().manual_seed(5))
@@ -237,6 +249,7 @@ def test_fixtures_are_deterministic_and_nontrivial() -> None:
 
 
 def test_pack_store_compare_detects_one_wrong_byte() -> None:
+    """The pack_store comparison fails one flipped byte, in data or page padding."""
     spec = next(c for c in catalog.CASES_PACK_STORE if c.params["page_size"] == 2 and c.params["n"] == 64)
     fx, got = _run(spec)
     for where in (0, fx.expected.shape[1] - 1):  # a nope byte; page padding
@@ -252,6 +265,7 @@ def test_pack_store_compare_detects_one_wrong_byte() -> None:
 
 
 def test_dirty_cache_case_keeps_foreign_bytes() -> None:
+    """In the dirty-cache case the expected cache keeps every padding byte as it was."""
     spec = next(c for c in catalog.CASES_PACK_STORE if c.params.get("prefill") == "random")
     fx = catalog.build(spec, torch.device("cpu"), torch.Generator().manual_seed(0))
     before = fx.args["cache"].data.clone()
@@ -262,6 +276,7 @@ def test_dirty_cache_case_keeps_foreign_bytes() -> None:
 
 
 def test_dequant_compare_rejects_nan_and_wrong_values() -> None:
+    """The dequant_gather comparison fails NaN and wrong values."""
     spec = next(c for c in catalog.CASES_DEQUANT_GATHER if c.params["n"] == 64)
     fx, got = _run(spec)
     bad = got.clone()

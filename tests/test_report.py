@@ -7,6 +7,7 @@ from dsv4hal.conformance.runner import Cell, Report
 
 
 def test_each_tolerance_reason_once() -> None:
+    """The conformance report states each tolerance reason once."""
     shared, other = "fp8 rounding of the cache (shared)", "bf16 output rounding (other)"
     cells = [Cell(op, "impl", f"case{i}", mode, None, "cpu", "pass", 1e-3,
                   tolerance={"atol": 1e-2, "rtol": 0.0, "reason": shared if i % 2 else other})

@@ -45,6 +45,7 @@ def reg():  # noqa: ANN201
     ("sm120", "cpu", "e4m3fn"), ("gfx942", "rocm", "e4m3fnuz"), ("gfx950", "rocm", "e4m3fn"), ("cpu", "cpu", "e4m3fn"),
 ])
 def test_platform_per_arch(reg, arch: str, platform: str, fp8: str) -> None:  # noqa: ANN001
+    """Each arch selects its platform and FP8 format."""
     info = fake(arch)
     d = select_platform_spec(reg, info, ov.Overrides())
     assert d.chosen.name == platform and d.source == "auto"
@@ -52,11 +53,13 @@ def test_platform_per_arch(reg, arch: str, platform: str, fp8: str) -> None:  # 
 
 
 def test_sm120_is_not_sm100(reg) -> None:  # noqa: ANN001
+    """SM120 does not fit cuda_sm100, and the reasons say so."""
     d = select_platform_spec(reg, fake("sm120"), ov.Overrides())
     assert any("SM120 is not SM100" in r for r in d.reasons["cuda_sm100"])
 
 
 def test_priority_and_requirements(reg) -> None:  # noqa: ANN001
+    """The highest-priority kernel whose libraries are present is chosen; others say what is missing."""
     o = ov.Overrides()
     d = select_kernel(reg, OP, CASE, fake("sm90", flash_mla="1.0", triton="3"), "cuda_sm90", o)
     assert d.chosen.name == "fake_vendor" and d.source == "auto"
@@ -69,6 +72,7 @@ def test_priority_and_requirements(reg) -> None:  # noqa: ANN001
 
 
 def test_supports_reasons_per_case(reg) -> None:  # noqa: ANN001
+    """A kernel whose supports() refuses the case is rejected with that reason."""
     info = fake("sm90", flash_mla="1.0", triton="3")
     d = select_kernel(reg, OP, {**CASE, "h_q": 128}, info, "cuda_sm90", ov.Overrides())
     assert d.chosen.name == "fake_triton"
@@ -76,6 +80,7 @@ def test_supports_reasons_per_case(reg) -> None:  # noqa: ANN001
 
 
 def test_selection_is_pure(reg) -> None:  # noqa: ANN001
+    """Selecting twice with the same inputs gives equal decisions."""
     info = fake("sm90", triton="3")
     a = select_kernel(reg, OP, CASE, info, "cuda_sm90", ov.Overrides())
     b = select_kernel(reg, OP, CASE, info, "cuda_sm90", ov.Overrides())
@@ -83,6 +88,7 @@ def test_selection_is_pure(reg) -> None:  # noqa: ANN001
 
 
 def test_forced_kernel_env_and_errors(reg) -> None:  # noqa: ANN001
+    """DSV4HAL_KERNELS forces a kernel, and forcing an unusable one raises with the reason."""
     info = fake("sm90", triton="3")
     o = ov.from_env({"DSV4HAL_KERNELS": f"{OP}=fake_triton"})
     d = select_kernel(reg, OP, CASE, info, "cuda_sm90", o)
@@ -98,16 +104,19 @@ def test_forced_kernel_env_and_errors(reg) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("text", ["sparse_attention_decode", "=x", "bogus_op=x", "indexer_topk=a,indexer_topk=b"])
 def test_malformed_kernel_overrides(text: str) -> None:
+    """Malformed DSV4HAL_KERNELS values raise BadOverrideError."""
     with pytest.raises(BadOverrideError):
         ov.from_env({"DSV4HAL_KERNELS": text})
 
 
 def test_bad_strict_value() -> None:
+    """A non-boolean DSV4HAL_STRICT raises BadOverrideError."""
     with pytest.raises(BadOverrideError, match="boolean"):
         ov.from_env({"DSV4HAL_STRICT": "maybe"})
 
 
 def test_context_manager_overrides_nest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """overrides() context managers nest over the environment and record each source."""
     monkeypatch.setenv("DSV4HAL_KERNELS", "indexer_topk=from_env")
     with ov.overrides(kernels={OP: "fake_triton"}) as o1:
         assert o1.kernels == {"indexer_topk": "from_env", OP: "fake_triton"}
@@ -122,6 +131,7 @@ def test_context_manager_overrides_nest(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_no_kernel_error_names_everything() -> None:
+    """NoKernelError names the op, the platform and a remedy."""
     reg = registry_with(disabled=("cpu",))  # no references: nothing can run
     with pytest.raises(NoKernelError) as e:
         select_kernel(reg, OP, CASE, fake("sm90"), "cuda_sm90", ov.Overrides())
@@ -129,6 +139,7 @@ def test_no_kernel_error_names_everything() -> None:
 
 
 def test_strict_refuses_reference_on_gpu(reg) -> None:  # noqa: ANN001
+    """Strict mode refuses a reference on a GPU platform but allows it on the cpu platform."""
     with pytest.raises(NoKernelError, match="strict mode refuses"):
         select_kernel(reg, "mhc_pre", {}, fake("sm90"), "cuda_sm90", ov.Overrides(strict=True))
     d = select_kernel(reg, "mhc_pre", {}, fake("cpu"), "cpu", ov.Overrides(strict=True))
@@ -136,6 +147,7 @@ def test_strict_refuses_reference_on_gpu(reg) -> None:  # noqa: ANN001
 
 
 def test_priority_tie_is_a_registry_error() -> None:
+    """Two kernels at the same priority on one platform are a registry error."""
     def a(registry):  # noqa: ANN001, ANN202
         registry.add_kernel(KernelImpl(op=OP, name="a", target="m:f", platforms=("cuda_sm90",), priority=5))
 
@@ -148,6 +160,7 @@ def test_priority_tie_is_a_registry_error() -> None:
 
 
 def test_case_conditional_priority_is_data_and_explained() -> None:
+    """A case-conditional priority applies to matching cases only and is explained."""
     def plugin(registry):  # noqa: ANN001, ANN202
         registry.add_kernel(KernelImpl(op=OP, name="steady", target="builtins:len", platforms=("cuda_sm90",),
                                        priority=950))
@@ -167,6 +180,7 @@ def test_case_conditional_priority_is_data_and_explained() -> None:
 
 
 def test_conditional_priority_tie_is_a_registry_error() -> None:
+    """A conditional priority tying another kernel's priority is a registry error."""
     def plugin(registry):  # noqa: ANN001, ANN202
         registry.add_kernel(KernelImpl(op=OP, name="a", target="m:f", platforms=("cuda_sm90",), priority=5))
         registry.add_kernel(KernelImpl(op=OP, name="b", target="m:f", platforms=("cuda_sm90",), priority=3,
@@ -186,6 +200,7 @@ def test_conditional_priority_tie_is_a_registry_error() -> None:
 
 
 def test_duplicate_kernel_name_rejected_and_plugin_reported() -> None:
+    """A plugin registering an existing kernel name is refused with a warning naming the plugin."""
     def dup(registry):  # noqa: ANN001, ANN202
         registry.add_kernel(KernelImpl(op="mhc_pre", name="torch_reference", target="m:f", platforms=("cpu",),
                                        priority=7))
@@ -198,6 +213,7 @@ def test_duplicate_kernel_name_rejected_and_plugin_reported() -> None:
 
 
 def test_plugin_raising_at_probe_time() -> None:
+    """A platform whose probe raises is contained and reported, not fatal."""
     def boom(info):  # noqa: ANN001, ANN202
         raise RuntimeError("probe exploded")
 
@@ -216,6 +232,7 @@ def test_plugin_raising_at_probe_time() -> None:
 
 
 def test_competing_platform_is_ambiguous() -> None:
+    """Two platforms fitting one machine at equal priority raise AmbiguousPlatformError."""
     def rival(registry):  # noqa: ANN001, ANN202
         registry.add_platform(PlatformSpec("rival_sm90", "claims sm90 too", 100,
                                            lambda info: [] if info.arch == "sm90" else ["not sm90"], "cuda"))
@@ -229,6 +246,7 @@ def test_competing_platform_is_ambiguous() -> None:
 
 
 def test_forced_platform_that_does_not_fit(reg) -> None:  # noqa: ANN001
+    """Forcing a platform that does not fit, or does not exist, raises with the reasons or names."""
     with pytest.raises(PlatformNotFoundError, match="needs an NVIDIA GPU"):
         select_platform_spec(reg, fake("cpu"), ov.Overrides(platform="cuda_sm90"))
     with pytest.raises(PlatformNotFoundError, match="cuda_sm100, cuda_sm90"):
@@ -236,6 +254,7 @@ def test_forced_platform_that_does_not_fit(reg) -> None:  # noqa: ANN001
 
 
 def test_plugin_failing_half_way_leaves_nothing() -> None:
+    """A plugin failing half way through registration leaves nothing in the registry."""
     def half(registry):  # noqa: ANN001, ANN202
         registry.add_kernel(KernelImpl(op="mhc_post", name="half_done", target="m:f", platforms=("cpu",),
                                        priority=3))

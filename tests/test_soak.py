@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow  # soak runs of the demo's ops
 
 
 def test_cpu_soak_runs_every_demo_op_and_checks_them() -> None:
+    """A short CPU soak runs every demo op, checks each against its reference and finds no failure."""
     res = run_soak(dsv4hal.select_platform("cpu"), 0.01, seed=3)
     assert res["ok"], res["failures"] or res["crash_details"]
     assert res["crashes"] == 0 and res["results_outside_tolerance"] == 0
@@ -46,6 +47,7 @@ def _mhc_inputs() -> tuple:
 
 
 def test_checker_catches_a_wrong_output() -> None:
+    """The soak checker reports an op whose output is off."""
     cpu = dsv4hal.select_platform("cpu")
 
     def off_by_one(*a: object, **k: object) -> object:
@@ -59,6 +61,7 @@ def test_checker_catches_a_wrong_output() -> None:
 
 
 def test_checker_catches_a_missing_in_place_write() -> None:
+    """The soak checker reports an in-place op that writes nothing."""
     cpu = dsv4hal.select_platform("cpu")
     stats = SoakStats()
     ops = CheckingOps(_Wrong(cpu, "pack_store", lambda k, loc, cache: None), stats, 1.0, random.Random(0), {})
@@ -68,6 +71,7 @@ def test_checker_catches_a_missing_in_place_write() -> None:
 
 
 def test_cli_soak_writes_its_report(tmp_path) -> None:  # noqa: ANN001
+    """dsv4hal soak --json writes its report, and --minutes 0 is refused."""
     out = tmp_path / "soak.json"
     r = run_cli("soak", "--platform", "cpu", "--minutes", "0.01", "--json", str(out))
     assert r.returncode == 0, r.stderr
@@ -82,6 +86,7 @@ def _reads(values: list[float]) -> list[dict[str, float]]:
 
 
 def test_memory_growth_sees_a_leak_not_the_allocator_swing() -> None:
+    """memory_growth flags a steady rise but not an allocator's swings."""
     swing = [1000.0, 960.0, 1015.0, 970.0, 990.0, 1012.0, 958.0, 1010.0]  # the H200 soak's pattern: no trend
     growth, spread = memory_growth(_reads(swing))
     assert growth is not None and spread is not None

@@ -37,6 +37,7 @@ def _run(scores: torch.Tensor, lengths: torch.Tensor, k: int, pt: torch.Tensor |
 @pytest.mark.parametrize("k", [512, 1024])
 @pytest.mark.parametrize("s", [16385, 20000, 65536])
 def test_matches_contract(s: int, k: int) -> None:
+    """The chunked Triton top-k honours the indexer_topk contract on wide rows."""
     gen = torch.Generator().manual_seed(s * 7 + k)
     scores, lengths = _batch(s, k, gen)
     pt = _table(scores.shape[0], s, gen) if (s + k // 512) % 2 == 0 else None  # both ways across the cases
@@ -106,6 +107,7 @@ def test_nan_scores() -> None:
 
 
 def test_row_stride_and_page_size() -> None:
+    """The chunked top-k takes a free row stride and any page size."""
     gen = torch.Generator().manual_seed(3)
     wide = torch.randn(2, 20003, generator=gen)
     scores = wide[:, :20000]  # a free row stride
@@ -117,6 +119,7 @@ def test_row_stride_and_page_size() -> None:
 
 
 def test_launch_config_fits_stage_two() -> None:
+    """The chunked top-k launch config keeps stage two's candidates within its limit."""
     for k in (512, 1024):
         for s in (16385, 65536, 131072, 262144, max_width(k)):
             cfg = launch_config(s, k)
@@ -132,10 +135,12 @@ def platform():  # noqa: ANN201
 
 @pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[s.name for s, _ in CATALOG])
 def test_conformance_catalog(platform, spec, build) -> None:  # noqa: ANN001
+    """The chunked top-k passes every indexer_topk catalog case it takes."""
     assert_cell_passes(platform, spec, build, NAME)
 
 
 def test_refusals(platform) -> None:  # noqa: ANN001
+    """The chunked top-k refuses rows narrow enough for the row kernel, saying so."""
     small, large = torch.zeros(1, topk_row.MAX_ROW), torch.zeros(1, topk_row.MAX_ROW + 1)
     lengths = torch.ones(1, dtype=torch.int32)
     impl = {i.name: i for i in dsv4hal.load_registry().kernels_for("indexer_topk")}["triton_chunked_topk"]

@@ -29,6 +29,7 @@ CATALOG = [(s, b) for s, b in load_catalog(FORCED) if not s.gpu_only]
 
 @pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[f"{s.op}:{s.name}" for s, _ in CATALOG])
 def test_catalog_with_triton(platform, spec, build) -> None:  # noqa: ANN001
+    """The Triton compress kernels pass every compress catalog case."""
     cell = run_cell(platform, spec, build, "eager")
     assert cell.implementation == FORCED[spec.op]
     assert cell.status == "pass", cell.detail
@@ -36,6 +37,7 @@ def test_catalog_with_triton(platform, spec, build) -> None:  # noqa: ANN001
 
 
 def test_not_chosen_on_cpu_without_override() -> None:
+    """On a CPU machine the Triton compress kernels are candidates but not chosen."""
     p = dsv4hal.select_platform()
     if p.info.is_gpu:
         pytest.skip("GPU machine")
@@ -70,6 +72,7 @@ def _on(d: dict) -> dict:
     (128, 128, True, (129, 300)),
 ])
 def test_prefill_matches_reference(ratio: int, hd: int, hadamard: bool, lengths: tuple[int, ...]) -> None:
+    """The Triton prefill compress matches the reference over ratios, widths and lengths."""
     from dsv4hal.kernels.triton.compress import compress
 
     layer = _layer(ratio, hd, sum(lengths), ratio + hd + len(lengths))

@@ -40,12 +40,14 @@ CATALOG = [(s, b) for s, b in load_catalog(FORCED) if _small(s)]
 
 @pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[f"{s.op}:{s.name}" for s, _ in CATALOG])
 def test_triton_cache_kernels_match_reference(platform, spec, build) -> None:  # noqa: ANN001
+    """The Triton cache kernels pass every pack_store and dequant_gather catalog case."""
     cell = run_cell(platform, spec, build, "eager")
     assert cell.implementation == FORCED[spec.op]
     assert cell.status == "pass", cell.detail
 
 
 def test_triton_not_chosen_on_cpu_without_override() -> None:
+    """On a CPU machine triton_pack_store is a candidate but not chosen."""
     p = dsv4hal.select_platform()
     if p.info.is_gpu:
         pytest.skip("GPU machine")

@@ -35,6 +35,7 @@ CATALOG = [(forced, s, b) for forced in (FORCED, THEN) for s, b in load_catalog(
 @pytest.mark.parametrize(("forced", "spec", "build"), CATALOG,
                          ids=[f"{s.op}:{f[s.op]}:{s.name}" for f, s, _ in CATALOG])
 def test_catalog_cells(forced, spec, build) -> None:  # noqa: ANN001
+    """Each Triton mHC kernel passes every mHC catalog case."""
     with dsv4hal.overrides(kernels=forced):
         p = dsv4hal.select_platform()
     cell = run_cell(p, spec, build, "eager")
@@ -151,6 +152,7 @@ def test_zero_token_strided_input_and_empty_batch(ops) -> None:  # noqa: ANN001
 
 
 def test_kernels_refuse_what_the_contract_refuses(ops) -> None:  # noqa: ANN001
+    """The Triton mHC kernels refuse what the mHC contract refuses."""
     from dsv4hal.errors import InvalidArgumentError
 
     fn, base, scale = _gates(24, 3, 16, 7)

@@ -92,6 +92,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_triton_moe_matches_reference(platform, name: str) -> None:  # noqa: ANN001
+    """The fused Triton MoE matches the reference for each case."""
     x, ids, tw, w = _dev_case(**CASES[name])
     prepared = platform.ops.moe_experts.prepare_weights(w)
     assert prepared.implementation == "triton_fused_moe"
@@ -113,6 +114,7 @@ def test_repeated_expert_no_clamp_and_all_masked_rows(platform) -> None:  # noqa
 
 
 def test_weights_prepared_for_triton_are_refused_by_the_reference(platform) -> None:  # noqa: ANN001
+    """Weights prepared for the Triton MoE are refused by the reference."""
     x, ids, tw, w = _dev_case("fp8_block", t=2, e=4, k=2)
     prepared = platform.ops.moe_experts.prepare_weights(w)
     assert prepared.implementation == "triton_fused_moe" and prepared.platform == platform.name
@@ -150,6 +152,7 @@ def test_small_tiles_loop_over_k_and_n(fmt: str) -> None:
 
 
 def test_no_tokens_and_bad_tile_config() -> None:
+    """The fused MoE returns an empty result for no tokens and refuses a bad tile config."""
     from dsv4hal.kernels.triton.fused_moe import fused_moe, prepare_weights
 
     x, ids, tw, w = _dev_case("fp8_block", t=1, e=4, k=2)

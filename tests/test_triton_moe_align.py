@@ -39,16 +39,19 @@ def _ids(t: int, k: int, lo: int, hi: int, seed: int, dtype: torch.dtype = torch
 @pytest.mark.parametrize("scan", [False, True], ids=["place sums the histogram", "scan launch"])
 @pytest.mark.parametrize("t", [1, 3, 8, 64, 512])
 def test_v4_decode_and_prefill_shapes(t: int, scan: bool) -> None:
+    """The Triton route alignment matches torch at V4 decode and prefill shapes."""
     _check(_ids(t, 6, 0, 256, t), 256, 16, scan_min_programs=1 if scan else 1 << 30)
 
 
 @pytest.mark.parametrize(("t", "k", "e", "bs"), [(5, 6, 8, 8), (40, 6, 16, 16), (33, 4, 32, 32), (9, 8, 385, 64),
                                                  (17, 6, 256, 128), (100, 8, 16, 8), (30, 2, 512, 16)])
 def test_expert_counts_and_blocks(t: int, k: int, e: int, bs: int) -> None:
+    """The Triton route alignment matches torch over expert counts and block sizes."""
     _check(_ids(t, k, -2, e + 2, t * 7 + e), e, bs)  # some dropped ids on both sides
 
 
 def test_empty() -> None:
+    """Aligning no routes gives empty outputs and all-zero expert ends."""
     r = _check(torch.zeros(0, 6, dtype=torch.int32), 256, 16)
     assert r.sorted_routes.numel() == r.block_expert.numel() == 0 and int(r.num_padded) == 0
     assert r.expert_end.shape == (256,) and not bool(r.expert_end.any())
@@ -56,6 +59,7 @@ def test_empty() -> None:
 
 @pytest.mark.parametrize("value", [-1, 16, 1000])
 def test_all_dropped(value: int) -> None:
+    """When every id is dropped nothing is padded and every block is -1."""
     r = _check(torch.full((7, 6), value, dtype=torch.int32), 16, 8)
     assert int(r.num_padded) == 0 and bool((r.block_expert == -1).all()) and not bool(r.expert_end.any())
 
@@ -75,18 +79,21 @@ def test_expert_end_from_several_programs(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.parametrize(("t", "bs"), [(7, 8), (100, 16), (300, 64)])
 def test_one_hot_expert(t: int, bs: int) -> None:
+    """Routes concentrated on two experts align as in torch."""
     ids = torch.full((t, 6), 255, dtype=torch.int32)
     ids[:, 3] = 254
     _check(ids, 256, bs)
 
 
 def test_int64_ids_outside_int32_are_dropped_not_wrapped() -> None:
+    """int64 ids outside int32 are dropped, not wrapped to valid experts."""
     ids = _ids(20, 4, 0, 16, 3, torch.int64)
     ids[0, 0], ids[1, 1], ids[2, 2] = 2**32 + 5, -(2**40), 2**40 + 3
     _check(ids, 16, 8)
 
 
 def test_non_contiguous_ids_and_odd_blocks() -> None:
+    """Non-contiguous ids and odd block sizes align as in torch."""
     ids = _ids(6, 40, -1, 17, 4).t()
     assert not ids.is_contiguous()
     for bs in (1, 3, 24):
@@ -94,6 +101,7 @@ def test_non_contiguous_ids_and_odd_blocks() -> None:
 
 
 def test_many_programs_each_walking_several_sub_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Alignment is correct when each program walks several sub-chunks."""
     monkeypatch.setattr(tma, "MAX_PROGRAMS", 3)  # 1500 routes: 12 sub-chunks over 3 programs
     _check(_ids(250, 6, -1, 40, 9), 40, 16)
     _check(_ids(250, 6, 0, 256, 10), 256, 8)
@@ -110,6 +118,7 @@ class _CountLaunches:
 
 @pytest.mark.parametrize(("t", "launches"), [(1, 1), (21, 1), (22, 2), (64, 2)])
 def test_launch_count(monkeypatch: pytest.MonkeyPatch, t: int, launches: int) -> None:
+    """Small batches align in one launch and larger ones in two."""
     counter = _CountLaunches(tma._align_kernel)
     monkeypatch.setattr(tma, "_align_kernel", counter)
     _check(_ids(t, 6, 0, 256, t), 256, 16)  # 21 * 6 = 126 routes fit one program (FUSED_MAX_ROUTES); 22 * 6 do not
@@ -117,6 +126,7 @@ def test_launch_count(monkeypatch: pytest.MonkeyPatch, t: int, launches: int) ->
 
 
 def test_dispatch() -> None:
+    """align_routes' automatic choice equals the forced Triton path and refuses an unknown impl."""
     ids = _ids(4, 2, 0, 8, 1)
     auto = align_routes(ids.to(DEV), 8, 8)
     forced = align_routes(ids.to(DEV), 8, 8, impl="triton")
@@ -127,6 +137,7 @@ def test_dispatch() -> None:
 
 
 def test_import_stays_free_of_triton() -> None:
+    """Importing dsv4hal.kernels.moe_align imports no triton module."""
     code = ("import sys, torch; before = set(sys.modules); import dsv4hal.kernels.moe_align; "
             "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] == 'triton' or 'triton' in m))")
     out = run_py(code)  # torch itself may import triton on some builds: only what the module adds counts
@@ -136,6 +147,7 @@ def test_import_stays_free_of_triton() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_graph_replay_with_new_routing() -> None:
+    """A CUDA graph of align_routes replays correctly with new routing."""
     static = _ids(16, 6, 0, 256, 0).cuda()
     align_routes(static, 256, 16)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
@@ -156,5 +168,6 @@ def test_cuda_graph_replay_with_new_routing() -> None:
        scan=st.booleans())
 def test_property_matches_torch(t: int, k: int, e: int, bs: int, spill: int, seed: int, wide: bool,
                                 fused: bool, scan: bool) -> None:
+    """The Triton route alignment matches torch for any ids, block size and launch path."""
     ids = _ids(t, k, -spill, e + spill, seed, torch.int64 if wide else torch.int32)
     _check(ids, e, bs, fused_max_routes=tma.FUSED_MAX_ROUTES if fused else 0, scan_min_programs=1 if scan else 1 << 30)

@@ -79,6 +79,7 @@ SWIGLU_CASES = {
 
 @pytest.mark.parametrize(("r", "i", "scale", "limit"), SWIGLU_CASES.values(), ids=list(SWIGLU_CASES))
 def test_swiglu_matches_the_torch_expression(r: int, i: int, scale: float, limit: float | None) -> None:
+    """The Triton SwiGLU matches the torch expression, clamp included."""
     h13 = _h13(r, i, scale, limit, seed=r + i)
     got = swiglu(h13.to(DEV), limit).cpu()
     assert got.dtype == torch.bfloat16 and got.shape == (r, i)
@@ -124,6 +125,7 @@ def test_swiglu_fp32_math_before_rounding(limit: float | None) -> None:
 
 
 def test_swiglu_takes_strided_rows_and_edge_shapes() -> None:
+    """The Triton SwiGLU takes strided rows and empty input and refuses odd widths."""
     big = _h13(4, 80, 20.0, 10.0, seed=5)
     h13 = big.to(DEV)[:, :96]  # row stride 160, not 2I
     assert _same(swiglu(h13, 10.0).cpu(), swiglu(h13.contiguous(), 10.0).cpu())
@@ -162,6 +164,7 @@ def _routes(t: int, k: int, e: int, h: int, seed: int) -> tuple[torch.Tensor, to
 
 @pytest.mark.parametrize("weighted", [False, True])
 def test_combine_implicit_rows_match_explicit_rows(weighted: bool) -> None:
+    """combine_routes from topk_ids gives the same result as with explicit rows."""
     t, k, e, h = 7, 6, 8, 1500  # H over one 1024 block: two column blocks, masked tail
     ids, y, w = _routes(t, k, e, h, seed=3)
     weights = w.to(DEV) if weighted else None
@@ -201,6 +204,7 @@ def test_combine_explicit_rows_drop_negative_and_past_limit_rows() -> None:
 
 
 def test_combine_implicit_rows_edges() -> None:
+    """combine_routes handles no tokens and refuses mismatched or missing arguments."""
     y = torch.zeros(6, 16, dtype=torch.bfloat16, device=DEV)
     ids = torch.zeros(0, 2, dtype=torch.int32, device=DEV)
     assert combine_routes(y, None, None, topk_ids=ids, num_experts=4).shape == (0, 16)

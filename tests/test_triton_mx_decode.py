@@ -81,6 +81,7 @@ def _check(got: torch.Tensor, want: torch.Tensor, *, flushed_rows: int = 0) -> N
 
 
 def test_plain_decode_every_byte_and_scale() -> None:
+    """The plain MXFP4 decode gives the right value for every byte and scale."""
     if _GPU:
         pytest.skip("the plain decode runs under the interpreter here; the GPU tests run both decodes")
     _check(*_run(False, "cpu"))
@@ -90,6 +91,7 @@ def test_plain_decode_every_byte_and_scale() -> None:
 @pytest.mark.skipif(not _GPU, reason="inline PTX runs on an NVIDIA GPU only")
 @pytest.mark.parametrize("narrow", [False, True])
 def test_ptx_decode_every_byte_and_scale(narrow: bool) -> None:
+    """The inline-PTX MXFP4 decode gives the right value for every byte and scale."""
     _check(*_run(True, "cuda", narrow=narrow))
 
 

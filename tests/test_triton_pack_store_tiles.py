@@ -73,6 +73,7 @@ KINDS = ("random", "zeros", "huge", "tiny", "pow2")
 @pytest.mark.parametrize(("i", "page_size", "fp8", "layout"), [(i, *m) for i, m in enumerate(MATRIX)],
                          ids=[f"p{p}-{f}-{lay}" for p, f, lay in MATRIX])
 def test_tiles_match_one_token_and_reference(i: int, page_size: int, fp8: FP8Flavor, layout: str) -> None:
+    """The tiled pack_store writes the same bytes as the one-token kernel and the reference."""
     kind, loc_dtype = KINDS[i % len(KINDS)], (torch.int32, torch.int64)[i % 2]
     k, loc, pages = _inputs(37, page_size, fp8, kind, layout, loc_dtype, seed=i)  # 37: no multiple of any BLOCK_T
     _check(k, loc, pages, page_size, fp8, dirty=i % 3 == 0)
@@ -81,6 +82,7 @@ def test_tiles_match_one_token_and_reference(i: int, page_size: int, fp8: FP8Fla
 @pytest.mark.parametrize("fp8", ["e4m3fn", "e4m3fnuz"])
 @pytest.mark.parametrize("kind", KINDS[1:])
 def test_tiles_extreme_values(kind: str, fp8: FP8Flavor) -> None:
+    """The tiled pack_store matches the reference on extreme values."""
     k, loc, pages = _inputs(21, 64, fp8, kind, "random", torch.int64, seed=len(kind))
     _check(k, loc, pages, 64, fp8, dirty=False)
 

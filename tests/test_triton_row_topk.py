@@ -81,6 +81,7 @@ def _table(b: int, s: int, gen: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("k", [512, 1024])
 @pytest.mark.parametrize("s", WIDTHS)
 def test_matches_contract(s: int, k: int) -> None:
+    """The row Triton top-k honours the indexer_topk contract at every width."""
     gen = torch.Generator().manual_seed(s * 7 + k)
     scores, lengths = _batch(s, k, gen)
     pt = _table(scores.shape[0], s, gen) if s % 2 == 0 or s == 1 else None  # both ways across the widths
@@ -92,6 +93,7 @@ def test_matches_contract(s: int, k: int) -> None:
 
 
 def test_row_stride_and_page_size() -> None:
+    """The row top-k takes a free row stride and any page size."""
     gen = torch.Generator().manual_seed(3)
     wide = torch.randn(3, 5003, generator=gen)
     scores = wide[:, :5000]  # a free row stride
@@ -236,10 +238,12 @@ def platform():  # noqa: ANN201
 
 @pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[s.name for s, _ in CATALOG])
 def test_conformance_catalog(platform, spec, build) -> None:  # noqa: ANN001
+    """The row top-k passes every indexer_topk catalog case it takes."""
     assert_cell_passes(platform, spec, build, "triton_row_topk")
 
 
 def test_rows_wider_than_16384_are_refused(platform) -> None:  # noqa: ANN001
+    """The row top-k refuses rows wider than 16384, which are the large size class."""
     assert MAX_ROW == registrations.ROW_TOPK_MAX == 16384
     small, large = torch.zeros(1, MAX_ROW), torch.zeros(1, MAX_ROW + 1)
     lengths = torch.ones(1, dtype=torch.int32)

@@ -57,6 +57,7 @@ def _check_fallback_order(raw: torch.Tensor, scores: torch.Tensor, lengths: torc
 @pytest.mark.parametrize("k", [512, 1024])
 @pytest.mark.parametrize("s", [16385, 20000, 65536])
 def test_matches_contract(s: int, k: int) -> None:
+    """The sampled Triton top-k honours the indexer_topk contract on wide rows."""
     gen = torch.Generator().manual_seed(s * 7 + k)
     scores, lengths = _batch(s, k, gen)
     pt = _table(scores.shape[0], s, gen) if (s + k // 512) % 2 == 0 else None
@@ -113,6 +114,7 @@ def test_half_tile_select(lean: bool) -> None:
 
 
 def test_spread_scores_take_the_fast_path_only() -> None:
+    """Spread score distributions take the sampled top-k's fast path only."""
     gen = torch.Generator().manual_seed(11)
     s, k = 100000, 512
     scores = torch.cat([torch.randn(3, s, generator=gen), torch.rand(2, s, generator=gen) * 100,
@@ -180,6 +182,7 @@ def test_small_tiles(s: int, k: int, cfg: dict[str, int]) -> None:
 
 @pytest.mark.parametrize("lean", [False, True])
 def test_nan_scores_and_row_stride(lean: bool) -> None:
+    """The sampled top-k ranks NaN scores above +inf and takes a free row stride."""
     gen = torch.Generator().manual_seed(5)
     s, k = 30000, 512
     wide = torch.randn(3, s + 3, generator=gen)
@@ -238,10 +241,12 @@ def test_many_rows_take_the_default_lean_per_key_filter() -> None:
 
 @pytest.mark.parametrize(("spec", "build"), CATALOG, ids=[s.name for s, _ in CATALOG])
 def test_conformance_catalog(spec, build) -> None:  # noqa: ANN001
+    """The sampled top-k passes every indexer_topk catalog case it takes."""
     assert_cell_passes(forced_platform(NAME), spec, build, NAME)
 
 
 def test_registration() -> None:
+    """The sampled top-k is registered for every platform."""
     impls = {i.name: i for i in dsv4hal.load_registry().kernels_for("indexer_topk")}
     assert "topk_sampled:indexer_topk" in impls["triton_sampled_topk"].target
     for plat in ("cpu", "cuda_sm90", "cuda_sm100", "rocm"):

@@ -24,6 +24,7 @@ def platform() -> dsv4hal.Platform:
 
 
 def test_pack_store_signature_is_real(platform: dsv4hal.Platform) -> None:
+    """The bound pack_store has the real signature and annotations."""
     sig = inspect.signature(dsv4hal.select_platform("cpu").ops.pack_store)
     assert list(sig.parameters) == ["k", "loc", "cache"]
     assert sig.parameters["cache"].annotation is dsv4hal.V4PagedCache and sig.return_annotation is None
@@ -31,6 +32,7 @@ def test_pack_store_signature_is_real(platform: dsv4hal.Platform) -> None:
 
 @pytest.mark.parametrize("op", OP_NAMES)
 def test_every_bound_op_is_typed_as_its_definition(platform: dsv4hal.Platform, op: str) -> None:
+    """Every bound op's signature, type hints and docstring sections are its definition's."""
     bound, d = platform.ops[op], OPS[OP_NAMES.index(op)].definition()
     assert isinstance(d, OpDefinition) and d.name == op
     assert list(inspect.signature(bound).parameters) == list(d.params)
@@ -42,6 +44,7 @@ def test_every_bound_op_is_typed_as_its_definition(platform: dsv4hal.Platform, o
 
 @pytest.mark.parametrize("spec", OPS, ids=OP_NAMES)
 def test_reference_validate_and_case_take_the_definitions_parameters(spec) -> None:  # noqa: ANN001
+    """Each op's reference, validate and case take its definition's parameters."""
     d = spec.definition()
     module, name = spec.reference.split(":")
     ref = getattr(importlib.import_module(module), name)
@@ -53,6 +56,7 @@ def test_reference_validate_and_case_take_the_definitions_parameters(spec) -> No
 
 
 def test_catalog_modules_are_found_from_the_definitions() -> None:
+    """Catalog modules are found from the op definitions, one cases module each."""
     assert CATALOG_MODULES == MODULES
     for module in MODULES:
         importlib.import_module(f"dsv4hal.ops.{module}")
@@ -62,6 +66,7 @@ def test_catalog_modules_are_found_from_the_definitions() -> None:
 
 
 def test_a_definition_whose_contract_functions_drift_is_refused() -> None:
+    """An op definition whose validate or case parameters drift is refused."""
     def validate(a, b, *, checked=False):  # noqa: ANN001, ANN202
         pass
 
@@ -87,6 +92,7 @@ def test_a_definition_whose_contract_functions_drift_is_refused() -> None:
 
 
 def test_the_facade_keeps_indexing_iteration_and_the_op_methods(platform: dsv4hal.Platform) -> None:
+    """The ops facade keeps indexing, iteration and each op's methods."""
     assert [op.name for op in platform.ops] == list(OP_NAMES)
     assert platform.ops["indexer_topk"] is platform.ops.indexer_topk
     assert platform.ops.indexer_topk.decide().chosen.name == "torch_reference"
@@ -98,6 +104,7 @@ def test_the_facade_keeps_indexing_iteration_and_the_op_methods(platform: dsv4ha
 
 
 def test_adding_an_op_doc_names_at_most_six_files() -> None:
+    """docs/adding-an-op.md names at most six files to touch."""
     text = Path(ROOT / "docs" / "adding-an-op.md").read_text()
     files = [line for line in text.splitlines() if line.startswith("| ") and "`" in line.split("|")[2]]
     assert 1 <= len(files) <= 6, files

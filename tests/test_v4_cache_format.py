@@ -51,6 +51,7 @@ def _tile_amax(k: torch.Tensor) -> torch.Tensor:
 
 
 def test_constants() -> None:
+    """The V4 cache constants and page size per ratio match the spec."""
     assert (NOPE_DIM, HEAD_DIM, TILE, NUM_TILES, RECORD_BYTES, TOKEN_BYTES) == (448, 512, 64, 7, 576, 584)
     assert PAGE_SIZE_BY_RATIO == {0: 256, 4: 64, 128: 2}
 
@@ -59,6 +60,7 @@ def test_constants() -> None:
     "page_size, padded, scales", [(256, 149760, 147456), (128, 74880, 73728), (64, 37440, 36864), (2, 1728, 1152)]
 )
 def test_page_geometry_matches_spec_table(page_size: int, padded: int, scales: int) -> None:
+    """Page bytes and scale offsets match the spec for each page size."""
     assert page_bytes(page_size) == padded
     assert scale_offset(page_size) == scales
     assert padded % RECORD_BYTES == 0 and padded >= page_size * TOKEN_BYTES
@@ -66,12 +68,14 @@ def test_page_geometry_matches_spec_table(page_size: int, padded: int, scales: i
 
 
 def test_empty_cache_properties() -> None:
+    """An empty V4 cache is zeroed uint8 with the expected pages, slots and fp8."""
     c = V4PagedCache.empty(5, 64, "e4m3fnuz")
     assert c.num_pages == 5 and c.num_slots == 320 and c.device == torch.device("cpu")
     assert c.data.dtype == torch.uint8 and int(c.data.count_nonzero()) == 0 and c.fp8 == "e4m3fnuz"
 
 
 def test_flashmla_view_strides_and_aliasing() -> None:
+    """flashmla_view is an aliasing view with FlashMLA's shape and strides."""
     c = V4PagedCache.empty(3, 64)
     v = c.flashmla_view()
     assert v.shape == (3, 64, 1, 584) and v.dtype == torch.uint8
@@ -81,6 +85,7 @@ def test_flashmla_view_strides_and_aliasing() -> None:
 
 
 def test_validate_rejects_bad_caches() -> None:
+    """Cache validation refuses a wrong dtype, width, rank or page size."""
     good = V4PagedCache.empty(2, 64)
     good.validate("op", "cache")
     bad = [
@@ -100,6 +105,7 @@ def test_validate_rejects_bad_caches() -> None:
 
 
 def test_hand_computed_e4m3fn_token() -> None:
+    """A hand-built token quantizes to the hand-computed e4m3fn codes and scale bytes."""
     k = torch.zeros(1, HEAD_DIM)
     k[0, 0:4] = torch.tensor([448.0, 1.0, -2.0, 0.5])  # tile 0: amax 448 -> scale 2**0 -> byte 127
     k[0, 64:67] = torch.tensor([1.0, 0.5, -0.25])  # tile 1: amax 1 -> 2**ceil(log2(1/448)) = 2**-8 -> byte 119
@@ -117,6 +123,7 @@ def test_hand_computed_e4m3fn_token() -> None:
 
 
 def test_e4m3fnuz_quantization_saturates_at_240() -> None:
+    """e4m3fnuz quantization uses 240 as its maximum and raises the scale above it."""
     k = torch.zeros(1, HEAD_DIM)
     k[0, 0], k[0, 64], k[0, 128], k[0, 192] = 240.0, -240.0, 256.0, 1.0  # 256 needs scale 2**1
     rec = quantize_tokens(k.to(torch.bfloat16), "e4m3fnuz")
@@ -128,6 +135,7 @@ def test_e4m3fnuz_quantization_saturates_at_240() -> None:
 
 @pytest.mark.parametrize("fp8", FP8_FLAVORS)
 def test_quantization_error_bound(fp8: str) -> None:
+    """Quantized keys stay within each tile's FP8 error bound, rope untouched."""
     k = _keys(256, seed=1)
     deq = exact_dequant(k, fp8)
     x = k.float()
@@ -148,6 +156,7 @@ def test_quantization_error_bound(fp8: str) -> None:
 
 @pytest.mark.parametrize("fp8", FP8_FLAVORS)
 def test_powers_of_two_and_zeros_are_exact(fp8: str) -> None:
+    """Powers of two and zeros round-trip exactly."""
     g = torch.Generator().manual_seed(2)
     j = torch.randint(-8, 9, (32, HEAD_DIM), generator=g).float()
     sign = torch.where(torch.rand(32, HEAD_DIM, generator=g) < 0.5, -1.0, 1.0)
@@ -159,6 +168,7 @@ def test_powers_of_two_and_zeros_are_exact(fp8: str) -> None:
 
 
 def test_quantize_accepts_float32_input() -> None:
+    """quantize_tokens gives the same records for fp32 and bf16 input."""
     k = _keys(4)
     a, b = quantize_tokens(k, "e4m3fn"), quantize_tokens(k.float(), "e4m3fn")
     assert torch.equal(a.nope, b.nope) and torch.equal(a.scale_exp, b.scale_exp) and torch.equal(a.rope, b.rope)
@@ -174,6 +184,7 @@ def _dirty_cache(num_pages: int, page_size: int, fp8: str = "e4m3fn") -> V4Paged
 
 
 def test_write_places_bytes_per_layout() -> None:
+    """write_records places each field at its layout offset and touches nothing else."""
     p = 64
     cache = _dirty_cache(3, p)
     before = cache.data.clone()
@@ -198,6 +209,7 @@ def test_write_places_bytes_per_layout() -> None:
 
 @pytest.mark.parametrize("page_size", [256, 64, 2, 3])
 def test_write_read_round_trip(page_size: int) -> None:
+    """write_records then read_records round-trips for every page size."""
     n = 40
     cache = V4PagedCache.empty(-(-2 * n // page_size) + 1, page_size)
     g = torch.Generator().manual_seed(4)
@@ -220,6 +232,7 @@ def test_write_read_round_trip(page_size: int) -> None:
 
 
 def test_negative_locations_are_skipped() -> None:
+    """Negative locations are skipped and leave the cache's bytes."""
     cache = _dirty_cache(2, 64)
     before = cache.data.clone()
     rec = quantize_tokens(_keys(3), "e4m3fn")
@@ -234,6 +247,7 @@ def test_negative_locations_are_skipped() -> None:
 
 
 def test_write_with_no_rows_is_a_no_op() -> None:
+    """Writing no rows leaves the cache unchanged."""
     cache = _dirty_cache(1, 2)
     before = cache.data.clone()
     write_records(cache, torch.empty(0, dtype=torch.int64), quantize_tokens(torch.zeros(0, HEAD_DIM), "e4m3fn"))
@@ -255,6 +269,7 @@ def _decoded(cache: V4PagedCache) -> torch.Tensor:
 
 
 def test_convert_fn_to_fnuz_is_lossless_and_round_trips() -> None:
+    """Converting e4m3fn to e4m3fnuz is lossless, -0 included, and round-trips."""
     k = _keys(100, seed=6, spread=10)
     k[3, :TILE] = -0.0  # -0 codes (0x80) are NaN in fnuz
     k[4, :4] = -1e-30  # rounds to -0 as well
@@ -277,6 +292,7 @@ def test_convert_fn_to_fnuz_is_lossless_and_round_trips() -> None:
 
 
 def test_convert_fnuz_to_fn_handles_240_tiles() -> None:
+    """Converting e4m3fnuz to e4m3fn keeps 240 tiles and tiny values."""
     k = _keys(50, seed=7)
     k[0, :TILE] = 0.0
     k[0, 0], k[0, 1], k[0, 2] = 240.0, -240.0, 2.0**-10  # 0x7F/0xFF codes, and a value below fn's subnormal step
@@ -306,6 +322,7 @@ def test_convert_fnuz_to_fn_handles_240_tiles() -> None:
 
 
 def test_convert_keeps_unwritten_slots_rope_pad_and_padding() -> None:
+    """Cache conversion keeps unwritten slots, rope pad and page padding bytes."""
     for fp8 in FP8_FLAVORS:
         cache, loc = _written_cache(fp8, _keys(10, seed=8), page_size=2)
         p, pb = 2, page_bytes(2)
@@ -324,6 +341,7 @@ def test_convert_keeps_unwritten_slots_rope_pad_and_padding() -> None:
 
 
 def test_convert_never_turns_nan_into_a_number() -> None:
+    """Cache conversion keeps NaN codes NaN."""
     cache = V4PagedCache.empty(1, 2, "e4m3fn")
     cache.data[0, 0:3] = torch.tensor([0x7F, 0xFF, 0x10], dtype=torch.uint8)  # NaN, NaN, a value
     cache.data[0, 2 * 576 : 2 * 576 + 7] = 120
@@ -335,6 +353,7 @@ def test_convert_never_turns_nan_into_a_number() -> None:
 
 
 def test_records_dataclass_fields() -> None:
+    """V4TokenRecords fields have the spec's shapes and dtypes."""
     rec = quantize_tokens(_keys(3), "e4m3fn")
     assert isinstance(rec, V4TokenRecords)
     assert (rec.nope.shape, rec.scale_exp.shape, rec.rope.shape) == ((3, 448), (3, 7), (3, 64))

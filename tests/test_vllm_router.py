@@ -33,6 +33,7 @@ def fake_op() -> None:
 
 
 def test_marshalling_non_hash(fake_op) -> None:  # noqa: ANN001
+    """The vLLM router binding passes the op int32 ids and fp32 weights it returns."""
     CALLS.clear()
     logits, bias = torch.randn(5, 256), torch.randn(256)
     ids, w = vllm_router.moe_route(logits, bias, 6, 1.5)
@@ -43,6 +44,7 @@ def test_marshalling_non_hash(fake_op) -> None:  # noqa: ANN001
 
 
 def test_marshalling_hash_uses_index_dtype(fake_op) -> None:  # noqa: ANN001
+    """Hash routing passes the table and input ids as int32 with the scale."""
     CALLS.clear()
     table = torch.randint(0, 256, (100, 6), dtype=torch.int64)
     vllm_router.moe_route(torch.randn(3, 256), None, 6, 2.5, table, torch.tensor([1, 2, 99]))
@@ -52,6 +54,7 @@ def test_marshalling_hash_uses_index_dtype(fake_op) -> None:  # noqa: ANN001
 
 
 def test_selection() -> None:
+    """The vLLM router is chosen for its supported case and rejected otherwise, with reasons."""
     info = simulated("sm90", libraries={"torch": "2", "vllm_moe": "0.24"})
     p = dsv4hal.select_platform(info=info)
     d = p.explain("moe_route", {"hash": False, "bias": True, "E": 256, "top_k": 6, "tokens": "decode"})

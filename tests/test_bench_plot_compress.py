@@ -1,39 +1,18 @@
 """The bench plot: the compress panel (the prefill form's share of copy bandwidth per way of calling it, from a
 result shaped as `dsv4hal bench compress` writes it; an older result without the num_groups timing still plots), the
-mHC panel, and a result with nothing to draw."""
+mHC panel, the MoE panel, and a result with nothing to draw. Each is checked by what it drew (bars, lines, labels)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("matplotlib")
 
+from figures import bars, drawn, lines, tick_labels  # noqa: E402
+
 from dsv4hal.bench.plot import plot  # noqa: E402
-
-
-def _drawn(monkeypatch: pytest.MonkeyPatch, result: dict[str, Any], out: Path) -> Any:
-    """Plot `result` into `out` and return the figure saved there (the PNG written, its bars readable)."""
-    from matplotlib.figure import Figure
-
-    saved: list[Figure] = []
-    original = Figure.savefig
-
-    def savefig(fig: Figure, *args: Any, **kwargs: Any) -> None:
-        saved.append(fig)
-        original(fig, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", savefig)
-    plot(result, str(out))
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and len(saved) == 1
-    return saved[0]
-
-
-def _bars(ax: Any) -> dict[str, list[float]]:
-    """Each labelled bar series of a panel: its heights in drawing order."""
-    return {c.get_label(): [round(p.get_height(), 6) for p in c] for c in ax.containers}
 
 
 def _row(config: str, with_num_groups: bool) -> dict:
@@ -53,12 +32,12 @@ def test_compress_panel_draws_each_way_of_calling_at_its_share_of_copy(tmp_path:
     result = {"device": "test", "command": "dsv4hal bench compress",
               "compress": {"decode": [], "prefill": [_row("c4_main", with_num_groups), _row("c128_main", False)],
                            "goals": {"prefill_goal_min": 0.6}}}
-    (ax,) = _drawn(monkeypatch, result, tmp_path / "compress.png").axes
+    (ax,) = drawn(monkeypatch, lambda out: plot(result, out), tmp_path / "compress.png").axes
     want = {"op (eager, host sync)": [0.2, 0.2], "kernel alone (graph)": [0.9, 0.9]}
     if with_num_groups:
         want["op given num_groups (graph)"] = [0.88]
-    assert _bars(ax) == want
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["c4_main N32K", "c128_main N32K"]
+    assert bars(ax) == want
+    assert tick_labels(ax) == ["c4_main N32K", "c128_main N32K"]
     assert list(ax.lines[0].get_ydata()) == [0.6, 0.6]
 
 
@@ -69,11 +48,21 @@ def test_mhc_panel_draws_every_row_and_an_empty_result_is_refused(tmp_path: Path
     rows = [{"op": "mhc_pre", "T": t, "hidden": 4096, "us": {"triton_mhc_pre": 9.0 + t / 64, "torch_reference": 240.0},
              "floor_us": 1.0} for t in (1, 64)]
     rows.append({"op": "mhc_pre_gemm", "T": 1, "hidden": 4096, "us": {"triton_partials": 3.7}, "floor_us": 0.4})
-    (ax,) = _drawn(monkeypatch, {"device": "test", "command": "dsv4hal bench mhc", "mhc": rows},
-                   tmp_path / "mhc.png").axes
-    assert _bars(ax) == {"triton_mhc_pre": [9.015625, 10.0], "torch_reference": [240.0, 240.0],
-                         "triton_partials": [3.7], "bandwidth floor": [1.0, 1.0, 0.4]}
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["mhc_pre T1 d4096", "mhc_pre T64 d4096",
-                                                            "mhc_pre_gemm T1 d4096"]
+    result = {"device": "test", "command": "dsv4hal bench mhc", "mhc": rows}
+    (ax,) = drawn(monkeypatch, lambda out: plot(result, out), tmp_path / "mhc.png").axes
+    assert bars(ax) == {"triton_mhc_pre": [9.015625, 10.0], "torch_reference": [240.0, 240.0],
+                        "triton_partials": [3.7], "bandwidth floor": [1.0, 1.0, 0.4]}
+    assert tick_labels(ax) == ["mhc_pre T1 d4096", "mhc_pre T64 d4096", "mhc_pre_gemm T1 d4096"]
     with pytest.raises(ValueError, match="nothing to plot"):
         plot({"device": "test", "command": "x", "other": [1]}, str(tmp_path / "none.png"))
+
+
+def test_moe_panel_draws_a_line_per_format_and_kernel_over_tokens(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The moe panel draws one line per (format, kernel) through each row's time at its T; EP rows are left out."""
+    rows = [{"format": f, "T": t, "us": {"a": 1.0 * t, "b": 2.0 * t}} for f in ("mxfp4", "fp8_block") for t in (1, 64)]
+    rows.append({"format": "mxfp4", "T": 8, "us": {"a": 99.0}, "dropped": 0.5})
+    result = {"moe": rows, "device": "cpu", "command": "test"}
+    (ax,) = drawn(monkeypatch, lambda out: plot(result, out), tmp_path / "moe.png").axes
+    assert lines(ax) == {f"{f} {k}": ([1.0, 64.0], [scale, 64 * scale]) for f in ("mxfp4", "fp8_block")
+                         for k, scale in (("a", 1.0), ("b", 2.0))}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,10 +99,9 @@ def test_demo_graph_needs_a_gpu() -> None:
     assert r.returncode != 0 and "--graph needs a CUDA platform" in r.stderr
 
 
-def test_floor_bytes_count_what_a_step_must_move_and_plots_render(tmp_path) -> None:  # noqa: ANN001
-    """floor_bytes counts the bytes a decode step must move and the breakdown plot renders."""
-    from dsv4hal.bench.plot import plot
-    from dsv4hal.demo import DemoConfig, DemoModel, NullTimer, fill_random, floor_bytes, plot_breakdown
+def test_floor_bytes_count_what_a_step_must_move() -> None:
+    """floor_bytes counts at least the bytes a decode step's attention reads and its pack_store writes."""
+    from dsv4hal.demo import DemoConfig, DemoModel, NullTimer, fill_random, floor_bytes
 
     platform = dsv4hal.select_platform("cpu")
     model = DemoModel(platform, DemoConfig(max_pages=2), 2)
@@ -116,13 +116,26 @@ def test_floor_bytes_count_what_a_step_must_move_and_plots_render(tmp_path) -> N
     q, swa_idx = next((a[0], a[2]) for n, a, _, _ in tape.calls if n == "sparse_attention_decode")
     assert floors["sparse_attention_decode"] > 3 * swa_idx.numel() * 584
     assert floors["pack_store"] >= 2 * 584 and all(v > 0 for v in floors.values())
-    res = {"ops_alone_us": {n: 1.0 + i for i, n in enumerate(floors)}, "ops_floor_us": {n: 0.5 for n in floors},
-           "kernels": {}, "sum_ops_alone_us": 10.0, "graph_step_us": 12.0, "graph_step_over_sum_ops": 1.2,
-           "device": "cpu", "batch": 2, "context": 300, "config": {"hidden": 256, "experts": 8}}
-    plot_breakdown(res, str(tmp_path / "demo.png"))
-    rows = [{"format": f, "T": t, "us": {"a": 1.0 * t, "b": 2.0 * t}} for f in ("mxfp4", "fp8_block") for t in (1, 64)]
-    plot({"moe": rows, "device": "cpu", "command": "test"}, str(tmp_path / "moe.png"))
-    assert (tmp_path / "demo.png").stat().st_size > 10_000 and (tmp_path / "moe.png").stat().st_size > 10_000
+
+
+def test_breakdown_plot_draws_each_op_alone_beside_its_floor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo breakdown plot draws each op's time alone and its floor, slowest first, and the graph step beside the
+    sum of the ops."""
+    pytest.importorskip("matplotlib")
+    from figures import bars, drawn, tick_labels
+
+    from dsv4hal.demo import plot_breakdown
+
+    alone = {"pack_store": 2.0, "sparse_attention_decode": 9.0, "moe_experts": 5.0}
+    res = {"ops_alone_us": alone, "ops_floor_us": {n: v / 4 for n, v in alone.items()},
+           "kernels": {"moe_experts": "triton_fused_moe"}, "sum_ops_alone_us": 16.0, "graph_step_us": 12.0,
+           "graph_step_over_sum_ops": 0.75, "device": "cpu", "batch": 2, "context": 300,
+           "config": {"hidden": 256, "experts": 8}}
+    ops_ax, step_ax = drawn(monkeypatch, lambda out: plot_breakdown(res, out), tmp_path / "demo.png").axes
+    assert bars(ops_ax) == {"op alone (CUDA graph)": [9.0, 5.0, 2.0], "bandwidth floor": [2.25, 1.25, 0.5]}
+    assert tick_labels(ops_ax) == ["sparse_attention_decode\n", "moe_experts\ntriton_fused_moe", "pack_store\n"]
+    assert [p.get_height() for p in step_ax.patches] == [16.0, 12.0]
+    assert tick_labels(step_ax) == ["sum of ops alone", "graph step"] and "0.75" in step_ax.get_title()
 
 
 def test_demo_package_reaches_dsv4hal_reference_only_through_its_engine_helpers() -> None:

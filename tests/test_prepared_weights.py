@@ -1,5 +1,5 @@
 """Kernel choice fixes the weight layout: moe_experts is decided when its weights are prepared, later calls
-run that kernel, and weights prepared for one kernel are refused by any other (typed errors)."""
+run that kernel, and weights prepared for one kernel, or on another device, are refused (typed errors)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 from conftest import fake, plugin_module, registry_with
+from op_args import DEV
 
 import dsv4hal
 from dsv4hal.errors import InvalidArgumentError, PreparedWeightsMismatchError, UnsupportedCaseError
@@ -136,3 +137,19 @@ def test_repeat_calls_skip_validation_and_still_run_the_prepared_kernel(reg, mon
         with pytest.raises(InvalidArgumentError, match="topk_ids"):
             op(x, ids.long(), tw, prepared)
     assert len(validations) == 6
+
+
+def test_moe_experts_weights_on_another_device(reference_unchecked) -> None:  # noqa: ANN001
+    """moe_experts refuses prepared weights on another device than the activations."""
+    w = quantize_experts(torch.randn(2, 64, 64) * 0.1, torch.randn(2, 64, 32) * 0.1, "fp8_block")
+    prepared = reference_unchecked.ops.moe_experts.prepare_weights(
+        dataclasses.replace(w, **{f: getattr(w, f).to(DEV) for f in ("w13", "w13_scale", "w2", "w2_scale")}))
+    meta = dataclasses.replace(prepared, payload=dataclasses.replace(
+        prepared.payload, **{f: torch.empty_like(getattr(prepared.payload, f), device="meta")
+                             for f in ("w13", "w13_scale", "w2", "w2_scale")}))
+    x = torch.randn(3, 64, device=DEV).bfloat16()
+    ids = torch.zeros(3, 2, dtype=torch.int32, device=DEV)
+    tw = torch.ones(3, 2, device=DEV)
+    reference_unchecked.ops.moe_experts(x, ids, tw, prepared)
+    with pytest.raises(InvalidArgumentError, match="device"):
+        reference_unchecked.ops.moe_experts(x, ids, tw, meta)

@@ -8,6 +8,7 @@ bits are the reference's)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
@@ -28,8 +29,10 @@ def rows() -> list[dict]:
 
 
 def test_every_kernel_compiles(rows: list[dict]) -> None:
-    """Every Triton kernel compiles for SM90 to a non-empty cubin."""
-    assert len(rows) == 11
+    """Every kernel setting the check names compiles for SM90 to a non-empty cubin."""
+    settings = Counter(r["kernel"] for r in rows)
+    assert settings == {"indexer_q_prep": 4, "compress (hadamard)": 3, "moe_quant (swiglu)": 2,
+                        "moe_quant (scatter from tokens)": 1, "moe_align (scan)": 1}, settings
     for r in rows:
         assert "error" not in r and r["cubin_bytes"] > 0, r
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The trust checks on a CUDA machine, results in bench/results/<card>/ (card: h100 or h200, from the GPU's name), one
 # file a suite, overwritten on each run, each with its command and environment:
-#   memory-safety.json     the guard-memory tests (tests/test_unchecked_bounds*.py) and the FlashMLA glue tests on the GPU
+#   memory-safety.json     the guard-memory tests (tests/core/test_unchecked_bounds*.py) and the FlashMLA glue tests on
+#                          the GPU
 #   shape-sequence.json    python3 -m dsv4hal.conformance.sequence: every vendor-bound op's conformance cases in shuffled
 #                          shapes, eager and graph-captured, then garbage inputs (an unsynchronised do_bench_cudagraph,
 #                          lengths outside the index rows) with a valid call checked after each
@@ -61,10 +62,11 @@ run_pytest() {  # NAME TIMEOUT FILES...: pytest on the GPU into $R/NAME.json
 
 if want safety; then
   stamp "guard-memory tests and the FlashMLA glue on the GPU"
-  run_pytest memory-safety 400 tests/test_unchecked_bounds.py tests/test_unchecked_bounds_kernels.py \
-    tests/test_flashmla_decode_op.py tests/test_flashmla_sched.py tests/test_flashmla_glue_ops.py \
-    tests/test_indexer_q_prep.py tests/test_triton_compress.py tests/test_compress_decode.py \
-    tests/test_indexer_logits_kernels.py tests/test_triton_sm90_compile.py
+  run_pytest memory-safety 400 tests/core/test_unchecked_bounds.py tests/core/test_unchecked_bounds_kernels.py \
+    tests/ops/attention/test_flashmla_decode_op.py tests/ops/attention/test_flashmla_sched.py \
+    tests/ops/attention/test_flashmla_glue_ops.py tests/ops/indexer/test_indexer_q_prep.py \
+    tests/ops/compress/test_triton_compress.py tests/ops/compress/test_compress_decode.py \
+    tests/ops/indexer/test_indexer_logits_kernels.py tests/plugins/triton/test_triton_sm90_compile.py
 fi
 if want sequence; then
   stamp "randomized shape sequences through the vendor-bound ops, then garbage inputs"
@@ -103,7 +105,7 @@ cells = [run_cell(p, s, b, "eager") for s, b in load_catalog(ops)
 print(dict(collections.Counter(c.status for c in cells)), "cells passed/failed:",
       sum(c.status == "pass" for c in cells), "passed", sum(c.status == "fail" for c in cells), "failed")
 PY
-    c1="$san --tool memcheck --error-exitcode 99 --print-limit 20 python3 -m pytest -p no:cacheprovider -q tests/test_unchecked_bounds.py tests/test_unchecked_bounds_kernels.py"
+    c1="$san --tool memcheck --error-exitcode 99 --print-limit 20 python3 -m pytest -p no:cacheprovider -q tests/core/test_unchecked_bounds.py tests/core/test_unchecked_bounds_kernels.py"
     c2="$san --tool memcheck --error-exitcode 99 --print-limit 20 python3 /tmp/memcheck_conformance.py"
     timeout 280 $c1 > /tmp/memcheck-guard.log 2>&1; rc1=$?
     echo "guard tests under memcheck: rc=$rc1"; tail -2 /tmp/memcheck-guard.log

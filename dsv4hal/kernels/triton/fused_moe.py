@@ -86,7 +86,7 @@ ROW_DECODE_TILES = {"block_m": 16, "block_n": 64, "block_k": 64}  # the row kern
 # bits (e1 e0 m) at MX_BITS[j][0] .. + 2 and its sign at MX_BITS[j][1]. The decode places them at bf16 bits 6..8 and
 # 15 with one shift when the two offsets agree (j = 0: none, j = 1: 3), two shifts else: 11 integer instructions for
 # four bf16x2 registers on sm_90a (5 shifts, 6 LOP3), the fewest of any such order (the byte order, nibble j at bits
-# 4j, needs 15; tests/test_triton_mx_decode.py searches them all).
+# 4j, needs 15; tests/ops/moe/test_triton_mx_decode.py searches them all).
 MX_BITS = ((6, 15), (3, 12), (0, 13), (9, 14))
 # Scale bytes up to this value let the PTX multiply once, by 2**(s - 1) (a normal bf16); larger bytes (scales above
 # 2, and NaN) take a second multiply. prepare_weights records which.

@@ -1,5 +1,5 @@
-"""The attention and top-k references against hand-computed examples and invariants, and their
-validators against bad inputs."""
+"""The sparse attention references (decode and prefill) against hand-computed examples and invariants, and
+their validator against bad inputs."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import torch
 
 from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.v4_cache import V4PagedCache, quantize_tokens, write_records
-from dsv4hal.ops import indexer_topk as topk_contract
 from dsv4hal.ops import sparse_attention as attn_contract
-from dsv4hal.reference.indexer_topk import indexer_topk, page_transform
 from dsv4hal.reference.sparse_attention import sparse_attention_decode, sparse_attention_prefill
 
 SCALE = 512 ** -0.5
@@ -84,26 +82,6 @@ def test_prefill_matches_decode_on_the_same_keys() -> None:
     assert torch.equal(out, out2) and torch.allclose(lse, lse2)
 
 
-def test_topk_sets_equal_torch_topk_and_short_rows_ascending() -> None:
-    """Reference top-k returns torch.topk's sets, and short rows all indices ascending."""
-    gen = torch.Generator().manual_seed(3)
-    scores = torch.randn(3, 2000, generator=gen)
-    lengths = torch.tensor([2000, 1500, 7], dtype=torch.int32)
-    raw, pages = indexer_topk(scores, lengths, 512)
-    assert pages is None
-    for row, n in enumerate(lengths.tolist()[:2]):
-        want = set(torch.topk(scores[row, :n], 512).indices.tolist())
-        assert set(raw[row].tolist()) == want
-    assert raw[2].tolist() == list(range(7)) + [-1] * 505
-
-
-def test_page_transform_hand_example() -> None:
-    """page_transform maps raw indices through the page table, -1 kept."""
-    raw = torch.tensor([[0, 63, 64, 130, -1]], dtype=torch.int32)
-    table = torch.tensor([[5, 9, 2]], dtype=torch.int32)
-    assert page_transform(raw, table).tolist() == [[5 * 64, 5 * 64 + 63, 9 * 64, 2 * 64 + 2, -1]]
-
-
 def _attn_args() -> dict:
     return dict(q=torch.zeros(2, 64, 512, dtype=torch.bfloat16), swa_cache=V4PagedCache.empty(1, 256),
                 swa_indices=torch.zeros(2, 128, dtype=torch.int32), swa_lengths=torch.ones(2, dtype=torch.int32),
@@ -143,17 +121,3 @@ def test_attention_checked_mode_reads_values() -> None:
     with pytest.raises(InvalidArgumentError, match="NaN"):
         attn_contract.validate_decode(**{**args, "q": nan_q}, checked=True)
     attn_contract.validate_decode(**{**args, "q": nan_q})  # unchecked: no read of the values
-
-
-def test_topk_validator() -> None:
-    """indexer_topk validation refuses a bad k and, checked, lengths past the row."""
-    s, n = torch.zeros(2, 600), torch.tensor([5, 600], dtype=torch.int32)
-    topk_contract.validate(s, n, 512, checked=True)
-    with pytest.raises(InvalidArgumentError, match="'k'"):
-        topk_contract.validate(s, n, 300)
-    with pytest.raises(InvalidArgumentError, match="'lengths'"):
-        topk_contract.validate(s, torch.tensor([5, 601], dtype=torch.int32), 512, checked=True)
-    with pytest.raises(InvalidArgumentError, match="'page_table'"):
-        topk_contract.validate(s, n, 512, torch.zeros(2, 3, dtype=torch.int32), checked=True)
-    with pytest.raises(InvalidArgumentError, match="'scores'"):
-        topk_contract.validate(s.double(), n, 512)

@@ -11,7 +11,8 @@ import pytest
 from conftest import ROOT
 
 SUFFIXES = {".py", ".md", ".toml", ".sh", ".cfg", ".cpp"}
-EXCLUDED = {"CHANGELOG.md", "tests/test_no_narration.py"}  # the changelog is history by design; this file names them
+# the changelog is history by design; this file names them
+EXCLUDED = {"CHANGELOG.md", "tests/core/test_no_narration.py"}
 _ORDINAL = (r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|[a-z]+teenth"
             r"|twentieth|thirtieth|(?:twenty|thirty)[- ]?[a-z]+|\d+(?:st|nd|rd|th))")
 PATTERNS = {

@@ -4,10 +4,11 @@ oracle; the GPU-only parts (graph capture, garbage decode inputs) are the GPU ru
 
 from __future__ import annotations
 
+from conftest import plugin_module, registry_with
+
 import dsv4hal
 from dsv4hal.conformance import sequence
 from dsv4hal.registry import KernelImpl
-from tests.conftest import plugin_module, registry_with
 
 OP = "dequant_gather"
 

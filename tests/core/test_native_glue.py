@@ -1,5 +1,6 @@
 """dsv4hal.kernels.native_glue: the C++ call glue's modes and what each does when the glue cannot be built or bound.
-(tests/test_flashmla_decode_op.py runs the FlashMLA decode glue's checks with the built module and without it.)"""
+(tests/ops/attention/test_flashmla_decode_op.py runs the FlashMLA decode glue's checks with the built module and
+without it.)"""
 
 from __future__ import annotations
 

@@ -8,10 +8,10 @@ import random
 
 import pytest
 import torch
+from conftest import run_cli
 
 import dsv4hal
 from dsv4hal.soak import CheckingOps, SoakStats, memory_growth, run_soak
-from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow  # soak runs of the demo's ops
 

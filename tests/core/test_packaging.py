@@ -16,7 +16,7 @@ import dsv4hal
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_license_and_typed_package() -> None:
@@ -69,7 +69,8 @@ def test_sdist_ships_the_installable_package_and_no_tests(tmp_path: Path) -> Non
     assert not [f for f in shipped if f.startswith("tests/")], sorted(f for f in shipped if f.startswith("tests/"))
     needed = [f for f in files if f.startswith(("dsv4hal/", "platforms/")) and f.endswith((".py", ".cpp", "py.typed"))]
     assert needed and not set(needed) - shipped, sorted(set(needed) - shipped)
-    assert re.search(r"^Requires-Dist: numpy", pkg_info, re.M), "numpy is a dependency (tests/test_import_surface.py)"
+    assert re.search(r"^Requires-Dist: numpy", pkg_info, re.M), \
+        "numpy is a dependency (tests/core/test_import_surface.py)"
 
 
 def test_readme_runs_the_quick_subset_and_ci_the_whole_suite_under_both_tritons() -> None:

@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     tomllib = None
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
 ENTRYPOINT = DOCKER / "entrypoint.sh"
 ENTRYPOINT_IN_IMAGE = "/usr/local/bin/dsv4hal-entrypoint"

@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 import dsv4hal
 from dsv4hal import cli
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

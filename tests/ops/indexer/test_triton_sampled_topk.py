@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from topk_forced import DEV, assert_cell_passes, batch, check_rows, forced_platform, table, wide_catalog
 
 import dsv4hal
 from dsv4hal.reference.indexer_topk import page_transform
-from tests.test_triton_row_topk import _batch, _table, check_rows
-from tests.topk_forced import DEV, assert_cell_passes, forced_platform, wide_catalog
 
 pytest.importorskip("triton")
 
@@ -59,8 +58,8 @@ def _check_fallback_order(raw: torch.Tensor, scores: torch.Tensor, lengths: torc
 def test_matches_contract(s: int, k: int) -> None:
     """The sampled Triton top-k honours the indexer_topk contract on wide rows."""
     gen = torch.Generator().manual_seed(s * 7 + k)
-    scores, lengths = _batch(s, k, gen)
-    pt = _table(scores.shape[0], s, gen) if (s + k // 512) % 2 == 0 else None
+    scores, lengths = batch(s, k, gen)
+    pt = table(scores.shape[0], s, gen) if (s + k // 512) % 2 == 0 else None
     got, flags = _run_flagged(scores, lengths, k, pt)
     check_rows(got, scores, lengths, pt, k)
     # rows: 4 random, heavy ties, all equal, +-inf, rounded; lengths s, 0, k-1, k, k+1, s+5, s, random. Only the
@@ -77,7 +76,7 @@ def test_every_row_forced_onto_the_fallback(s: int, k: int, paged: bool, chunk: 
     row of more than k scores: the fallback alone gives the contract (lengths past S, <= k, widths that are not a
     multiple of its step, ties, all equal, +-inf, NaNs of both signs, the all-ones NaN), in its exact order."""
     gen = torch.Generator().manual_seed(s + k + chunk)
-    scores, lengths = _batch(s, k, gen)
+    scores, lengths = batch(s, k, gen)
     nan = torch.randn(3, s, generator=gen)
     nan[0, torch.randperm(s, generator=gen)[:40]] = float("nan")  # sign bit clear: above +inf
     nan[1, torch.randperm(s, generator=gen)[:40]] = -float("nan")  # sign bit set: below -inf
@@ -85,7 +84,7 @@ def test_every_row_forced_onto_the_fallback(s: int, k: int, paged: bool, chunk: 
         torch.float32)  # the all-ones NaN (key 0, the smallest) almost everywhere: some are taken
     scores = torch.cat([scores, nan])
     lengths = torch.cat([lengths, torch.tensor([s, s - 1, s], dtype=torch.int32)])
-    pt = _table(scores.shape[0], s, gen) if paged else None
+    pt = table(scores.shape[0], s, gen) if paged else None
     got, flags = _run_flagged(scores, lengths, k, pt, config={"cap": k, "margin": 1 << 20, "fallback_chunk": chunk})
     assert flags == [int(n > k) for n in lengths.clamp(max=s).tolist()]
     rows = slice(0, -3)  # the checker orders no NaN: those rows are held to the kernels' key order below
@@ -102,8 +101,8 @@ def test_half_tile_select(lean: bool) -> None:
     tile: the contract either way, the same rows fall back."""
     gen = torch.Generator().manual_seed(23)
     s, k = 20000, 256
-    scores, lengths = _batch(s, k, gen)
-    pt = _table(scores.shape[0], s, gen)
+    scores, lengths = batch(s, k, gen)
+    pt = table(scores.shape[0], s, gen)
     # no margin: ~2k = 512 candidates a row, half the tile's 1024 (rows 0, 6 and 7 have 456, 578 and 586)
     cfg = {"lean": lean, "cap": 1024, "nsample": 1024, "margin": 0}
     assert topk_sampled.default_config(64, s, k)["half_tile"]
@@ -120,7 +119,7 @@ def test_spread_scores_take_the_fast_path_only() -> None:
     scores = torch.cat([torch.randn(3, s, generator=gen), torch.rand(2, s, generator=gen) * 100,
                         torch.randn(1, s, generator=gen).exp()])  # normal, uniform, heavy-tailed
     lengths = torch.tensor([s, 70000, 40000, s, 3000, s], dtype=torch.int32)
-    pt = _table(scores.shape[0], s, gen)
+    pt = table(scores.shape[0], s, gen)
     (raw, pages), flags = _run_flagged(scores, lengths, k, pt)
     check_rows((raw, pages), scores, lengths, pt, k)
     assert flags == [0] * 6
@@ -175,8 +174,8 @@ def test_small_tiles(s: int, k: int, cfg: dict[str, int]) -> None:
     counts on separate cache lines (one overflowing the candidate tile: the fallback), the lean filter (indices
     only, raw bits compared; a width no multiple of 4): still exact."""
     gen = torch.Generator().manual_seed(s + k)
-    scores, lengths = _batch(s, k, gen)
-    pt = _table(scores.shape[0], s, gen)
+    scores, lengths = batch(s, k, gen)
+    pt = table(scores.shape[0], s, gen)
     check_rows(_run(scores, lengths, k, pt, config=cfg), scores, lengths, pt, k)
 
 
@@ -232,10 +231,10 @@ def test_many_rows_take_the_default_lean_per_key_filter() -> None:
     rows = topk_sampled.LEAN_MIN_ROWS
     cfg = topk_sampled.default_config(rows, s, k)
     assert cfg["lean"] and cfg["per_key"]
-    parts = [_batch(s, k, gen) for _ in range(-(-rows // 8))]
+    parts = [batch(s, k, gen) for _ in range(-(-rows // 8))]
     scores = torch.cat([p[0] for p in parts])[:rows]
     lengths = torch.cat([p[1] for p in parts])[:rows]
-    pt = _table(rows, s, gen)
+    pt = table(rows, s, gen)
     check_rows(_run(scores, lengths, k, pt), scores, lengths, pt, k)
 
 
@@ -259,10 +258,10 @@ def test_bisection_from_the_common_high_bits(s: int, k: int, coarse: int) -> Non
     threshold is resolved to that many bits only); the contract holds, the same rows fall back, and a row of close
     keys (one exponent) takes the fast path."""
     gen = torch.Generator().manual_seed(s - k)
-    scores, lengths = _batch(s, k, gen)
+    scores, lengths = batch(s, k, gen)
     close = 1.0 + torch.rand(2, s, generator=gen)  # [1, 2): keys share their sign and exponent bits
     scores, lengths = torch.cat([scores, close]), torch.cat([lengths, torch.tensor([s, s // 2], dtype=torch.int32)])
-    pt = _table(scores.shape[0], s, gen)
+    pt = table(scores.shape[0], s, gen)
     got, flags = _run_flagged(scores, lengths, k, pt, config={"range": True, "coarse": coarse})
     check_rows(got, scores, lengths, pt, k)
     assert flags == [0, 0, 0, 0, 0, 1, 0, 0, 0, 0]

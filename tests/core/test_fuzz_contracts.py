@@ -70,7 +70,7 @@ def _write_counts():  # noqa: ANN202
                "by_op": {k[3:]: v for k, v in sorted(COUNTS.items()) if k.startswith("op:")},
                "findings": FINDINGS[:50],
                "command": "DSV4HAL_FUZZ_EXAMPLES=2000 DSV4HAL_FUZZ_JSON=bench/results/cpu/fuzz-long.json "
-                          "python3 -m pytest -q tests/test_fuzz_contracts.py"}
+                          "python3 -m pytest -q tests/core/test_fuzz_contracts.py"}
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(out, indent=1) + "\n")
 

@@ -9,16 +9,15 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from topk_forced import assert_cell_passes, batch, check_rows, table
 
 import dsv4hal
-from dsv4hal.conformance.cases_indexer_topk import check_topk
 from dsv4hal.conformance.runner import load_catalog
 from dsv4hal.errors import UnsupportedCaseError
 from dsv4hal.hardware import simulated
 from dsv4hal.ops.catalog import OPS_BY_NAME
 from dsv4hal.ops.indexer_topk import case as topk_case
 from dsv4hal.reference.indexer_topk import page_transform
-from tests.topk_forced import assert_cell_passes
 
 pytest.importorskip("triton")
 
@@ -32,59 +31,13 @@ CATALOG = [(s, b) for s, b in load_catalog(FORCED) if s.op == "indexer_topk" and
            and (not s.gpu_only or torch.cuda.is_available())]
 
 
-def check_rows(got: tuple[torch.Tensor, torch.Tensor | None], scores: torch.Tensor, lengths: torch.Tensor,
-               page_table: torch.Tensor | None, k: int) -> None:
-    """The contract, extended to lengths past S as the radix kernel and the reference treat them: a row whose
-    min(n, S) <= k gets 0..min(n, k)-1 then -1 (scores ignored; slots past the table -1), any other row selects
-    among its first min(n, S) scores (checked by the conformance checker)."""
-    raw, pages = (None if t is None else t.cpu() for t in got)
-    scores, lengths = scores.cpu(), lengths.cpu()
-    pt = None if page_table is None else page_table.cpu()
-    s = scores.shape[1]
-    n = lengths.long().clamp(max=s)
-    prefix = n <= k
-    want = torch.arange(k)[None, :].expand(int(prefix.sum()), k)
-    want = torch.where(want < lengths.long()[prefix, None].clamp(max=k), want, -1).int()
-    assert torch.equal(raw[prefix], want)
-    if pt is None:
-        assert pages is None
-    else:
-        assert torch.equal(pages[prefix], page_transform(want, pt[prefix], 64))
-    sel = ~prefix
-    if bool(sel.any()):
-        wrong, ok, detail = check_topk((raw[sel], None if pages is None else pages[sel]), scores[sel],
-                                       n[sel].int(), None if pt is None else pt[sel], k)
-        assert ok, detail
-
-
-def _batch(s: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows for width s: random, ties, all equal, +-inf; lengths s, 0, k-1, k, k+1, past s, random."""
-    rows = [torch.randn(s, generator=gen) for _ in range(4)]
-    rows.append((torch.randn(s, generator=gen) * 2).round() / 2)  # heavy ties at every threshold
-    rows.append(torch.ones(s))  # one value: the k-th key ties with every key
-    inf = torch.randn(s, generator=gen)
-    inf[torch.randperm(s, generator=gen)[: s // 3]] = float("-inf")  # ties at -inf where < k are finite (s < 1.5 k)
-    inf[torch.randperm(s, generator=gen)[:5]] = float("inf")
-    rows.append(inf)
-    rows.append((torch.randn(s, generator=gen) * 8).round())
-    r = int(torch.randint(k + 1, s + 1, (), generator=gen)) if s > k else s
-    # s + 5: past S (refused in checked mode); for s < k so are k - 1, k and k + 1 (the n <= k rule)
-    lengths = torch.tensor([s, 0, k - 1, k, k + 1, s + 5, s, r], dtype=torch.int32)
-    return torch.stack(rows), lengths
-
-
-def _table(b: int, s: int, gen: torch.Generator) -> torch.Tensor:
-    pages = max(1, -(-s // 64))  # exactly the pages S needs: indices past S (n <= k rule) fall off the table
-    return torch.stack([torch.randperm(pages * 3, generator=gen)[:pages] for _ in range(b)]).int()
-
-
 @pytest.mark.parametrize("k", [512, 1024])
 @pytest.mark.parametrize("s", WIDTHS)
 def test_matches_contract(s: int, k: int) -> None:
     """The row Triton top-k honours the indexer_topk contract at every width."""
     gen = torch.Generator().manual_seed(s * 7 + k)
-    scores, lengths = _batch(s, k, gen)
-    pt = _table(scores.shape[0], s, gen) if s % 2 == 0 or s == 1 else None  # both ways across the widths
+    scores, lengths = batch(s, k, gen)
+    pt = table(scores.shape[0], s, gen) if s % 2 == 0 or s == 1 else None  # both ways across the widths
     got = indexer_topk(scores.to(DEV), lengths.to(DEV), k, None if pt is None else pt.to(DEV), 64)
     check_rows(got, scores, lengths, pt, k)
     if pt is not None:  # the other way at this width too, on two rows (random, ties)
@@ -183,7 +136,7 @@ def test_a_row_just_past_a_power_of_two_takes_a_tail_tile() -> None:
     assert launch_config(4100)["tail"] == 0 and launch_config(200)["tail"] == 0  # below 8192 keys: one tile
     gen = torch.Generator().manual_seed(17)
     for s, k in ((1030, 512), (2100, 1024), (8256, 512)):
-        scores, lengths = _batch(s, k, gen)
+        scores, lengths = batch(s, k, gen)
         tail_top = torch.randn(s, generator=gen)
         tail_top[-(s - 1024 if s < 2048 else s % 1024):] += 100  # the largest keys all in the tail
         ties = torch.zeros(s)
@@ -194,7 +147,7 @@ def test_a_row_just_past_a_power_of_two_takes_a_tail_tile() -> None:
         cfg = {"block": block, "tail": 64 if s - block <= 64 else 1024, "num_warps": tile_warps(block)}
         assert cfg == launch_config(s) or block < 8192
         wide = {"block": block * 2, "tail": 0, "num_warps": tile_warps(block * 2)}
-        pt = _table(scores.shape[0], s, gen)
+        pt = table(scores.shape[0], s, gen)
         got = indexer_topk(scores.to(DEV), lengths.to(DEV), k, pt.to(DEV), 64, config=cfg)
         want = indexer_topk(scores.to(DEV), lengths.to(DEV), k, pt.to(DEV), 64, config=wide)
         check_rows(got, scores, lengths, pt, k)
@@ -218,7 +171,7 @@ def test_a_tail_tile_at_any_split_keeps_the_contract(block_log: int, tail_log: i
     scores = torch.randint(0, levels, (3, s), generator=gen).float()
     scores[1] = torch.randn(s, generator=gen)
     lengths = torch.tensor([s, max(s - cut, 0), min(block, s)], dtype=torch.int32)
-    pt = _table(3, s, gen)
+    pt = table(3, s, gen)
     tailed = {"block": block, "tail": tail, "num_warps": tile_warps(block)}
     padded = {"block": 2 * block, "tail": 0, "num_warps": tile_warps(2 * block)}
     got = indexer_topk(scores.to(DEV), lengths.to(DEV), k, pt.to(DEV), 64, config=tailed)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from topk_forced import DEV, assert_cell_passes, batch, check_rows, forced_platform, table, wide_catalog
 
 import dsv4hal
 from dsv4hal.errors import UnsupportedCaseError
 from dsv4hal.hardware import simulated
 from dsv4hal.ops.indexer_topk import case as topk_case
 from dsv4hal.reference.indexer_topk import page_transform
-from tests.test_triton_row_topk import _batch, _table, check_rows
-from tests.topk_forced import DEV, assert_cell_passes, forced_platform, wide_catalog
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.slow  # minutes under the Triton interpreter: the whole suite runs it
@@ -39,8 +38,8 @@ def _run(scores: torch.Tensor, lengths: torch.Tensor, k: int, pt: torch.Tensor |
 def test_matches_contract(s: int, k: int) -> None:
     """The chunked Triton top-k honours the indexer_topk contract on wide rows."""
     gen = torch.Generator().manual_seed(s * 7 + k)
-    scores, lengths = _batch(s, k, gen)
-    pt = _table(scores.shape[0], s, gen) if (s + k // 512) % 2 == 0 else None  # both ways across the cases
+    scores, lengths = batch(s, k, gen)
+    pt = table(scores.shape[0], s, gen) if (s + k // 512) % 2 == 0 else None  # both ways across the cases
     check_rows(_run(scores, lengths, k, pt), scores, lengths, pt, k)
 
 
@@ -51,8 +50,8 @@ def test_many_chunks_equal_the_row_kernel(s: int, k: int, chunk: int | None) -> 
     """Rows the row kernel also takes, cut into many chunks (a chunk smaller than k too, and the default chunk):
     the same bits as triton_row_topk, ties, +-inf, short chunks and lengths past S included."""
     gen = torch.Generator().manual_seed(s + k + (chunk or 0))
-    scores, lengths = _batch(s, k, gen)
-    pt = _table(scores.shape[0], s, gen)
+    scores, lengths = batch(s, k, gen)
+    pt = table(scores.shape[0], s, gen)
     got = _run(scores, lengths, k, pt, config=None if chunk is None else {"chunk": chunk})
     want = topk_row.indexer_topk(scores.to(DEV), lengths.to(DEV), k, pt.to(DEV))
     check_rows(got, scores, lengths, pt, k)

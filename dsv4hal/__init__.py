@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 # Each public name and the module it is loaded from on first use. The TYPE_CHECKING block below imports the same
-# names from the same modules (tests/test_import_surface.py checks that they agree).
+# names from the same modules (tests/core/test_import_surface.py checks that they agree).
 _LAZY = {
     "select_platform": "dsv4hal.platform",
     "load_registry": "dsv4hal.platform",

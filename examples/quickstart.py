@@ -3,7 +3,7 @@
     python3 examples/quickstart.py            # runs on whatever select_platform() picks, on its device
 
 On a GPU machine the platform is the GPU's and the tensors go to "cuda" (ROCm too); the sizes stay small.
-tests/test_quickstart.py runs this file, so it stays in step with the API."""
+tests/tools/test_quickstart.py runs this file, so it stays in step with the API."""
 
 from __future__ import annotations
 

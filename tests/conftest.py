@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
+import dsv4hal  # noqa: E402
 from dsv4hal.hardware import simulated  # noqa: E402
 from dsv4hal.plugins import build_registry  # noqa: E402
 
@@ -79,3 +80,28 @@ def run_py(code: str, env: dict[str, str] | None = None, cwd: Path | None = None
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return run_py(f"import sys; from dsv4hal.cli import main; sys.exit(main({list(args)!r}))", env)
+
+
+@pytest.fixture(scope="module")
+def reference_checked() -> dsv4hal.Platform:
+    """The machine's platform, checked, with every op's torch reference forced."""
+    from op_args import REFERENCE, forced
+
+    return forced(REFERENCE, checked=True)
+
+
+@pytest.fixture(scope="module")
+def reference_unchecked() -> dsv4hal.Platform:
+    """The machine's platform, unchecked, with every op's torch reference forced."""
+    from op_args import REFERENCE, forced
+
+    return forced(REFERENCE, checked=False)
+
+
+@pytest.fixture(scope="module")
+def triton_checked() -> dsv4hal.Platform:
+    """The machine's platform, checked, with the portable Triton kernels forced where an op has one."""
+    pytest.importorskip("triton")
+    from op_args import TRITON, forced
+
+    return forced(TRITON, checked=True)

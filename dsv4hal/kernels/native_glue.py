@@ -2,8 +2,8 @@
 dsv4hal/kernels/csrc/, built at first use with torch.utils.cpp_extension (a C++ compiler and ninja; 11 s on the
 CI machine, 16 s on the H200's) and cached on disk where torch keeps its extensions (TORCH_EXTENSIONS_DIR), so later
 processes load the built module. The glue never changes which kernel runs or its arguments, only how the call is
-made: tests/test_flashmla_decode_op.py checks that the op gets the same arguments either way, and on the H200
-`dsv4hal bench attention` that the outputs are the same bytes.
+made: tests/ops/attention/test_flashmla_decode_op.py checks that the op gets the same arguments either way, and on
+the H200 `dsv4hal bench attention` that the outputs are the same bytes.
 
 DSV4HAL_NATIVE_GLUE chooses:
 - `auto` (default): build the glue at first use; where that fails, the Python glue is used and `status()` (and

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from dsv4hal import cli
 from dsv4hal.errors import Dsv4HalError
 from dsv4hal.runner import execute
 from dsv4hal.runner.suites import SUITES, Suite
-from tests.conftest import ROOT
 
 # A name that records a run instead of what it measures: a run or version number, a date, a log, an old/new copy
 RUN_NAMES = re.compile(r"(^|[-_.])(r\d+|run\d*|v\d+|\d{4}-?\d{2}-?\d{2}|\d+|log|logs|old|new|tmp|test\d*)([-_.]|$)")

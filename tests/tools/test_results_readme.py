@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.conftest import ROOT
+from conftest import ROOT
 
 RESULTS = ROOT / "bench" / "results"
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

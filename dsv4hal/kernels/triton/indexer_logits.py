@@ -74,7 +74,7 @@ def _indexer_logits_kernel(q_ptr, w_ptr, cache_ptr, ctx_ptr, bt_ptr, out_ptr, st
 def _native(cache: IndexerPagedCache) -> bool:
     """Tensor-core FP8 dot: off. Triton 3.6 does not compile the FP8 operand path on the H200 (sm90:
     CompilationError at the operand load), so every cache decodes to fp16 exactly, as on ROCm; switch it on
-    only with a GPU run of tests/test_indexer_logits_kernels.py."""
+    only with a GPU run of tests/ops/indexer/test_indexer_logits_kernels.py."""
     return False
 
 

@@ -5,7 +5,7 @@ assigned in a static_range loop passed every interpreter test and failed to comp
     TRITON_INTERPRET=0 python3 -m dsv4hal.kernels.triton.sm90_compile_check   # one JSON line a kernel setting
 
 Must run with TRITON_INTERPRET unset or 0 (interpreted kernels cannot be compiled). Used by
-tests/test_triton_sm90_compile.py."""
+tests/plugins/triton/test_triton_sm90_compile.py."""
 
 from __future__ import annotations
 

@@ -1,0 +1,58 @@
+"""Sparse attention (decode and prefill) with arguments at the edge of its contract: index rows with a row stride,
+a NaN sink, a softmax_scale that is not a positive finite number, invalid negative indices in unchecked mode."""
+
+from __future__ import annotations
+
+import op_args
+import pytest
+import torch
+from op_args import I32_MIN
+
+from dsv4hal.errors import InvalidArgumentError
+from dsv4hal.kernels.triton import sparse_attention as tri_attn
+from dsv4hal.reference import sparse_attention as ref_attn
+
+pytest.importorskip("triton")
+
+
+def test_row_strided_indices_are_taken() -> None:
+    """Only the last dimension of the index rows must be dense: the Triton decode takes their row stride."""
+    args = op_args.decode(extra=True)
+    args["swa_indices"] = op_args.strided(args["swa_indices"], 0)
+    want = ref_attn.sparse_attention_decode(**{**args, "swa_indices": args["swa_indices"].contiguous()})
+    got = tri_attn.sparse_attention_decode(**args)
+    assert torch.equal(got[1].isinf(), want[1].isinf())
+    torch.testing.assert_close(got[0].float(), want[0].float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("op", ["sparse_attention_decode", "sparse_attention_prefill"])
+def test_nan_sink_refused_in_checked_mode(reference_checked, reference_unchecked, op) -> None:  # noqa: ANN001
+    """Checked mode refuses a NaN attention sink; unchecked mode runs without reading values."""
+    args = op_args.decode() if op.endswith("decode") else op_args.prefill()
+    args["sink"][3] = float("nan")
+    with pytest.raises(InvalidArgumentError) as e:
+        reference_checked.ops[op](**args)
+    assert e.value.argument == "sink"
+    reference_unchecked.ops[op](**args)  # unchecked mode reads no values
+
+
+@pytest.mark.parametrize("scale", [float("inf"), float("nan"), True, 0.0, -0.1, "0.04", None])
+@pytest.mark.parametrize("op", ["sparse_attention_decode", "sparse_attention_prefill"])
+def test_softmax_scale_must_be_a_positive_finite_number(reference_unchecked, op, scale) -> None:  # noqa: ANN001
+    """Attention refuses a softmax_scale that is not a positive finite number, even reference_unchecked."""
+    args = op_args.decode() if op.endswith("decode") else op_args.prefill()
+    with pytest.raises(InvalidArgumentError) as e:
+        reference_unchecked.ops[op](**{**args, "softmax_scale": scale})
+    assert e.value.argument == "softmax_scale"
+
+
+@pytest.mark.parametrize("value", [-2, I32_MIN])
+def test_unchecked_invalid_negatives_stay_inside(value) -> None:  # noqa: ANN001
+    """Unchecked, an invalid negative's contribution is unspecified; the reference and Triton both skip it."""
+    args = op_args.with_entry(op_args.decode(extra=True), "swa_indices", value)
+    args = op_args.with_entry(args, "extra_indices", value)
+    want, got = ref_attn.sparse_attention_decode(**args), tri_attn.sparse_attention_decode(**args)
+    torch.testing.assert_close(got[0].float(), want[0].float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got[1], want[1], atol=1e-3, rtol=1e-3)
+    skip = op_args.with_entry(op_args.with_entry(op_args.decode(extra=True), "swa_indices", -1), "extra_indices", -1)
+    torch.testing.assert_close(want[1], ref_attn.sparse_attention_decode(**skip)[1])

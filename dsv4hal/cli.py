@@ -349,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--compare-cpu", action="store_true",
                     help="also run the small config on the CPU reference and compare every layer's output "
                          "(default: off)")
+    sp.add_argument("--ep", type=number(int, 1), default=1, metavar="N",
+                    help="expert parallel over N processes (gloo on the CPU, NCCL with one GPU each): E/N experts a "
+                         "rank, --batch requests a rank; --compare-cpu checks the MoE layers against one rank's "
+                         "(default: 1)")
     sp.add_argument("--json", metavar="PATH", help="write the results as JSON here (default: not written)")
     sp.add_argument("--plot", metavar="PNG", help="per-op breakdown plot: op alone vs bandwidth floor in graph mode, "
                     "eager per-op time otherwise (default: none; needs matplotlib)")

@@ -85,8 +85,9 @@ class ExpertParallel:
             torch.arange(1, self.expert_map.replicas.numel() + 1)).sum()) if code != 4 else 0
         fingerprint = (num_experts, self.expert_map.num_physical, hidden, top_k, max_tokens_per_rank or 0,
                        DTYPES.index(dtype) if dtype in DTYPES else -1, checksum)
+        nccl = torch.device("cuda", torch.cuda.current_device()) if self.group_backend == "nccl" else None
         ag.agree(group, size, rank, code, value, what="ExpertParallel setup", local=local, fingerprint=fingerprint,
-                 fields=FINGERPRINT)
+                 fields=FINGERPRINT, device=nccl)  # NCCL reduces device tensors only
         self.codec = RowCodec(hidden, top_k, fp8 if dtype == "fp8" else None, pow2_scales)
         self.ctx = EPContext(group, size, rank, self.expert_map.num_physical, hidden, top_k, self.codec,
                              self.max_tokens)

@@ -58,7 +58,7 @@ def _platform_rows(registry: Any, info: Any, chosen: str) -> list[dict[str, Any]
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from dsv4hal.cli_tables import collective_decisions, print_decisions
+    from dsv4hal.cli_tables import collective_decisions, decision_lines
 
     registry, platform = _select(args)
     decisions = {op: d.to_json() for op, d in platform.default_decisions.items()}
@@ -98,9 +98,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name, why in g["not_in_use"].items():
         print(f"  not in use: {name}: {why}")
     print("ops (default case; * chosen, + eligible, - rejected):")
-    print_decisions(platform.default_decisions)
+    print("\n".join(decision_lines(platform.default_decisions)))
     print("collective ops (backends, default case on this platform; dsv4hal explain OP --case KEY=VALUE):")
-    print_decisions(collectives)
+    print("\n".join(decision_lines(collectives)))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The tables `dsv4hal info` prints: each op's or collective op's candidates with their marks and reasons."""
+"""The tables `dsv4hal info` prints (as lines): each op's or collective op's candidates with their marks and reasons."""
 
 from __future__ import annotations
 
@@ -19,11 +19,14 @@ def collective_decisions(platform: Any) -> dict[str, Any]:
     return out
 
 
-def print_decisions(decisions: dict[str, Any]) -> None:
+def decision_lines(decisions: dict[str, Any]) -> list[str]:
+    """Each op, then its candidates: * chosen, + eligible, - rejected (with the reasons)."""
+    lines = []
     for op, d in decisions.items():
-        print(f"  {op}" + ("" if hasattr(d, "candidates") else f": {d}"))
+        lines.append(f"  {op}" + ("" if hasattr(d, "candidates") else f": {d}"))
         for c in getattr(d, "candidates", ()):
             mark = {"chosen": "*", "eligible": "+", "rejected": "-"}[c.status]
             why = f"  <- {'; '.join(c.reasons)}" if c.reasons else ""
             note = f"  (p{c.priority} {c.priority_note})" if c.priority_note else ""
-            print(f"    {mark} {c.name:<28} p{c.priority:<4} {c.tier:<9}{why}{note}")
+            lines.append(f"    {mark} {c.name:<28} p{c.priority:<4} {c.tier:<9}{why}{note}")
+    return lines

@@ -34,9 +34,9 @@ def main(args: argparse.Namespace) -> int:
     from dsv4hal.progress import Progress
 
     if getattr(args, "ep", 1) > 1:  # the layers over N processes (dsv4hal.demo.ep)
-        from dsv4hal.demo.ep import main_ep
+        from dsv4hal.demo import ep
 
-        return main_ep(args)
+        return ep.main(args)
     check_output(args.json)
     check_output(args.plot, plot=True)
     if args.compile is not None:

@@ -120,7 +120,7 @@ def run_ep_demo(world: int, *, platform: str | None = None, size: str = "small",
     return res
 
 
-def main_ep(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     """`dsv4hal demo --ep N` (N > 1): run, print the step and the per-op times, write the JSON."""
     from dsv4hal.errors import Dsv4HalError
     from dsv4hal.output_paths import check_output

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dsv4hal.collectives import COLLECTIVES
 from dsv4hal.errors import Dsv4HalError
 from dsv4hal.kernels import native_glue
 from dsv4hal.ops.buckets import DECODE_TOKEN_CLASSES, MOE_TOKEN_CLASSES
@@ -57,8 +58,11 @@ def _platform_rows(registry: Any, info: Any, chosen: str) -> list[dict[str, Any]
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from dsv4hal.cli_tables import collective_decisions, decision_lines
+
     registry, platform = _select(args)
     decisions = {op: d.to_json() for op, d in platform.default_decisions.items()}
+    collectives = collective_decisions(platform)
     data = {
         "platform": platform.name, "platform_source": platform.platform_decision.source,
         "info": platform.host_info.to_json(),  # the machine (the CPU platform judges its kernels by a CPU view)
@@ -69,6 +73,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                       "disabled_plugins": sorted(platform.overrides.disabled_plugins),
                       "strict": platform.overrides.strict},
         "ops": decisions,
+        "collectives": {op: d if isinstance(d, str) else d.to_json() for op, d in collectives.items()},
         "lock": platform.lock.describe() if platform.lock else None,
         "native_glue": native_glue.status(),
     }
@@ -93,14 +98,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name, why in g["not_in_use"].items():
         print(f"  not in use: {name}: {why}")
     print("ops (default case; * chosen, + eligible, - rejected):")
-    for op, d in platform.default_decisions.items():
-        print(f"  {op}")
-        for c in d.candidates:
-            mark = {"chosen": "*", "eligible": "+", "rejected": "-"}[c.status]
-            why = f"  <- {'; '.join(c.reasons)}" if c.reasons else ""
-            note = f"  (p{c.priority} {c.priority_note})" if c.priority_note else ""
-            print(f"    {mark} {c.name:<28} p{c.priority:<4} {c.tier:<9}{why}{note}")
+    print("\n".join(decision_lines(platform.default_decisions)))
+    print("collective ops (backends, default case on this platform; dsv4hal explain OP --case KEY=VALUE):")
+    print("\n".join(decision_lines(collectives)))
     return 0
+
 
 
 # Case features whose values are a closed set (others: a non-negative int, a bool, or a word, as the default is).
@@ -110,7 +112,8 @@ CASE_CHOICES: dict[str, tuple[object, ...]] = {
 # An op whose feature of that name takes another set: sparse attention's tokens tells one query row from more
 OP_CASE_CHOICES: dict[tuple[str, str], tuple[object, ...]] = {
     ("sparse_attention_decode", "tokens"): DECODE_TOKEN_CLASSES,
-    ("sparse_attention_decode", "extra_class"): ("short", "long")}
+    ("sparse_attention_decode", "extra_class"): ("short", "long"),
+    **{(c.name, k): v for c in COLLECTIVES for k, v in c.choices.items()}}
 # Features a call may leave out (written None): those whose default is None (moe_experts' fp8 for FP4 weights) and
 # these, which an SWA-only attention layer (no extra cache) has as None
 CASE_ABSENT: frozenset[tuple[str, str]] = frozenset(
@@ -186,8 +189,12 @@ def _keys(case: Any) -> str:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     _, platform = _select(args)
-    spec = platform.ops[args.op].spec  # an unknown op: UnknownOpError listing the platform's ops
-    decision = platform.explain(args.op, _parse_case(args.case, spec.default_case, args.op, spec.alternate_cases))
+    if args.op in platform.registry.collectives:  # a collective op: its backends, the case as this platform sees it
+        default, alternates = platform.collective_case(args.op), ()
+    else:
+        spec = platform.ops[args.op].spec  # an unknown op: UnknownOpError listing the platform's ops
+        default, alternates = spec.default_case, spec.alternate_cases
+    decision = platform.explain(args.op, _parse_case(args.case, default, args.op, alternates))
     print(json.dumps(decision.to_json(), indent=2, default=str) if args.json else decision.explain())
     return 0
 
@@ -274,6 +281,8 @@ def _case_keys_help() -> str:
     for o in OPS:
         extra = {k: v for alt in o.alternate_cases for k, v in alt.items() if k not in o.default_case}
         lines.append(f"  {o.name:<26} {_keys(o.default_case)}" + (f" (also: {', '.join(extra)})" if extra else ""))
+    lines += [f"  {c.name:<26} {_keys(c.default_case)} (collective; device, group_backend: the platform's)"
+              for c in COLLECTIVES]
     lines.append("closed sets: " + "; ".join(f"{k} in {{{', '.join(map(str, v))}}}" for k, v in CASE_CHOICES.items())
                  + "".join(f"; {op}'s {k} in {{{', '.join(map(str, v))}}}" for (op, k), v in OP_CASE_CHOICES.items()))
     return "\n".join(lines)
@@ -302,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_info)
     sp = sub.add_parser("explain", help="why an op gets its kernel", epilog=_case_keys_help(),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sp.add_argument("op", help="the op (dsv4hal.OP_NAMES; listed below)")
+    sp.add_argument("op", help="the op (dsv4hal.OP_NAMES) or collective op (expert_parallel); listed below")
     hw(sp)
     sp.add_argument("--case", action="append", metavar="KEY=VALUE",
                     help="case feature, repeatable; keys below (default: the op's default case)")
@@ -340,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--compare-cpu", action="store_true",
                     help="also run the small config on the CPU reference and compare every layer's output "
                          "(default: off)")
+    sp.add_argument("--ep", type=number(int, 1), default=1, metavar="N",
+                    help="expert parallel over N processes (gloo on the CPU, NCCL with one GPU each): E/N experts a "
+                         "rank, --batch requests a rank; --compare-cpu checks the MoE layers against one rank's "
+                         "(default: 1)")
     sp.add_argument("--json", metavar="PATH", help="write the results as JSON here (default: not written)")
     sp.add_argument("--plot", metavar="PNG", help="per-op breakdown plot: op alone vs bandwidth floor in graph mode, "
                     "eager per-op time otherwise (default: none; needs matplotlib)")

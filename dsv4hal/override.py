@@ -11,10 +11,13 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
+from dsv4hal.collectives import COLLECTIVE_NAMES
 from dsv4hal.errors import BadOverrideError
 from dsv4hal.kernels import native_glue
 from dsv4hal.ops.catalog import OP_NAMES
 
+# names DSV4HAL_KERNELS and overrides(kernels=...) may force: the ops and the collective ops (their backends)
+FORCEABLE = (*OP_NAMES, *COLLECTIVE_NAMES)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -44,8 +47,8 @@ def parse_kernels(text: str, *, origin: str = "DSV4HAL_KERNELS") -> dict[str, st
         if not sep or not op or not impl:
             raise BadOverrideError(f"{origin}: malformed entry {item!r}; expected 'op=implementation'",
                                    remedy="write e.g. DSV4HAL_KERNELS='sparse_attention_decode=flashmla_sm90'")
-        if op not in OP_NAMES:
-            raise BadOverrideError(f"{origin}: unknown op {op!r}", remedy=f"valid ops: {', '.join(OP_NAMES)}")
+        if op not in FORCEABLE:
+            raise BadOverrideError(f"{origin}: unknown op {op!r}", remedy=f"valid ops: {', '.join(FORCEABLE)}")
         if op in out and out[op] != impl:
             raise BadOverrideError(f"{origin}: op {op!r} forced twice ({out[op]!r} and {impl!r})")
         out[op] = impl
@@ -111,9 +114,9 @@ def overrides(*, platform: str | None = None, kernels: Mapping[str, str] | str |
     Nested contexts stack; the innermost wins. Applies to select_platform() calls made inside."""
     ks = parse_kernels(kernels, origin="overrides(kernels=...)") if isinstance(kernels, str) else dict(kernels or {})
     for op in ks:
-        if op not in OP_NAMES:
+        if op not in FORCEABLE:
             raise BadOverrideError(f"overrides(kernels=...): unknown op {op!r}",
-                                   remedy=f"valid ops: {', '.join(OP_NAMES)}")
+                                   remedy=f"valid ops: {', '.join(FORCEABLE)}")
     sources = {f"kernels.{op}": "api" for op in ks}
     if platform:
         sources["platform"] = "api"

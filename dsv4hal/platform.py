@@ -14,15 +14,16 @@ from dsv4hal import hardware
 from dsv4hal import override as ov
 from dsv4hal.dispatch.bound_op import BoundOp
 from dsv4hal.dispatch.weighted_op import WeightedOp
-from dsv4hal.errors import InvalidArgumentError, UnknownOpError
+from dsv4hal.errors import BadOverrideError, InvalidArgumentError, UnknownOpError
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.lock import LockInForce, enforce
 from dsv4hal.ops.catalog import OpSpec
 from dsv4hal.plugins import build_registry
 from dsv4hal.registry import PlatformSpec, Registry
-from dsv4hal.selection import Decision, PlatformDecision, select_platform_spec
+from dsv4hal.selection import Decision, PlatformDecision, select_kernel, select_platform_spec
 
 if TYPE_CHECKING:  # the typed facade (Ops): a stub generated from the catalog (dsv4hal.ops.gen_stub)
+    from dsv4hal.distributed.ep import ExpertParallel
     from dsv4hal.ops.typed_ops import TypedOps
     from dsv4hal.step import decode_step
 else:
@@ -110,6 +111,7 @@ class Platform:
         # Bind now: each op's default case is decided at selection time, so a missing kernel or a bad
         # override surfaces here rather than at the first call in the middle of a forward pass.
         self.default_decisions = {op.name: op.bind_check() for op in self.ops}
+        self._check_collective_overrides()
 
     @property
     def name(self) -> str:
@@ -127,7 +129,48 @@ class Platform:
         return decode_step()
 
     def explain(self, op: str, case: Mapping[str, object] | None = None) -> Decision:
+        """Why `op` (an op or a collective op) gets its kernel for `case` (default: the op's default case)."""
+        if op in self.registry.collectives:
+            return self.decide_collective(op, case)
         return self.ops[op].decide(case)
+
+    # ---------------------------------------------------------------- collective ops (dsv4hal.collectives)
+
+    def collective_case(self, op: str, case: Mapping[str, object] | None = None) -> dict[str, object]:
+        """`case` over the collective op's default case as this platform's device type sees it."""
+        spec = self.registry.collectives.get(op)
+        if spec is None:
+            raise _unknown_op(op, self.registry.collectives)
+        return {**spec.case_on(self.device_type), **(case or {})}
+
+    def decide_collective(self, op: str, case: Mapping[str, object] | None = None, *,
+                          forced: str | None = None) -> Decision:
+        """The backend of collective op `op` for `case`, chosen with this platform's registry, machine, overrides
+        and lock; `forced` names one (as an override: refused with UnsupportedCaseError if it cannot run)."""
+        o = self.overrides if forced is None else ov.with_kernel(self.overrides, op, forced)
+        return select_kernel(self.registry, op, self.collective_case(op, case), self.info, self.name, o, self.lock)
+
+    @property
+    def collective_decisions(self) -> dict[str, Decision]:
+        """Each collective op's decision for its default case on this platform (dsv4hal info)."""
+        return {op: self.decide_collective(op) for op in self.registry.collectives}
+
+    def expert_parallel(self, group: Any = None, **kwargs: Any) -> ExpertParallel:
+        """Dispatch/combine over `group` (a torch.distributed ProcessGroup; None: one rank), its backend chosen
+        here per mode and layout; kwargs are ExpertParallel's (num_experts, hidden, top_k, max_tokens_per_rank,
+        dtype, expert_map, backend, ...)."""
+        from dsv4hal.distributed.ep import ExpertParallel
+
+        return ExpertParallel(group=group, platform=self, **kwargs)
+
+    def _check_collective_overrides(self) -> None:
+        """A collective op forced to a backend that is not registered: refused now, as a bad op override is."""
+        for op in self.registry.collectives:
+            forced = self.overrides.kernels.get(op)
+            names = sorted(k.name for k in self.registry.kernels_for(op))
+            if forced is not None and forced not in names:
+                raise BadOverrideError(f"override {op}={forced}: no backend named {forced!r} for {op!r}",
+                                       remedy="valid backends: " + (", ".join(names) or "none registered"))
 
     def __repr__(self) -> str:
         return f"<dsv4hal Platform {self.name} on {self.info.summary()}>"

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from dsv4hal.collectives import COLLECTIVES_BY_NAME, CollectiveSpec
 from dsv4hal.errors import RegistryError
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.ops.catalog import OPS_BY_NAME, OpSpec
@@ -132,6 +133,9 @@ class Registry:
     kernels: dict[str, dict[str, KernelImpl]] = field(default_factory=dict)  # op -> name -> impl
     # the ops: the built-in catalog's, then those plugins define (add_op); a platform binds every one
     ops: dict[str, OpSpec] = field(default_factory=lambda: dict(OPS_BY_NAME))
+    # collective ops (dsv4hal.collectives): their kernels are chosen and explained like an op's, but a platform
+    # builds an object for a process group from them instead of binding a tensor call
+    collectives: dict[str, CollectiveSpec] = field(default_factory=lambda: dict(COLLECTIVES_BY_NAME))
     plugin_versions: dict[str, str] = field(default_factory=dict)
     plugin_errors: dict[str, str] = field(default_factory=dict)
     closed: bool = False
@@ -196,9 +200,9 @@ class Registry:
 
     def add_kernel(self, impl: KernelImpl) -> None:
         self._check_open()
-        if impl.op not in self.ops:
+        if impl.op not in self.ops and impl.op not in self.collectives:
             raise RegistryError(f"plugin {self._current_plugin!r} registered kernel {impl.name!r} for unknown op "
-                                f"{impl.op!r}", remedy=f"use one of: {', '.join(self.ops)}")
+                                f"{impl.op!r}", remedy=f"use one of: {', '.join((*self.ops, *self.collectives))}")
         if ":" not in impl.target:
             raise RegistryError(f"kernel {impl.name!r}: target {impl.target!r} is not 'module:function'")
         by_name = self.kernels.setdefault(impl.op, {})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -23,7 +24,8 @@ from dsv4hal.speculative import chain_rows, check_chain
 def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, seed: int = 0,
              cfg: DemoConfig | None = None, tape: Tape | None = None, *, fill: str = "prefill",
              graph: bool = False, progress: Any = None, compile_backend: str | None = None,
-             tokens_per_request: int = 1) -> dict[str, Any]:
+             tokens_per_request: int = 1, make_model: Callable[[DemoConfig], DemoModel] | None = None,
+             input_seed: int | None = None) -> dict[str, Any]:
     """Prefill `batch` prompts of `context` tokens (or fill="random": a synthetic context), then decode `steps`
     tokens; returns outputs and times. With a `tape` (Tape(platform.ops)) every op call is recorded for
     `replay`. graph=True (GPU): the first decode step runs eagerly (recorded and timed op by op), the rest
@@ -33,13 +35,17 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     each, the engine-side torch code around them is the backend's to fuse (eager decode then keeps no per-op times).
     tokens_per_request N > 1: each decode step is an MTP verify step, N query tokens per request at consecutive
     positions through every op of the layers (token-wise ops see batch * N rows); every draft is accepted, so a step
-    advances each request by N positions and the tokens per second count query tokens."""
+    advances each request by N positions and the tokens per second count query tokens. make_model(cfg) builds the
+    model instead of DemoModel (an expert-parallel rank's: dsv4hal.demo.ep); input_seed seeds the token embeddings
+    (default seed + 1), so ranks can serve different requests with the same weights."""
     step_done = progress or (lambda text: None)
     n = tokens_per_request
     cfg = replace(cfg or DemoConfig(), max_pages=-(-(context + steps * n) // PAGE))
-    model = DemoModel(platform, cfg, batch, seed, ops=tape, tokens_per_request=n)
+    model = (make_model(cfg) if make_model is not None
+             else DemoModel(platform, cfg, batch, seed, ops=tape, tokens_per_request=n))
     dev = model.dev
-    g = torch.Generator(dev if cfg.draw_on_device else "cpu").manual_seed(seed + 1)
+    g = torch.Generator(dev if cfg.draw_on_device else "cpu").manual_seed(seed + 1 if input_seed is None
+                                                                          else input_seed)
     timer = Timer(dev)
 
     def embed(n: int) -> torch.Tensor:
@@ -85,6 +91,7 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
             step_done(f"decode step {s + 1}/{steps}")
         decode_s = time.perf_counter() - t0
         res["decode_tokens_per_s"] = batch * n * steps / decode_s if steps else 0.0
+        res["decode_step_s"] = decode_s / steps if steps else 0.0
     res.update(decode_breakdown_s=dict(decode.seconds), decode_calls=dict(decode.calls), outputs=outputs,
                layer_outputs=layers)
     return res

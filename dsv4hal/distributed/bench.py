@@ -27,7 +27,7 @@ def measure(rank: int, world: int, shape: dict[str, int], tokens: tuple[int, ...
     """Median us of dispatch, experts and combine per backend and token count on this rank."""
     import dsv4hal
     from dsv4hal.distributed import ExpertParallel, local_expert_weights, run_local_experts
-    from dsv4hal.distributed.backends import choose_backend
+    from dsv4hal.distributed.backends import EP_OP
     from dsv4hal.formats.experts import quantize_experts
 
     e, h, i = shape["E"], shape["H"], shape["I"]
@@ -39,8 +39,8 @@ def measure(rank: int, world: int, shape: dict[str, int], tokens: tuple[int, ...
                          torch.randn(e // world, h, i, generator=g) / i ** 0.5, "fp8_block", "e4m3fn")
     rows = []
     probe = ExpertParallel(num_experts=e, hidden=h, group=group, max_tokens_per_rank=max(tokens), platform=platform)
-    names = [c.name for c in choose_backend(probe.case(False, "standard", device), platform.info,
-                                            platform.name).candidates if c.status != "rejected"]
+    names = [c.name for c in platform.decide_collective(EP_OP, probe.case(False, "standard", device)).candidates
+             if c.status != "rejected"]
     for backend in names:
         ep = ExpertParallel(num_experts=e, hidden=h, group=group, max_tokens_per_rank=max(tokens), platform=platform,
                             backend=backend)

@@ -1,11 +1,12 @@
 """ExpertParallel: what an engine builds once per MoE layer group and calls every step.
 
-    ep = ExpertParallel(num_experts=256, hidden=4096, top_k=6, group=dist.group.WORLD, max_tokens_per_rank=256)
+    ep = platform.expert_parallel(dist.group.WORLD, num_experts=256, hidden=4096, top_k=6, max_tokens_per_rank=256)
     d = ep.dispatch(x, topk_ids, topk_weights, layout="standard")   # or dispatch_async(...).wait()
     y_local = platform.ops.moe_experts(d.dequantized(), d.topk_ids, d.topk_weights, my_prepared_weights)
     y = ep.combine(y_local, d.handle)                                # bf16 [T, H] on this rank
 
-The backend is chosen per (mode, layout, dtype) like a kernel (ep.explain(...) says why); every call first agrees
+The backend is chosen per (mode, layout, device) by the platform, like a kernel (Platform.decide_collective with
+its registry, overrides and lock; ep.explain(...) says why); every call first agrees
 on errors across the group, so a problem on one rank raises ExpertParallelError on all of them."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from dsv4hal.distributed import agree as ag
-from dsv4hal.distributed.backends import EP_OP, build, choose_backend
+from dsv4hal.distributed.backends import EP_OP
 from dsv4hal.distributed.backends.base import EPContext, Pending
 from dsv4hal.distributed.contract import (
     DISPATCH_OP,
@@ -84,8 +85,9 @@ class ExpertParallel:
             torch.arange(1, self.expert_map.replicas.numel() + 1)).sum()) if code != 4 else 0
         fingerprint = (num_experts, self.expert_map.num_physical, hidden, top_k, max_tokens_per_rank or 0,
                        DTYPES.index(dtype) if dtype in DTYPES else -1, checksum)
+        nccl = torch.device("cuda", torch.cuda.current_device()) if self.group_backend == "nccl" else None
         ag.agree(group, size, rank, code, value, what="ExpertParallel setup", local=local, fingerprint=fingerprint,
-                 fields=FINGERPRINT)
+                 fields=FINGERPRINT, device=nccl)  # NCCL reduces device tensors only
         self.codec = RowCodec(hidden, top_k, fp8 if dtype == "fp8" else None, pow2_scales)
         self.ctx = EPContext(group, size, rank, self.expert_map.num_physical, hidden, top_k, self.codec,
                              self.max_tokens)
@@ -104,10 +106,15 @@ class ExpertParallel:
     def decide(self, *, decode: bool = False, layout: Layout = "standard", device: str = "cpu") -> Decision:
         key = (decode, f"{layout}/{device}")
         if key not in self._backends:
+            from dsv4hal.plugins import load_target
+
             p = self._platform()
-            decision = choose_backend(self.case(decode, layout, device), p.info, p.name, backend=self.forced,
-                                      overrides=p.overrides)
-            self._backends[key] = (decision, build(decision))
+            while True:  # a backend whose target does not import is marked broken by load_target: choose again
+                decision = p.decide_collective(EP_OP, self.case(decode, layout, device), forced=self.forced)
+                make = load_target(p.registry, decision.chosen)
+                if make is not None:
+                    break
+            self._backends[key] = (decision, make())
         return self._backends[key][0]
 
     def explain(self, *, decode: bool = False, layout: Layout = "standard", device: str = "cpu") -> str:

@@ -1,5 +1,6 @@
-"""Run a function on N local processes joined in a gloo (CPU) process group, every collective and the join bounded
-by a timeout: a rank that hangs or dies is reported, never waited on forever."""
+"""Run a function on N local processes joined in a process group (gloo on the CPU; NCCL with one GPU a process,
+rank r on cuda:r), every collective and the join bounded by a timeout: a rank that hangs or dies is reported, never
+waited on forever."""
 
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ from dsv4hal.errors import ExpertParallelError
 
 
 def _entry(fn: Callable[..., Any], rank: int, world: int, init_file: str, timeout_s: float, out: Any,
-           args: tuple[Any, ...]) -> None:
+           args: tuple[Any, ...], backend: str = "gloo") -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+        if backend == "nccl":  # one GPU a process, before any CUDA work of this rank
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         try:
             out.put((rank, "ok", fn(rank, world, *args)))
@@ -34,8 +37,9 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, init_file: str, timeou
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 20.0,
-              join_timeout_s: float = 120.0) -> dict[int, tuple[str, Any]]:
-    """{rank: ("ok", fn's result) or ("error", message)} from fn(rank, world, *args) on `world` gloo processes.
+              join_timeout_s: float = 120.0, backend: str = "gloo") -> dict[int, tuple[str, Any]]:
+    """{rank: ("ok", fn's result) or ("error", message)} from fn(rank, world, *args) on `world` processes in a
+    `backend` group ("gloo", or "nccl": rank r runs on cuda:r).
     `fn` must be importable (spawn pickles it by name). A rank that reports nothing within join_timeout_s is
     terminated and reported as an error."""
     ctx = mp.get_context("spawn")
@@ -43,7 +47,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
     fd, init_file = tempfile.mkstemp(prefix="dsv4hal-ep-")
     os.close(fd)
     os.unlink(init_file)  # the file store creates it
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, init_file, timeout_s, out, args), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, init_file, timeout_s, out, args, backend), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()

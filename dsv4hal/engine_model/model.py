@@ -147,12 +147,18 @@ class DemoModel:
             a = _rms(y).bfloat16()
             with timer("moe_route"):
                 ids, tw = ops.moe_route(_linear_f32(a, w["router"]), w["bias"])
-            with timer("moe_experts"):
-                ffn = ops.moe_experts(a, ids, tw, w["experts"])
+            ffn = self._moe(w, a, ids, tw, timer, decode)
         with timer("mhc_post"):
             stream = ops.mhc_post(ffn, stream, post, comb)
         self.layer_outputs.append(stream.float().mean(1))
         return self.layer_outputs[-1]
+
+    def _moe(self, w: dict, a: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, timer: OpTimer,
+             decode: bool) -> torch.Tensor:
+        """A layer's routed experts on its tokens (an expert-parallel model moves them to the experts' ranks here:
+        dsv4hal.engine_model.ep_model)."""
+        with timer("moe_experts"):
+            return self.ops.moe_experts(a, ids, tw, w["experts"])
 
     def _attention(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, meta: Any,
                    timer: OpTimer, decode: bool) -> torch.Tensor:

@@ -129,7 +129,7 @@ class CollectiveBackend:
     def _dispatch_gather(self, ctx: EPContext, x: torch.Tensor, phys_ids: torch.Tensor, weights: torch.Tensor,
                          layout: Layout, decode: bool) -> Pending[Dispatched]:
         t = x.shape[0]
-        cap = ctx.max_tokens if decode else self._max_tokens(ctx, t)
+        cap = ctx.max_tokens if decode else self._max_tokens(ctx, t, x.device)
         assert cap is not None
         mine = _padded(ctx, cap, 1, ctx.codec.payload(x), phys_ids.to(torch.int32), weights)[0]
         parts = [torch.empty_like(mine) for _ in range(ctx.world_size)]
@@ -151,10 +151,10 @@ class CollectiveBackend:
 
         return Pending(works, finish)
 
-    def _max_tokens(self, ctx: EPContext, t: int) -> int:
+    def _max_tokens(self, ctx: EPContext, t: int, device: torch.device) -> int:
         if ctx.group is None:
             return max(t, 1)
-        most = torch.tensor([t], dtype=torch.int64)
+        most = torch.tensor([t], dtype=torch.int64, device=device)  # NCCL reduces device tensors only
         collective(lambda: dist.all_reduce(most, op=dist.ReduceOp.MAX, group=ctx.group), what="ep dispatch (sizes)")
         return max(int(most), 1)
 

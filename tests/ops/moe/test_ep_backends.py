@@ -1,5 +1,5 @@
-"""Selection and explain of expert-parallel backends, and the DeepEP binding against a fake deep_ep (not installed
-here: its kernels are not run)."""
+"""Selection and explain of expert-parallel backends (KernelImpl entries of the collective op expert_parallel in the
+main registry), and the DeepEP binding against a fake deep_ep (not installed here: its kernels are not run)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import pytest
 import torch
 from vendor_fakes import Recorder, fake_module, install_modules, simulated_info
 
-from dsv4hal.distributed.backends import backend_registry, choose_backend
+import dsv4hal
+from dsv4hal.distributed.backends import EP_OP
 from dsv4hal.distributed.backends.base import EPContext
 from dsv4hal.distributed.packing import RowCodec
-from dsv4hal.errors import UnsupportedCaseError
+from dsv4hal.errors import UnknownOpError, UnsupportedCaseError
+from dsv4hal.selection import Decision
 
 
 def _case(world: int = 8, mode: str = "decode", layout: str = "batched", backend: str = "nccl",
@@ -21,32 +23,36 @@ def _case(world: int = 8, mode: str = "decode", layout: str = "batched", backend
             "hidden": 4096, "top_k": 6, "experts_per_rank": 32, "device": device}
 
 
+def _decide(case: dict[str, object], arch: str = "sm90", forced: str | None = None, **libs: str) -> Decision:
+    return dsv4hal.select_platform(info=simulated_info(arch, **libs)).decide_collective(EP_OP, case, forced=forced)
+
+
 def test_ep_selection_prefers_deepep_where_installed_and_explains_each_candidate() -> None:
-    """On an SM90 machine with deep_ep, DeepEP wins; explain lists the torch backends as eligible and the loop-back
-    as refused for 8 ranks."""
-    d = choose_backend(_case(), simulated_info("sm90", deep_ep="1.2.1"), "cuda_sm90")
-    assert d.chosen.name == "deepep"
-    text = d.explain()
-    assert "eligible torch_all_to_all" in text and "loop-back serves one rank" in text
+    """On an SM90 or SM100 machine with deep_ep, DeepEP wins; explain lists the torch backends as eligible and the
+    loop-back as refused for 8 ranks."""
+    for arch in ("sm90", "sm100"):
+        d = _decide(_case(), arch, deep_ep="1.2.1")
+        assert d.chosen.name == f"deepep_{arch}" and d.chosen.plugin == f"cuda_{arch}"
+        text = d.explain()
+        assert "eligible torch_all_to_all" in text and "loop-back serves one rank" in text
 
 
 def test_ep_selection_refuses_deepep_without_library_gloo_or_wrong_layout() -> None:
     """Without deep_ep, on a gloo group, or decode mode asking for the standard layout, DeepEP is refused with the
     reason and the torch all_to_all is chosen; one rank gets the loop-back."""
-    for info, case, why in ((simulated_info("sm90"), _case(), "missing deep_ep"),
-                            (simulated_info("sm90", deep_ep="1"), _case(backend="gloo", device="cpu"), "NCCL"),
-                            (simulated_info("sm90", deep_ep="1"), _case(layout="standard"), "batched layout")):
-        d = choose_backend(case, info, "cuda_sm90")
+    for libs, case, why in (({}, _case(), "missing deep_ep"),
+                            ({"deep_ep": "1"}, _case(backend="gloo", device="cpu"), "NCCL"),
+                            ({"deep_ep": "1"}, _case(layout="standard"), "batched layout")):
+        d = _decide(case, **libs)
         assert d.chosen.name == "torch_all_to_all"
-        assert why in next(c for c in d.candidates if c.name == "deepep").reasons[0] + "".join(
-            next(c for c in d.candidates if c.name == "deepep").reasons)
-    assert choose_backend(_case(world=1), simulated_info("sm90"), "cuda_sm90").chosen.name == "loopback"
+        assert why in "; ".join(next(c for c in d.candidates if c.name == "deepep_sm90").reasons)
+    assert _decide(_case(world=1)).chosen.name == "loopback"
 
 
 def test_ep_forced_backend_that_cannot_run_is_a_typed_error() -> None:
     """Forcing the loop-back on 8 ranks raises UnsupportedCaseError naming its reason."""
     with pytest.raises(UnsupportedCaseError, match="loop-back serves one rank"):
-        choose_backend(_case(), simulated_info("sm90"), "cuda_sm90", backend="loopback")
+        _decide(_case(), forced="loopback")
 
 
 class _FakeBuffer:
@@ -78,7 +84,7 @@ def test_deepep_low_latency_dispatch_gets_int64_ids_and_the_worst_case_sizes(mon
     physical expert count, FP8 on and a receive hook; the result is the batched layout of E_local experts."""
     _FakeBuffer.recorder = Recorder()
     install_modules(monkeypatch, {"deep_ep": fake_module("deep_ep", Buffer=_FakeBuffer)})
-    from dsv4hal_cuda_sm90.deepep import make
+    from dsv4hal.kernels.deepep import make
 
     class Group:
         pass
@@ -95,7 +101,12 @@ def test_deepep_low_latency_dispatch_gets_int64_ids_and_the_worst_case_sizes(mon
     assert _FakeBuffer.recorder.only("Buffer").kwargs["low_latency_mode"] is True
 
 
-def test_ep_backend_registry_lists_builtin_and_plugin_backends() -> None:
-    """The EP backends are the loop-back, both torch collectives and the cuda_sm90 plugin's DeepEP."""
-    assert {k.name for k in backend_registry().kernels_for("expert_parallel")} == {
-        "loopback", "torch_all_to_all", "torch_all_gather", "deepep"}
+def test_ep_backends_are_kernels_of_the_main_registry_not_bound_as_ops() -> None:
+    """The loop-back, both torch collectives and DeepEP for SM90 and SM100 are expert_parallel entries of the main
+    registry; expert_parallel is a collective op, not a platform.ops tensor call."""
+    p = dsv4hal.select_platform("cpu")
+    assert {k.name for k in p.registry.kernels_for(EP_OP)} == {
+        "loopback", "torch_all_to_all", "torch_all_gather", "deepep_sm90", "deepep_sm100"}
+    assert EP_OP in p.registry.collectives and EP_OP not in p.registry.op_names
+    with pytest.raises(UnknownOpError):
+        p.ops[EP_OP]

@@ -5,25 +5,30 @@ low-latency kernels for decode mode and the batched layout (worst-case buffers, 
 Calls DeepEP's Python API (deep_ep.Buffer): get_dispatch_layout + dispatch / combine, and low_latency_dispatch /
 low_latency_combine with return_recv_hook=True, so wait() of the split-phase forms runs the receive hook. Normal mode
 combine sums without weights, which is what moe_experts' weighted rows need; low-latency combine applies the weights.
-The low-latency FP8 scales come back as DeepEP lays them out (column-major in the last two dims, for TMA)."""
+The low-latency FP8 scales come back as DeepEP lays them out (column-major in the last two dims, for TMA).
+
+Shared by the cuda_sm90 and cuda_sm100 plugins, which register `kernel(platform, arch)` (metadata only: this module
+imports torch and deep_ep inside the backend's methods)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from dsv4hal.collectives import EXPERT_PARALLEL
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.registry import KernelImpl
 
-EP_OP = "expert_parallel"  # dsv4hal.distributed.backends.EP_OP (not imported: registration stays metadata only)
+if TYPE_CHECKING:
+    import torch
+
+LIBRARY = "deep_ep"
 # above the loop-back (300) and the torch collectives (200, 100): DeepEP's kernels move tokens GPU-to-GPU without
 # the all_to_all's padding or the host-side split exchange
 DEEPEP_PRIORITY = 400
 
 
-def _supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     out = []
     if case["world_size"] == 1:
         out.append("world size 1: the loop-back moves nothing")
@@ -32,16 +37,17 @@ def _supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     want = "batched" if case["mode"] == "decode" else "standard"
     if case["layout"] != want:
         out.append(f"{case['mode']} mode returns the {want} layout (low-latency kernels: batched; normal: standard)")
-    if case["hidden"] % 128:
+    if int(case["hidden"]) % 128:  # type: ignore[call-overload]
         out.append(f"hidden {case['hidden']} is not a multiple of 128 (FP8 block scales)")
     return out
 
 
-EP_BACKENDS = (
-    KernelImpl(EP_OP, "deepep", "dsv4hal_cuda_sm90.deepep:make", ("cuda_sm90", "cuda_sm100"), DEEPEP_PRIORITY,
-               tier="vendor", requires=("deep_ep",), supports=_supports, plugin="cuda_sm90",
-               description="DeepEP normal (NVLink/RDMA) and low-latency dispatch/combine"),
-)
+def kernel(platform: str, arch: str) -> KernelImpl:
+    """DeepEP as the expert_parallel backend `deepep_<arch>` of `platform` (the same kernels on SM90 and SM100;
+    kernel names are unique per op, as flashmla_sm90_* and flashmla_sm100_* are)."""
+    return KernelImpl(EXPERT_PARALLEL, f"deepep_{arch}", "dsv4hal.kernels.deepep:make", (platform,), DEEPEP_PRIORITY,
+                      tier="vendor", requires=(LIBRARY,), supports=supports,
+                      description="DeepEP normal (NVLink/RDMA) and low-latency dispatch/combine")
 
 
 class DeepEPBackend:
@@ -69,6 +75,8 @@ class DeepEPBackend:
 
     def dispatch(self, ctx: Any, x: torch.Tensor, phys_ids: torch.Tensor, weights: torch.Tensor, layout: str,
                  decode: bool) -> Any:
+        import torch
+
         from dsv4hal.distributed.backends.base import Pending
         from dsv4hal.distributed.contract import Dispatched, Handle
 

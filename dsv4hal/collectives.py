@@ -1,0 +1,45 @@
+"""Collective ops: operations over a process group whose implementations (backends) are KernelImpl entries of the
+main registry, chosen per platform and case by dsv4hal.selection like every kernel (priorities, requirements,
+supports() reasons, DSV4HAL_KERNELS overrides, locks, explain), but not bound as `platform.ops.<op>` tensor calls:
+the platform builds an object for a group (Platform.expert_parallel). Torch-free: read by the registry, the
+overrides and the CLI without importing torch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """A collective op: its name, a one-line summary, the typical case explain and info decide without one, the
+    case features a platform's device type sets (the device, the process group backend) and the closed sets of
+    its case features' values (`dsv4hal explain --case`)."""
+
+    name: str
+    summary: str
+    default_case: Mapping[str, object] = field(default_factory=dict)
+    device_features: Mapping[str, Mapping[str, object]] = field(default_factory=dict)  # device type -> features
+    choices: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
+
+    def case_on(self, device_type: str) -> dict[str, object]:
+        """The default case as a platform of this device type ("cpu", "cuda") sees it."""
+        return {**self.default_case, **self.device_features.get(device_type, {})}
+
+
+EXPERT_PARALLEL = "expert_parallel"
+
+COLLECTIVES: tuple[CollectiveSpec, ...] = (
+    CollectiveSpec(
+        EXPERT_PARALLEL,
+        "expert-parallel dispatch of routed tokens to the ranks holding their experts, and combine of the outputs",
+        # V4-Flash over 8 GPUs: hidden 4096, top-6, 256 experts (32 a rank), prefill-shaped (normal mode)
+        MappingProxyType(dict(world_size=8, group_backend="nccl", mode="normal", layout="standard", dtype="bf16",
+                              hidden=4096, top_k=6, experts_per_rank=32, device="cuda")),
+        MappingProxyType({"cpu": MappingProxyType({"device": "cpu", "group_backend": "gloo"})}),
+        MappingProxyType({"group_backend": ("nccl", "gloo", "none"), "mode": ("normal", "decode"),
+                          "layout": ("standard", "batched"), "dtype": ("bf16", "fp8"), "device": ("cpu", "cuda")})),
+)
+COLLECTIVE_NAMES: tuple[str, ...] = tuple(c.name for c in COLLECTIVES)
+COLLECTIVES_BY_NAME: Mapping[str, CollectiveSpec] = MappingProxyType({c.name: c for c in COLLECTIVES})

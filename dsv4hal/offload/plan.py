@@ -78,7 +78,8 @@ def commit_fetch(indices: torch.Tensor, state: OffloadState, plan: FetchPlan, pa
     n, w = state.num_pages, state.working_pages
     dev = state.page_map.device
     load, step = plan.load, state.step
-    page_map = _scatter(state.page_map, torch.where(load & (plan.old >= 0), plan.old, n), torch.full((w,), -1, dtype=torch.long, device=dev))
+    evicted = torch.where(load & (plan.old >= 0), plan.old, n)
+    page_map = _scatter(state.page_map, evicted, torch.full((w,), -1, dtype=torch.long, device=dev))
     page_map = _scatter(page_map, torch.where(load, plan.src, n), plan.dst)
     state.page_map.copy_(page_map)
     dst = torch.where(load, plan.dst, w)

@@ -45,6 +45,18 @@ def _bench(op: str, name: str, timeout_s: int, *flags: str, plot: bool = False) 
                                        *(("--plot", "{dir}/{name}.png") if plot else ())), timeout_s, ("figures",))
 
 
+def _demo_c4(context: int, batch: int, offload: bool) -> Suite:
+    """The V4-Flash decode step at a long context, the C4 pool resident or offloaded (a quarter on the device): the
+    pair at one shape gives the offloaded step's cost over the resident one."""
+    label = f"{context // 1024}k" if context < 1 << 20 else f"{context >> 20}m"
+    how = "offloaded to pinned host memory, a quarter of it on the device" if offload else "resident"
+    return Suite(f"demo-c4-{'offload' if offload else 'resident'}-{label}-b{batch}",
+                 f"the V4-Flash decode step in one CUDA graph at batch {batch}, {label} context, the C4 pool {how}",
+                 (*DSV4HAL, "demo", "--size", "flash", "--batch", str(batch), "--context", str(context), "--steps",
+                  "4", "--fill", "random", *(("--offload-c4",) if offload else ()), "--json", "{json}"), 600,
+                 ("offload",))
+
+
 def _conformance(part: str, ops: str, timeout_s: int) -> Suite:
     return Suite(f"conformance-cuda_sm90-{part}", f"the cuda_sm90 platform's conformance cells of {ops}, eager and "
                  "graph-captured, against the reference",
@@ -78,6 +90,9 @@ SUITES: tuple[Suite, ...] = (
     _bench("compress", "bench-compress", 300, "--quick", plot=True),
     _bench("indexer", "bench-indexer", 300, "--quick"),
     _bench("pack_store", "bench-pack-store", 300),
+    Suite("bench-offload", "`dsv4hal bench offload`: offload_fetch of n C4 pages from pinned host memory against a "
+          "plain pinned copy_ of the same bytes", (*DSV4HAL, "bench", "offload", "--json", "{json}"), 300,
+          ("figures", "offload")),
     _conformance("moe", "moe_experts", 600),
     _conformance("attention", CONFORMANCE_ATTENTION_OPS, 600),
     _conformance("rest", CONFORMANCE_REST_OPS, 600),
@@ -88,6 +103,8 @@ SUITES: tuple[Suite, ...] = (
     Suite("demo-flash-compiled", "the V4-Flash decode step torch.compiled (Inductor) in one CUDA graph",
           (*DSV4HAL, "demo", "--size", "flash", "--batch", "64", "--context", "32768", "--steps", "8", "--fill",
            "random", "--compile", "--json", "{json}"), 600, ("figures",)),
+    *(_demo_c4(context, batch, offload) for context in (1 << 19, 1 << 20) for batch in (1, 64)
+      for offload in (False, True)),
     Suite("soak", "one minute of an engine's lifecycle with every op: captures, replays, checked calls, memory",
           (*DSV4HAL, "soak", "--minutes", "1", "--json", "{json}"), 300, ("figures",)),
     Suite("tune-cuda_sm90", "every eligible kernel timed per op and shape bucket; the lock file "

@@ -98,7 +98,8 @@ class OffloadedPool:
         with torch.cuda.stream(self._side):
             out = op(indices, self.host, self.working, self.state, self.policy.scores(self.state), write)
         main.wait_stream(self._side)  # attention over the working set runs after the copies
-        out.record_stream(main)  # allocated on the side stream, freed on the main one
+        if not torch.cuda.is_current_stream_capturing():  # a captured graph's pool outlives its streams
+            out.record_stream(main)  # allocated on the side stream, freed on the main one
         return out
 
     def fetch(self, indices: torch.Tensor, *, side_stream: bool = False) -> torch.Tensor:

@@ -1,9 +1,10 @@
 """offload_fetch (dsv4hal.ops.offload) in Triton: the device-side plan of dsv4hal.offload.plan (torch ops, no host
-sync), then one program per rank of the miss list copies its page, 16-byte words, from the pool to the working
-slot (after writing a dirty victim back). On a GPU the pool is pinned host memory, which the kernel reads and
-writes through its device mapping (zero-copy over the host link), so the fetch needs no copy-engine call whose
-size the host must know: the grid is fixed (one program per possible miss), the ranks past the miss count exit
-at once, and the whole fetch is CUDA-graph capturable. Bit-identical to the reference (a byte copy)."""
+sync), then one program per (rank of the miss list, 8 KiB chunk of the page) copies its chunk from the pool to the
+working slot, after writing that chunk of a dirty victim back: many small independent programs keep enough reads in
+flight over the host link even when a step misses only a few pages. On a GPU the pool is pinned host memory, which
+the kernel reads and writes through its device mapping (zero-copy), so the fetch needs no copy-engine call whose
+size the host must know: the grid is fixed (one row of programs per possible miss), the ranks past the miss count
+exit at once, and the whole fetch is CUDA-graph capturable. Bit-identical to the reference (a byte copy)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dsv4hal.formats.offload_state import OffloadState
 from dsv4hal.formats.v4_cache import V4PagedCache
 from dsv4hal.offload.plan import commit_fetch, plan_fetch
 
-BLOCK = 1024  # int32 words a loop iteration moves per program (4 KiB)
+BLOCK = 2048  # int32 words a program moves (8 KiB): a C4 page (37440 bytes) is 5 programs
 
 
 @triton.jit
@@ -23,19 +24,15 @@ def _copy_pages_kernel(host_ptr, work_ptr, load_ptr, src_ptr, dst_ptr, old_ptr, 
                        BLOCK: tl.constexpr):
     r = tl.program_id(0)
     if tl.load(load_ptr + r) != 0:
+        off = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = off < words
         src = tl.load(src_ptr + r).to(tl.int64) * words
         dst = tl.load(dst_ptr + r).to(tl.int64) * words
         if tl.load(wb_ptr + r) != 0:
             old = tl.load(old_ptr + r).to(tl.int64) * words
-            for start in range(0, words, BLOCK):
-                off = start + tl.arange(0, BLOCK)
-                m = off < words
-                tl.store(host_ptr + old + off, tl.load(work_ptr + dst + off, mask=m), mask=m)
+            tl.store(host_ptr + old + off, tl.load(work_ptr + dst + off, mask=m), mask=m)
             tl.debug_barrier()  # the slot's bytes are out before the new page overwrites them
-        for start in range(0, words, BLOCK):
-            off = start + tl.arange(0, BLOCK)
-            m = off < words
-            tl.store(work_ptr + dst + off, tl.load(host_ptr + src + off, mask=m), mask=m)
+        tl.store(work_ptr + dst + off, tl.load(host_ptr + src + off, mask=m), mask=m)
 
 
 def copy_pages(host: torch.Tensor, working: torch.Tensor, load: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
@@ -44,8 +41,9 @@ def copy_pages(host: torch.Tensor, working: torch.Tensor, load: torch.Tensor, sr
     if programs == 0:
         return
     words = host.shape[1] // 4
-    _copy_pages_kernel[(programs,)](host.view(torch.int32), working.view(torch.int32), load.to(torch.int8), src,
-                                    dst, old, writeback.to(torch.int8), words, BLOCK=BLOCK, num_warps=4)
+    grid = (programs, triton.cdiv(words, BLOCK))
+    _copy_pages_kernel[grid](host.view(torch.int32), working.view(torch.int32), load.to(torch.int8), src, dst, old,
+                             writeback.to(torch.int8), words, BLOCK=BLOCK, num_warps=8)
 
 
 def offload_fetch(indices: torch.Tensor, host: V4PagedCache, working: V4PagedCache, state: OffloadState,

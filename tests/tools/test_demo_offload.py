@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from conftest import run_cli
 
@@ -12,6 +13,7 @@ import dsv4hal
 from dsv4hal.demo import run_demo
 
 
+@pytest.mark.slow
 def test_demo_with_offloaded_c4_pool_gives_the_resident_outputs() -> None:
     """The decode outputs with the C4 pool offloaded equal the resident run's, and the stats count the fetches."""
     platform = dsv4hal.select_platform("cpu")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 MEMORY_SAFETY_TESTS = (
     "test_unchecked_bounds.py", "test_unchecked_bounds_kernels.py", "test_flashmla_decode_op.py",
     "test_flashmla_sched.py", "test_flashmla_glue_ops.py", "test_indexer_q_prep.py", "test_triton_compress.py",
-    "test_compress_decode.py", "test_indexer_logits_kernels.py", "test_triton_sm90_compile.py")
+    "test_compress_decode.py", "test_indexer_logits_kernels.py", "test_triton_sm90_compile.py", "test_offload_fetch.py")
 GUARD_TESTS = ("test_unchecked_bounds.py", "test_unchecked_bounds_kernels.py")
 PYTEST = ("{python}", "-m", "pytest", "-p", "no:cacheprovider", "-q")
 DSV4HAL = ("{python}", "-m", "dsv4hal")
@@ -22,7 +22,7 @@ DSV4HAL = ("{python}", "-m", "dsv4hal")
 CONFORMANCE_ATTENTION_OPS = "sparse_attention_decode,sparse_attention_prefill,compress,compress_decode,indexer_logits,"\
                             "mhc_post_pre"
 CONFORMANCE_REST_OPS = "pack_store,dequant_gather,indexer_topk,indexer_q_prep,indexer_store,moe_route,mhc_pre,"\
-                       "mhc_post,mhc_head,build_attention_metadata,decode_step"
+                       "mhc_post,mhc_head,build_attention_metadata,decode_step,offload_fetch"
 
 
 @dataclass(frozen=True)

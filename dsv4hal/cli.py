@@ -346,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="torch.compile the decode step (default backend: inductor), as an engine compiles its "
                          "model: dsv4hal's ops stay opaque custom ops, the torch code around them is fused "
                          "(default: off, the step runs as written)")
+    sp.add_argument("--offload-c4", nargs="?", type=float, const=0.25, default=None, metavar="FRACTION",
+                    help="keep the C4 pool in pinned host memory with a device working set of FRACTION of its pages "
+                         "(default fraction 0.25, raised to the pages one step selects), fetched each step "
+                         "(default: off, the pool resident)")
     sp.add_argument("--compare-cpu", action="store_true",
                     help="also run the small config on the CPU reference and compare every layer's output "
                          "(default: off)")

@@ -106,3 +106,8 @@ class ExpertParallelError(Dsv4HalError, ValueError):
     def __init__(self, message: str, *, remedy: str | None = None, failures: Mapping[int, str] | None = None) -> None:
         self.failures = dict(failures or {})
         Dsv4HalError.__init__(self, message, remedy=remedy)
+
+
+class OffloadCapacityError(InvalidArgumentError):
+    """An offloaded pool's working set cannot hold what a call needs (dsv4hal.offload): the message names the
+    minimum working set."""

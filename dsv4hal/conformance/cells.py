@@ -82,8 +82,8 @@ def copy_into(static: Any, new: Any) -> None:
 
 
 def clone_args(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.clone()
+    if isinstance(x, torch.Tensor):  # pinned host memory stays pinned (an offloaded pool's kernel maps it)
+        return x.clone().pin_memory() if x.device.type == "cpu" and x.is_pinned() else x.clone()
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return dataclasses.replace(x, **{f.name: clone_args(getattr(x, f.name)) for f in dataclasses.fields(x)
                                          if f.init})

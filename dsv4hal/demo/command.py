@@ -51,11 +51,15 @@ def main(args: argparse.Namespace) -> int:
     with Progress(1 + (1 if graph and args.steps else args.steps), "demo") as bar:
         res = run_demo(platform, args.batch, args.context, args.steps, cfg=SIZES[args.size], fill=args.fill,
                        graph=graph, progress=bar.update, compile_backend=args.compile,
-                       tokens_per_request=args.tokens_per_request)
+                       tokens_per_request=args.tokens_per_request, offload_c4=getattr(args, "offload_c4", None))
     outputs = res.pop("outputs")
     layers = res.pop("layer_outputs")
     res["output_rms"] = [float(o.pow(2).mean().sqrt()) for o in outputs]
     res["finite"] = all(bool(torch.isfinite(t).all()) for step in layers for t in step)
+    if res["offload_c4"]:
+        o = res["offload"]
+        print(f"  C4 pool offloaded: {o['working_pages']} of {o['pool_pages']} pages on the device "
+              f"({o['working_fraction']:.2f}); {o['hits']} hits, {o['misses']} misses, {o['bytes_in'] / 1e6:.1f} MB in")
     print(f"{res['platform']}: {args.size} layers, fill {args.fill} {res['batch']}x{res['context']} in "
           f"{res['prefill_s']:.2f}s, decode {res['decode_tokens_per_s']:.1f} tokens/s"
           + (f" ({res['tokens_per_request']} tokens per request a step: MTP verify)"

@@ -25,7 +25,7 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
              cfg: DemoConfig | None = None, tape: Tape | None = None, *, fill: str = "prefill",
              graph: bool = False, progress: Any = None, compile_backend: str | None = None,
              tokens_per_request: int = 1, make_model: Callable[[DemoConfig], DemoModel] | None = None,
-             input_seed: int | None = None) -> dict[str, Any]:
+             input_seed: int | None = None, offload_c4: float | None = None) -> dict[str, Any]:
     """Prefill `batch` prompts of `context` tokens (or fill="random": a synthetic context), then decode `steps`
     tokens; returns outputs and times. With a `tape` (Tape(platform.ops)) every op call is recorded for
     `replay`. graph=True (GPU): the first decode step runs eagerly (recorded and timed op by op), the rest
@@ -37,7 +37,9 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     positions through every op of the layers (token-wise ops see batch * N rows); every draft is accepted, so a step
     advances each request by N positions and the tokens per second count query tokens. make_model(cfg) builds the
     model instead of DemoModel (an expert-parallel rank's: dsv4hal.demo.ep); input_seed seeds the token embeddings
-    (default seed + 1), so ranks can serve different requests with the same weights."""
+    (default seed + 1), so ranks can serve different requests with the same weights. offload_c4 (a fraction, 0.25
+    for a quarter): after the prefill the C4 pool moves to pinned host memory with a device working set of that
+    fraction of its pages (DemoModel.offload_c4); the stats of its fetches are in "offload"."""
     step_done = progress or (lambda text: None)
     n = tokens_per_request
     cfg = replace(cfg or DemoConfig(), max_pages=-(-(context + steps * n) // PAGE))
@@ -62,6 +64,8 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
         layers.append(model.layer_outputs)
     else:
         raise ValueError(f"fill must be 'prefill' or 'random', not {fill!r}")
+    if offload_c4 is not None:
+        model.offload_c4(offload_c4)
     if dev.type == "cuda":
         torch.cuda.synchronize()
     prefill_s = time.perf_counter() - t0
@@ -69,7 +73,7 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     res: dict[str, Any] = {
         "platform": platform.name, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         "config": asdict(cfg), "batch": batch, "context": context, "steps": steps, "fill": fill,
-        "tokens_per_request": n,
+        "tokens_per_request": n, "offload_c4": offload_c4 is not None,
         "prefill_s": prefill_s, "kernels": kernels_in_use(platform, model),
         "strict": platform.overrides.strict}  # DSV4HAL_STRICT: no PyTorch reference op on a GPU
     decode = Timer(dev)
@@ -92,6 +96,11 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
         decode_s = time.perf_counter() - t0
         res["decode_tokens_per_s"] = batch * n * steps / decode_s if steps else 0.0
         res["decode_step_s"] = decode_s / steps if steps else 0.0
+    pool = next((w["pool"] for w in model.layers if "pool" in w), None)
+    if pool is not None:
+        st = pool.stats()
+        res["offload"] = {**st, "working_fraction": st["working_pages"] / st["pool_pages"],
+                          "requested_fraction": offload_c4}
     res.update(decode_breakdown_s=dict(decode.seconds), decode_calls=dict(decode.calls), outputs=outputs,
                layer_outputs=layers)
     return res

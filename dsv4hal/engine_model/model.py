@@ -107,6 +107,19 @@ class DemoModel:
                     w["idx_state"] = new_state(batch, 4, w["idx_gate"].shape[0], dev, ring=ring)
             self.layers.append(w)
 
+    def offload_c4(self, fraction: float = 0.25) -> None:
+        """Move the C4 pool (the page ids the page table addresses) to pinned host memory, with a device working
+        set of `fraction` of its pages, raised to the distinct pages one decode step can select (dsv4hal.offload)."""
+        from dsv4hal.offload.pool import OffloadedPool
+
+        w = next(layer for layer in self.layers if layer["ratio"] == 4)
+        used = self.b * self.cfg.max_pages + 1  # C4 page id = SWA page id: pages past the table are never read
+        host = V4PagedCache(w["extra"].data[:used].cpu(), w["extra"].page_size, w["extra"].fp8)
+        step_pages = min(self.b * self.tpr * C4_TOPK, self.b * self.cfg.max_pages)
+        working = min(used, max(int(used * fraction), step_pages, 1))
+        w["pool"] = OffloadedPool(self.p, 0, working, host=host, device=self.dev, min_step_pages=step_pages)
+        w["extra"] = w["pool"].host  # the device copy is released
+
     def _experts(self, randn: Any) -> Any:
         """MXFP4 routed experts, quantized in chunks where they are drawn (a V4-Flash layer has 6.4e9 weights)."""
         c = self.cfg
@@ -174,7 +187,11 @@ class DemoModel:
             self._compress(w, a, req, pos, timer, decode)
             if w["ratio"] == 4:
                 pages = self._indexer(w, a, q_lora, req, pos, meta, timer)
-                extra = dict(extra_cache=w["extra"], extra_indices=pages, extra_lengths=meta.c4_lengths)
+                if "pool" in w:  # offloaded: the selected pages fetched into the working set, the indices remapped
+                    with timer("offload_fetch"):
+                        pages = w["pool"].fetch(pages, side_stream=pages.is_cuda)
+                extra = dict(extra_cache=w["pool"].working if "pool" in w else w["extra"], extra_indices=pages,
+                             extra_lengths=meta.c4_lengths)
             else:
                 extra = dict(extra_cache=w["extra"], extra_indices=meta.c128_indices,
                              extra_lengths=meta.c128_lengths)
@@ -222,8 +239,12 @@ class DemoModel:
     def _store_compressed(self, w: dict, key: str, rows: torch.Tensor, slots: torch.Tensor, timer: OpTimer) -> None:
         """Rows that close no group have slot -1: both stores skip them without a host sync."""
         if key == "state":
+            cache = w["extra"]
+            if "pool" in w:  # offloaded: the rows go to their pages in the working set, marked dirty
+                with timer("offload_fetch"):
+                    slots, cache = w["pool"].store_slots(slots), w["pool"].working
             with timer("pack_store"):
-                self.ops.pack_store(rows.bfloat16().contiguous(), slots, w["extra"])
+                self.ops.pack_store(rows.bfloat16().contiguous(), slots, cache)
         else:
             with timer("indexer_store"):
                 self.ops.indexer_store(rows.float().contiguous(), slots, w["idx_cache"])

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from dsv4hal.ops import indexer_topk as _indexer_topk
     from dsv4hal.ops import mhc as _mhc
     from dsv4hal.ops import moe as _moe
+    from dsv4hal.ops import offload as _offload
     from dsv4hal.ops import pack_store as _pack_store
     from dsv4hal.ops import sparse_attention as _sparse_attention
     from dsv4hal.ops.signatures import OpDefinition
@@ -45,4 +46,5 @@ class TypedOps:
         mhc_post = _typed(_mhc.mhc_post)
         mhc_post_pre = _typed(_mhc.mhc_post_pre)
         mhc_head = _typed(_mhc.mhc_head)
+        offload_fetch = _typed(_offload.offload_fetch)
         build_attention_metadata = _typed(_attention_metadata.build_attention_metadata)

@@ -10,7 +10,7 @@ from pathlib import Path
 INDEX_OPS = frozenset({
     "pack_store", "dequant_gather", "sparse_attention_decode", "sparse_attention_prefill", "indexer_topk",
     "indexer_store", "indexer_logits", "indexer_q_prep", "compress", "compress_decode", "moe_route", "moe_experts",
-    "build_attention_metadata"})
+    "build_attention_metadata", "offload_fetch"})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# The guard-memory tests and the FlashMLA glue tests, on the GPU (the sm_90 compile check needs no GPU: CI runs it). A test file is named by its file name alone: the
+# The guard-memory tests and the FlashMLA glue tests, on the GPU (the sm_90 compile check needs no GPU: CI runs
+# it). A test file is named by its file name alone: the
 # runner finds it under tests/
 MEMORY_SAFETY_TESTS = (
     "test_unchecked_bounds.py", "test_unchecked_bounds_kernels.py", "test_flashmla_decode_op.py",
     "test_flashmla_sched.py", "test_flashmla_glue_ops.py", "test_indexer_q_prep.py", "test_triton_compress.py",
-    "test_compress_decode.py", "test_indexer_logits_kernels.py")
+    "test_compress_decode.py", "test_indexer_logits_kernels.py", "test_offload_fetch.py")
 GUARD_TESTS = ("test_unchecked_bounds.py", "test_unchecked_bounds_kernels.py")
 PYTEST = ("{python}", "-m", "pytest", "-p", "no:cacheprovider", "-q")
 DSV4HAL = ("{python}", "-m", "dsv4hal")
@@ -22,7 +23,7 @@ DSV4HAL = ("{python}", "-m", "dsv4hal")
 CONFORMANCE_ATTENTION_OPS = "sparse_attention_decode,sparse_attention_prefill,compress,compress_decode,indexer_logits,"\
                             "mhc_post_pre"
 CONFORMANCE_REST_OPS = "pack_store,dequant_gather,indexer_topk,indexer_q_prep,indexer_store,moe_route,mhc_pre,"\
-                       "mhc_post,mhc_head,build_attention_metadata,decode_step"
+                       "mhc_post,mhc_head,build_attention_metadata,decode_step,offload_fetch"
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,18 @@ def _bench(op: str, name: str, timeout_s: int, *flags: str, plot: bool = False) 
     return Suite(name, f"`dsv4hal bench {op}{''.join(' ' + f for f in flags)}`: GPU time of each kernel against the "
                        "op's floor", (*DSV4HAL, "bench", op, *flags, "--json", "{json}",
                                        *(("--plot", "{dir}/{name}.png") if plot else ())), timeout_s, ("figures",))
+
+
+def _demo_c4(context: int, batch: int, offload: bool) -> Suite:
+    """The V4-Flash decode step at a long context, the C4 pool resident or offloaded (a quarter on the device): the
+    pair at one shape gives the offloaded step's cost over the resident one."""
+    label = f"{context // 1024}k" if context < 1 << 20 else f"{context >> 20}m"
+    how = "offloaded to pinned host memory, a quarter of it on the device" if offload else "resident"
+    return Suite(f"demo-c4-{'offload' if offload else 'resident'}-{label}-b{batch}",
+                 f"the V4-Flash decode step in one CUDA graph at batch {batch}, {label} context, the C4 pool {how}",
+                 (*DSV4HAL, "demo", "--size", "flash", "--batch", str(batch), "--context", str(context), "--steps",
+                  "4", "--fill", "random", *(("--offload-c4",) if offload else ()), "--json", "{json}"), 600,
+                 ("offload",))
 
 
 def _conformance(part: str, ops: str, timeout_s: int) -> Suite:
@@ -78,6 +91,9 @@ SUITES: tuple[Suite, ...] = (
     _bench("compress", "bench-compress", 300, "--quick", plot=True),
     _bench("indexer", "bench-indexer", 300, "--quick"),
     _bench("pack_store", "bench-pack-store", 300),
+    Suite("bench-offload", "`dsv4hal bench offload`: offload_fetch of n C4 pages from pinned host memory against a "
+          "plain pinned copy_ of the same bytes", (*DSV4HAL, "bench", "offload", "--json", "{json}"), 300,
+          ("figures", "offload")),
     _conformance("moe", "moe_experts", 600),
     _conformance("attention", CONFORMANCE_ATTENTION_OPS, 600),
     _conformance("rest", CONFORMANCE_REST_OPS, 600),
@@ -88,6 +104,8 @@ SUITES: tuple[Suite, ...] = (
     Suite("demo-flash-compiled", "the V4-Flash decode step torch.compiled (Inductor) in one CUDA graph",
           (*DSV4HAL, "demo", "--size", "flash", "--batch", "64", "--context", "32768", "--steps", "8", "--fill",
            "random", "--compile", "--json", "{json}"), 600, ("figures",)),
+    *(_demo_c4(context, batch, offload) for context in (1 << 19, 1 << 20) for batch in (1, 64)
+      for offload in (False, True)),
     Suite("soak", "one minute of an engine's lifecycle with every op: captures, replays, checked calls, memory",
           (*DSV4HAL, "soak", "--minutes", "1", "--json", "{json}"), 300, ("figures",)),
     Suite("tune-cuda_sm90", "every eligible kernel timed per op and shape bucket; the lock file "

@@ -55,6 +55,14 @@ def _chunked_topk_supports(case: Mapping[str, object], info: PlatformInfo) -> li
     return reasons
 
 
+def _offload_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    reasons = interpreter_on_cpu(case, info)
+    if case.get("host") == "pageable":
+        reasons.append("triton_offload_fetch reads the pool through its device mapping: pin it (pin_memory()) or "
+                       "keep it on the device")
+    return reasons
+
+
 def register(registry: Registry) -> None:
     common = dict(platforms=("cpu",), platform_capability=CAPABILITY, priority=PRIORITY, tier="portable",
                   requires=("triton",), supports=interpreter_on_cpu)
@@ -114,6 +122,11 @@ def register(registry: Registry) -> None:
                                    target=f"{_MOD}.indexer_store:indexer_store", layout="indexer-132",
                                    description="8 rows a program: amax/pow2 scale, integer FP8 codec, masked "
                                                "scatter (bit-identical to the reference)", **common))
+    registry.add_kernel(KernelImpl(op="offload_fetch", name="triton_offload_fetch",
+                                   target=f"{_MOD}.offload_fetch:offload_fetch", layout="v4-584",
+                                   description="device-side plan (no host sync), one program per miss copies "
+                                               "its page from mapped pinned host memory: CUDA-graph capturable",
+                                   **{**common, "supports": _offload_supports}))
     registry.add_kernel(KernelImpl(op="build_attention_metadata", name="triton_attention_metadata",
                                    target=f"{_MOD}.attention_metadata:build_attention_metadata",
                                    description="one program per query row, in place", **common))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, registry_with
+from conftest import ROOT, TRITON_DEVICE, registry_with
 from fixtures.scale_rows_op import contract, kernel, plugin
 
 import dsv4hal
@@ -30,12 +30,14 @@ def registry() -> Registry:
 
 @pytest.fixture(scope="module")
 def platform(registry: Registry) -> dsv4hal.Platform:
-    return dsv4hal.select_platform("cpu", registry=registry)
+    """The platform the machine's Triton runs on: a GPU's, or the CPU's under the interpreter."""
+    return dsv4hal.select_platform(None if TRITON_DEVICE.type != "cpu" else "cpu", registry=registry)
 
 
 def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    return torch.randn(5, 96, generator=g), torch.rand(96, generator=g) + 0.5
+    return (torch.randn(5, 96, generator=g).to(TRITON_DEVICE),
+            (torch.rand(96, generator=g) + 0.5).to(TRITON_DEVICE))
 
 
 def test_fixture_op_is_exactly_the_six_documented_files() -> None:
@@ -48,7 +50,7 @@ def test_fixture_op_is_exactly_the_six_documented_files() -> None:
 
 
 def test_plugin_op_is_dispatched_to_its_kernel_and_explained(platform: dsv4hal.Platform) -> None:
-    """On the CPU under Triton's interpreter the op runs the fixture's Triton kernel, which explain names with the
+    """The op runs the fixture's Triton kernel (on the CPU under Triton's interpreter), which explain names with the
     reference it outranks."""
     decision = platform.explain("scale_rows")
     assert decision.chosen.name == "triton_scale_rows"
@@ -79,9 +81,9 @@ def test_plugin_op_compiles_fullgraph_and_passes_opcheck(platform: dsv4hal.Platf
         bad(x, w)
 
 
-def test_plugin_op_conformance_cells_pass(registry: Registry) -> None:
+def test_plugin_op_conformance_cells_pass(registry: Registry, platform: dsv4hal.Platform) -> None:
     """The conformance runner finds the plugin's cases and every eager cell passes on the fixture kernel."""
-    report = run_conformance("cpu", ops=["scale_rows"], registry=registry)
+    report = run_conformance(platform.name, ops=["scale_rows"], registry=registry)
     cells = [c for c in report.cells if c.op == "scale_rows"]
     assert len(cells) == 3
     assert all(c.status == "pass" and c.implementation == "triton_scale_rows" for c in cells), cells

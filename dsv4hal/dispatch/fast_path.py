@@ -12,7 +12,8 @@ plain scalars, caches, prepared weights): ~0.3 us a tensor, most of it the four 
 against ~2 us a tensor to validate. A paged cache or a PreparedWeights is one item, a token kept on the object for
 its metadata (formats.cache_object; PreparedWeights is frozen), built on its first call. Plain Python and public
 torch attributes only: on the 2-core CI machine sparse_attention_decode (six tensors and two caches in nine
-arguments) finds its kernel in ~4 us (~13 us to validate and select)."""
+arguments) finds its kernel in ~4 us (~13 us to validate and select), or in ~1 us where the plain tensors are
+checked by Dynamo's C++ TensorGuards (FastPath)."""
 
 from __future__ import annotations
 
@@ -164,22 +165,94 @@ def metadata_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple 
     return tuple(key)
 
 
+def split_key(args: Sequence[object], kwargs: Mapping[str, object]) -> tuple[tuple, list[torch.Tensor]] | None:
+    """(metadata_key's items with each plain tensor replaced by its type, which no other item is, and the plain
+    tensors in order), or None when an argument is of another kind than plain tensors, plain scalars, caches and
+    prepared weights (then metadata_key alone)."""
+    key: list[object] = []
+    tensors: list[torch.Tensor] = []
+    if kwargs:
+        key.append(tuple(kwargs))
+        args = (*args, *kwargs.values())
+    for v in args:
+        tv = type(v)
+        if tv is _Tensor:
+            key.append(_Tensor)
+            tensors.append(v)  # type: ignore[arg-type]
+        elif tv in _SCALARS:
+            key += (tv, v)
+        elif tv in _TOKENED:
+            tok = v._memo_token  # type: ignore[attr-defined]
+            if tok is None:
+                try:
+                    tok = _token_of(v)  # type: ignore[arg-type]
+                except _Unkeyable:
+                    return None
+            key.append(tok)
+        else:
+            return None
+    return tuple(key), tensors
+
+
+def _tensor_guards() -> Callable[..., Any] | None:
+    """Dynamo's C++ tensor metadata check, where this torch has it (a private API: without it, or if its signature
+    changes, the fast path keys plain tensors in Python alone)."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:  # pragma: no cover  (another torch)
+        return None
+    return TensorGuards  # type: ignore[no-any-return]
+
+
+GUARDS_PER_KEY = 4  # tensor metadata variants kept per split key (the latest first)
+
+
 class FastPath:
-    """A bound op's validated calls: argument metadata (metadata_key) -> the kernel the call ran."""
+    """A bound op's validated calls -> the kernel each ran. A call is found by its argument metadata in one of two
+    forms of the same facts: its plain tensors' metadata checked in C++ against the calls that passed with the same
+    other arguments (Dynamo's TensorGuards: dtype, device, shape, strides, and stricter: Python type, requires_grad,
+    the dispatch keys in force; ~0.4 us for six tensors against ~2.4 us to key them in Python), else the Python
+    key (metadata_key). A miss in the first form only sends the call on to the second."""
 
     def __init__(self) -> None:
         self._kernels: dict[tuple, Callable[..., Any]] = {}
+        self._guarded: dict[tuple, tuple[tuple[Any, Callable[..., Any]], ...]] = {}
+        self._guards = _tensor_guards()
 
     def find(self, args: Sequence[object], kwargs: Mapping[str, object]) -> Callable[..., Any] | None:
         """The kernel of an earlier call that passed with this metadata, or None (then validate and choose)."""
+        if self._guards is not None:
+            split = split_key(args, kwargs)
+            if split is not None:
+                for guard, kernel in self._guarded.get(split[0], ()):
+                    if guard.check(*split[1]):
+                        return kernel
         key = metadata_key(args, kwargs)
-        return None if key is None else self._kernels.get(key)
+        kernel = None if key is None else self._kernels.get(key)
+        if kernel is not None and self._guards is not None:
+            self._guard(args, kwargs, kernel)  # next time found in C++
+        return kernel
 
     def remember(self, args: Sequence[object], kwargs: Mapping[str, object], kernel: Callable[..., Any]) -> None:
         """Keep `kernel` for this metadata; only ever called with a call that passed validation."""
         key = metadata_key(args, kwargs)
         if key is not None:
             bounded.put(self._kernels, key, kernel)
+        if self._guards is not None:
+            self._guard(args, kwargs, kernel)
+
+    def _guard(self, args: Sequence[object], kwargs: Mapping[str, object], kernel: Callable[..., Any]) -> None:
+        split = split_key(args, kwargs)
+        if split is None:
+            return
+        key, tensors = split
+        try:
+            guard = self._guards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],  # type: ignore[misc]
+                                 dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        except Exception:  # noqa: BLE001  (another torch's TensorGuards: from now on the Python key alone)
+            self._guards = None
+            return
+        bounded.put(self._guarded, key, ((guard, kernel), *self._guarded.get(key, ())[:GUARDS_PER_KEY - 1]))
 
     def __len__(self) -> int:
         return len(self._kernels)

@@ -23,7 +23,7 @@ DSV4HAL = ("{python}", "-m", "dsv4hal")
 CONFORMANCE_ATTENTION_OPS = "sparse_attention_decode,sparse_attention_prefill,compress,compress_decode,indexer_logits,"\
                             "mhc_post_pre"
 CONFORMANCE_REST_OPS = "pack_store,dequant_gather,indexer_topk,indexer_q_prep,indexer_store,moe_route,mhc_pre,"\
-                       "mhc_post,mhc_head,build_attention_metadata,decode_step,offload_fetch"
+                       "mhc_post,mhc_head,build_attention_metadata,offload_fetch"
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,7 @@ SUITES: tuple[Suite, ...] = (
     _conformance("moe", "moe_experts", 600),
     _conformance("attention", CONFORMANCE_ATTENTION_OPS, 600),
     _conformance("rest", CONFORMANCE_REST_OPS, 600),
+    _conformance("decode-step", "decode_step", 300),
     Suite("demo-flash", "the V4-Flash decode step in one CUDA graph at batch 64, 32K context: step time, tokens/s, "
           "each op alone against its floor",
           (*DSV4HAL, "demo", "--size", "flash", "--batch", "64", "--context", "32768", "--steps", "8", "--fill",
@@ -104,6 +105,11 @@ SUITES: tuple[Suite, ...] = (
     Suite("demo-flash-compiled", "the V4-Flash decode step torch.compiled (Inductor) in one CUDA graph",
           (*DSV4HAL, "demo", "--size", "flash", "--batch", "64", "--context", "32768", "--steps", "8", "--fill",
            "random", "--compile", "--json", "{json}"), 600, ("figures",)),
+    *(Suite(f"demo-flash-tpr{n}", f"the V4-Flash decode step at batch 64, 32K context with {n} tokens a request "
+            "(MTP verify, every draft accepted): step time and query tokens/s, against demo-flash",
+            (*DSV4HAL, "demo", "--size", "flash", "--batch", "64", "--context", "32768", "--steps", "8", "--fill",
+             "random", "--tokens-per-request", str(n), "--json", "{json}"), 600, ("figures", "mtp"))
+      for n in (2, 4)),
     *(_demo_c4(context, batch, offload) for context in (1 << 19, 1 << 20) for batch in (1, 64)
       for offload in (False, True)),
     Suite("soak", "one minute of an engine's lifecycle with every op: captures, replays, checked calls, memory",

@@ -1,8 +1,8 @@
 """Collective ops: operations over a process group whose implementations (backends) are KernelImpl entries of the
 main registry, chosen per platform and case by dsv4hal.selection like every kernel (priorities, requirements,
 supports() reasons, DSV4HAL_KERNELS overrides, locks, explain), but not bound as `platform.ops.<op>` tensor calls:
-the platform builds an object for a group (Platform.expert_parallel). Torch-free: read by the registry, the
-overrides and the CLI without importing torch."""
+the platform builds an object for a group (Platform.expert_parallel, Platform.tensor_parallel). Torch-free: read
+by the registry, the overrides and the CLI without importing torch."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class CollectiveSpec:
 
 
 EXPERT_PARALLEL = "expert_parallel"
+TP_ALL_REDUCE = "tp_all_reduce"
 
 COLLECTIVES: tuple[CollectiveSpec, ...] = (
     CollectiveSpec(
@@ -40,6 +41,17 @@ COLLECTIVES: tuple[CollectiveSpec, ...] = (
         MappingProxyType({"cpu": MappingProxyType({"device": "cpu", "group_backend": "gloo"})}),
         MappingProxyType({"group_backend": ("nccl", "gloo", "none"), "mode": ("normal", "decode"),
                           "layout": ("standard", "batched"), "dtype": ("bf16", "fp8"), "device": ("cpu", "cuda")})),
+    CollectiveSpec(
+        TP_ALL_REDUCE,
+        "tensor-parallel all-reduce of the output projection's partial sums (optionally then mHC post and the "
+        "residual)",
+        # V4-Flash attention over 8 GPUs: hidden 4096, bf16 partials, a decode batch of up to 256 tokens a rank
+        MappingProxyType(dict(world_size=8, group_backend="nccl", dtype="bf16", hidden=4096, max_tokens=256,
+                              symm_mem="available", device="cuda")),
+        MappingProxyType({"cpu": MappingProxyType({"device": "cpu", "group_backend": "gloo",
+                                                   "symm_mem": "missing"})}),
+        MappingProxyType({"group_backend": ("nccl", "gloo", "none"), "dtype": ("bf16", "fp32"),
+                          "symm_mem": ("available", "missing"), "device": ("cpu", "cuda")})),
 )
 COLLECTIVE_NAMES: tuple[str, ...] = tuple(c.name for c in COLLECTIVES)
 COLLECTIVES_BY_NAME: Mapping[str, CollectiveSpec] = MappingProxyType({c.name: c for c in COLLECTIVES})

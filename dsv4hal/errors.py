@@ -98,14 +98,25 @@ class LockMismatchError(LockError):
     than half-applied (select_platform(lock_mismatch="reselect") re-selects instead and says so in explain)."""
 
 
-class ExpertParallelError(Dsv4HalError, ValueError):
-    """An expert-parallel setup or call that the ranks refused together: every rank of the group raises it, naming
-    each rank that found a problem (mismatched world sizes or configs, an expert map that misses a logical expert, a
-    batch larger than max_tokens_per_rank, a bad argument on some rank) or a collective that timed out."""
+class CollectiveError(Dsv4HalError, ValueError):
+    """A setup or call over a process group that the ranks refused together (dsv4hal.distributed.agree): every rank
+    raises it; `failures` maps each rank that found a problem to what it found."""
 
     def __init__(self, message: str, *, remedy: str | None = None, failures: Mapping[int, str] | None = None) -> None:
         self.failures = dict(failures or {})
         Dsv4HalError.__init__(self, message, remedy=remedy)
+
+
+class ExpertParallelError(CollectiveError):
+    """An expert-parallel setup or call that the ranks refused together: every rank of the group raises it, naming
+    each rank that found a problem (mismatched world sizes or configs, an expert map that misses a logical expert, a
+    batch larger than max_tokens_per_rank, a bad argument on some rank) or a collective that timed out."""
+
+
+class TensorParallelError(CollectiveError):
+    """A tensor-parallel setup or all-reduce that the ranks refused together: every rank of the group raises it,
+    naming each rank that found a problem (a world size or config other than the group's or rank 0's, a tensor
+    whose shape or dtype differs from rank 0's) or a collective that timed out."""
 
 
 class OffloadCapacityError(InvalidArgumentError):

@@ -24,6 +24,7 @@ from dsv4hal.selection import Decision, PlatformDecision, select_kernel, select_
 
 if TYPE_CHECKING:  # the typed facade (Ops): a stub generated from the catalog (dsv4hal.ops.gen_stub)
     from dsv4hal.distributed.ep import ExpertParallel
+    from dsv4hal.distributed.tp import TensorParallel
     from dsv4hal.ops.typed_ops import TypedOps
     from dsv4hal.step import decode_step
 else:
@@ -162,6 +163,13 @@ class Platform:
         from dsv4hal.distributed.ep import ExpertParallel
 
         return ExpertParallel(group=group, platform=self, **kwargs)
+
+    def tensor_parallel(self, group: Any = None, **kwargs: Any) -> TensorParallel:
+        """The tensor-parallel all-reduce over `group` (None: one rank), its backend chosen here; kwargs are
+        TensorParallel's (hidden, max_tokens, dtype, backend, check_calls, ...)."""
+        from dsv4hal.distributed.tp import TensorParallel
+
+        return TensorParallel(group=group, platform=self, **kwargs)
 
     def _check_collective_overrides(self) -> None:
         """A collective op forced to a backend that is not registered: refused now, as a bad op override is."""

@@ -42,6 +42,30 @@ class PlatformSpec:
 
 
 @dataclass(frozen=True)
+class QueryHeads:
+    """The query head counts (h_q) an attention kernel runs, declared where it is registered: one of `counts`, or
+    any positive multiple of `multiple`. Its supports() refuses other counts with `reasons`; a tensor-parallel
+    caller pads its heads to `padded` (dsv4hal.distributed.tp.attention_heads)."""
+
+    counts: tuple[int, ...] = ()
+    multiple: int = 1
+
+    def padded(self, heads: int) -> int | None:
+        """The smallest head count this kernel runs that holds `heads` (None: none does)."""
+        if self.counts:
+            return next((c for c in sorted(self.counts) if c >= heads), None)
+        return -(-heads // self.multiple) * self.multiple
+
+    def reasons(self, h_q: object, kernel: str) -> list[str]:
+        """Why `kernel` cannot run `h_q` query heads (empty: it can)."""
+        ok = isinstance(h_q, int) and h_q > 0 and (h_q in self.counts if self.counts else h_q % self.multiple == 0)
+        if ok:
+            return []
+        need = " or ".join(map(str, self.counts)) if self.counts else f"a multiple of {self.multiple}"
+        return [f"{kernel} needs h_q {need}, got {h_q}: pad the heads (dsv4hal.distributed.tp.pad_heads)"]
+
+
+@dataclass(frozen=True)
 class KernelImpl:
     """One implementation of one op.
 
@@ -81,6 +105,8 @@ class KernelImpl:
     # and what it does. Shown by explain (docs/unchecked-indices.md)
     bounds_checked: bool = True
     bounds_note: str = ""
+    # attention kernels: the query head counts the kernel runs (None: any count)
+    query_heads: QueryHeads | None = None
 
     def priority_on(self, platform: str) -> int:
         return _resolve_priority(self.priority, platform)

@@ -34,7 +34,7 @@ from dsv4hal_cuda_sm100 import deepgemm_moe, flashinfer_moe
 from dsv4hal.hardware import PlatformInfo, version_before
 from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mhc, vendor_bounds
 from dsv4hal.kernels.moe_support import moe_kernel
-from dsv4hal.registry import KernelImpl, Registry
+from dsv4hal.registry import KernelImpl, QueryHeads, Registry
 
 PLATFORM = "cuda_sm100"
 LIBRARY = "flash_mla"  # import name of sgl-flash-mla
@@ -50,7 +50,7 @@ DEEPGEMM_MHC_PRIORITY = 99
 DEEPGEMM_INDEXER = "deepgemm_paged_mqa_logits_sm100"
 DEEPGEMM_BLOCK_KVS = (32, 64)  # SM100 fp8_paged_mqa_logits: block_kv == 32 or 64
 
-H_Q = (64, 128)
+H_Q = QueryHeads(counts=(64, 128))  # the head64 and head128 kernels
 MIN_VERSION = (1, 0, 0)  # first sgl-flash-mla with the use_legacy switch (pyproject pins >= 1.0.0)
 DECODE_TOPK_ALIGN = 64  # SM100 head64 and small-topk head128 kernels: B_TOPK = 64
 PREFILL_SMALL_TOPK_MAX = 1280  # h_q=128 takes the small-topk kernel up to this index width
@@ -81,9 +81,7 @@ def _fp8_reasons(case: Mapping[str, object]) -> list[str]:
 
 
 def _h_q_reasons(case: Mapping[str, object], what: str) -> list[str]:
-    if case.get("h_q") not in H_Q:
-        return [f"FlashMLA SM100 {what} needs h_q 64 or 128, got {case.get('h_q')}"]
-    return []
+    return H_Q.reasons(case.get("h_q"), f"FlashMLA SM100 {what}")
 
 
 def decode_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
@@ -98,7 +96,7 @@ def decode_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]
 def prefill_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     reasons = _h_q_reasons(case, "sparse prefill") + _version_reasons(info)
     h_q, width = case.get("h_q"), case.get("width")
-    if h_q in H_Q and isinstance(width, int):
+    if h_q in H_Q.counts and isinstance(width, int):
         align = prefill_topk_align(int(h_q), width)  # type: ignore[arg-type]
         if width % align:
             kernel = ("the regular head128 kernel (width > 1280)" if align == PREFILL_TOPK_ALIGN_LARGE
@@ -113,7 +111,7 @@ def deepgemm_indexer_supports(case: Mapping[str, object], info: PlatformInfo) ->
 
 
 def register(registry: Registry) -> None:
-    common = dict(platforms=(PLATFORM,), priority=PRIORITY, tier="vendor", requires=(LIBRARY,))
+    common = dict(platforms=(PLATFORM,), priority=PRIORITY, tier="vendor", requires=(LIBRARY,), query_heads=H_Q)
     registry.add_kernel(KernelImpl(
         op="sparse_attention_decode", name="flashmla_sm100_sgl", target=f"{_MOD}:sparse_attention_decode",
         supports=decode_supports, layout="v4-584-e4m3fn",

@@ -12,7 +12,7 @@ from dsv4hal_cuda_sm90 import deepgemm_moe, marlin_moe, oai_triton_moe, vllm_rou
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mhc, vendor_bounds
 from dsv4hal.kernels.moe_support import moe_kernel
-from dsv4hal.registry import KernelImpl, Registry
+from dsv4hal.registry import KernelImpl, QueryHeads, Registry
 
 PLATFORM = "cuda_sm90"
 _FLASHMLA = "dsv4hal_cuda_sm90.flashmla"
@@ -59,7 +59,7 @@ DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100
 # bench-mhc.json 9.1 vs 9.6 us at T=1 and 11.8 vs 14.0 at T=64 for mhc_post_pre), conformance passed forced
 DEEPGEMM_MHC_PRIORITY = 102
 
-FLASHMLA_H_Q = (64, 128)
+FLASHMLA_H_Q = QueryHeads(counts=(64, 128))  # the legacy kernels are instantiated for 64 and 128 heads
 PREFILL_TOPK_ALIGN = 128  # SM90 sparse prefill asserts topk % 128 == 0 for h64 and h128
 DEEPGEMM_INDEXER = "deepgemm_paged_mqa_logits_sm90"
 DEEPGEMM_BLOCK_KVS = (64,)  # SM90 fp8_paged_mqa_logits: block_kv == 64
@@ -70,15 +70,12 @@ def flashmla_decode_supports(case: Mapping[str, object], info: PlatformInfo) -> 
     if case.get("fp8") != "e4m3fn":
         reasons.append(f"FlashMLA reads e4m3fn caches only (this cache is {case.get('fp8')}); convert it with "
                        "dsv4hal.formats.v4_cache.convert_cache or use triton")
-    if case.get("h_q") not in FLASHMLA_H_Q:
-        reasons.append(f"FlashMLA SM90 decode needs h_q 64 or 128, got {case.get('h_q')}")
+    reasons += FLASHMLA_H_Q.reasons(case.get("h_q"), "FlashMLA SM90 decode")
     return reasons
 
 
 def flashmla_prefill_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
-    reasons = []
-    if case.get("h_q") not in FLASHMLA_H_Q:
-        reasons.append(f"FlashMLA SM90 prefill needs h_q 64 or 128, got {case.get('h_q')}")
+    reasons = FLASHMLA_H_Q.reasons(case.get("h_q"), "FlashMLA SM90 prefill")
     width = int(case.get("width", 0))  # type: ignore[arg-type]
     if width % PREFILL_TOPK_ALIGN:
         reasons.append(f"FlashMLA SM90 sparse prefill needs an index width that is a multiple of "
@@ -99,12 +96,12 @@ def register(registry: Registry) -> None:
             priority_when=tuple((when, FLASHMLA_SINGLE_ROW_PRIORITY[flavour]) for when in FLASHMLA_SINGLE_ROW_CASES),
             priority_why=FLASHMLA_SINGLE_ROW_WHY,
             tier="vendor", requires=(lib,), supports=flashmla_decode_supports, layout="v4-584-e4m3fn",
-            bounds_checked=False, bounds_note=vendor_bounds.FLASHMLA_DECODE,
+            bounds_checked=False, bounds_note=vendor_bounds.FLASHMLA_DECODE, query_heads=FLASHMLA_H_Q,
             description=f"FlashMLA legacy SM90 sparse decode ({lib})"))
         registry.add_kernel(KernelImpl(
             op="sparse_attention_prefill", name=f"flashmla_sm90_{flavour}",
             target=f"{_FLASHMLA}:sparse_attention_prefill_{flavour}", platforms=(PLATFORM,), priority=prio,
-            tier="vendor", requires=(lib,), supports=flashmla_prefill_supports,
+            tier="vendor", requires=(lib,), supports=flashmla_prefill_supports, query_heads=FLASHMLA_H_Q,
             description=f"FlashMLA legacy SM90 sparse prefill ({lib})"))
     registry.add_kernel(KernelImpl(
         op="moe_experts", name=marlin_moe.NAME, target="dsv4hal_cuda_sm90.marlin_moe:moe_experts",

@@ -23,7 +23,7 @@ from dsv4hal_rocm import aiter_moe
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.kernels import vendor_bounds
 from dsv4hal.kernels.moe_support import moe_kernel
-from dsv4hal.registry import KernelImpl, Registry
+from dsv4hal.registry import KernelImpl, QueryHeads, Registry
 
 PLATFORM = "rocm"
 SGL_KERNEL = "sgl_kernel"  # import name; importing it registers torch.ops.sgl_kernel.*
@@ -33,7 +33,7 @@ DECODE_PRIORITY = 300  # above the portable Triton attention (100)
 MOE_PRIORITY = 300  # aiter's a8w4 MXFP4 experts: above the portable triton_fused_moe (100)
 TOPK_MAX_K = 1024  # the HIP op's kMaxTopK
 AITER_DECODE_ARCHS = ("gfx950",)  # pa_decode_sparse's packed-cache (Gluon) path asserts gfx950
-AITER_HEAD_TILE = 16  # BLOCK_M of the Gluon kernel: heads are processed 16 at a time
+AITER_HEADS = QueryHeads(multiple=16)  # BLOCK_M of the Gluon kernel: heads are processed 16 at a time
 
 
 def topk_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
@@ -55,10 +55,7 @@ def decode_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]
     if case.get("fp8") != "e4m3fn":
         reasons.append(f"aiter pa_decode_sparse decodes the packed cache as OCP e4m3fn; this cache is "
                        f"{case.get('fp8')} (convert it with dsv4hal_rocm.convert_cache)")
-    h_q = case.get("h_q")
-    if not isinstance(h_q, int) or h_q <= 0 or h_q % AITER_HEAD_TILE:
-        reasons.append(f"aiter pa_decode_sparse needs h_q a multiple of {AITER_HEAD_TILE}, got {h_q}")
-    return reasons
+    return reasons + AITER_HEADS.reasons(case.get("h_q"), "aiter pa_decode_sparse")
 
 
 def register(registry: Registry) -> None:
@@ -72,6 +69,7 @@ def register(registry: Registry) -> None:
         op="sparse_attention_decode", name="aiter_pa_decode_sparse",
         target="dsv4hal_rocm.aiter_ops:sparse_attention_decode", platforms=(PLATFORM,), priority=DECODE_PRIORITY,
         tier="vendor", requires=(AITER, "triton"), supports=decode_supports, layout="v4-584-e4m3fn",
+        query_heads=AITER_HEADS,
         description="aiter pa_decode_sparse (gfx950 Gluon, packed V4 cache, SWA + extra two-loop); "
                     "split-K partials combined here to return lse"))
     registry.add_kernel(moe_kernel(

@@ -33,6 +33,10 @@ def main(args: argparse.Namespace) -> int:
     from dsv4hal.output_paths import check_output
     from dsv4hal.progress import Progress
 
+    if getattr(args, "tp", 1) > 1:  # attention tensor-parallel over N processes (dsv4hal.demo.tp)
+        from dsv4hal.demo import tp
+
+        return tp.main(args)
     if getattr(args, "ep", 1) > 1:  # the layers over N processes (dsv4hal.demo.ep)
         from dsv4hal.demo import ep
 

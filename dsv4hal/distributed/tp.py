@@ -21,9 +21,12 @@ from dsv4hal.distributed import agree as ag
 from dsv4hal.distributed.tp_backends import TP_OP
 from dsv4hal.distributed.tp_reduce import TPContext
 from dsv4hal.errors import Dsv4HalError, InvalidArgumentError, TensorParallelError
+from dsv4hal.ops.sparse_attention import H_Q_CHOICES
+from dsv4hal.registry import QueryHeads
 from dsv4hal.selection import Decision
 
 ATTENTION_OPS = ("sparse_attention_decode", "sparse_attention_prefill")
+CONTRACT_HEADS = QueryHeads(counts=H_Q_CHOICES)  # what the attention ops take, whatever the kernel
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # code -> (what went wrong on that rank, with {value}; remedy)
 CODES: dict[int, tuple[str, str]] = {
@@ -70,12 +73,16 @@ def _padded_for(platform: Any, op: str, heads: int) -> tuple[int, str]:
 
 
 def attention_heads(platform: Any, heads_per_rank: int, ops: Sequence[str] = ATTENTION_OPS) -> HeadPlan:
-    """The query head count each rank pads to: the largest over `ops` of what their kernels declare
-    (KernelImpl.query_heads; FlashMLA runs 64 or 128 heads, aiter multiples of 16, the portable kernels any)."""
-    if not isinstance(heads_per_rank, int) or heads_per_rank <= 0:
-        raise InvalidArgumentError("attention_heads", "heads_per_rank", "a positive int", repr(heads_per_rank))
-    picks = {op: _padded_for(platform, op, heads_per_rank) for op in ops}
-    padded = max((p for p, _ in picks.values()), default=heads_per_rank)
+    """The query head count each rank pads to: the ops' contract (h_q 64 or 128), then the largest over `ops` of
+    what their kernels declare (KernelImpl.query_heads; FlashMLA runs 64 or 128 heads, aiter multiples of 16, the
+    portable kernels any)."""
+    start = CONTRACT_HEADS.padded(heads_per_rank) if isinstance(heads_per_rank, int) and heads_per_rank > 0 else None
+    if start is None:
+        raise InvalidArgumentError("attention_heads", "heads_per_rank",
+                                   f"a positive int up to {max(H_Q_CHOICES)} (the attention ops' largest h_q)",
+                                   repr(heads_per_rank), remedy="use more tensor-parallel ranks")
+    picks = {op: _padded_for(platform, op, start) for op in ops}
+    padded = max((p for p, _ in picks.values()), default=start)
     kernels = {op: platform.ops[op].decide({**platform.ops[op].spec.default_case, "h_q": padded}).chosen.name
                for op in ops}
     return HeadPlan(heads_per_rank, padded, kernels)

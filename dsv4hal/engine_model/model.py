@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 import dsv4hal
+from dsv4hal.distributed.tp import pad_heads
 from dsv4hal.engine_model.config import C4_TOPK, D_HEAD, PAGE, RATIOS, ROPE, DemoConfig
 from dsv4hal.engine_model.timers import OpTimer
 from dsv4hal.formats.compressor_state import new_state
@@ -52,6 +53,9 @@ class DemoModel:
         """tokens_per_request: query tokens of a request in a decode step (1; 1 + k for an MTP verify step, whose
         compressor rings are then doubled, dsv4hal.speculative)."""
         self.p, self.cfg, self.b, self.tpr = platform, cfg, batch, tokens_per_request
+        # the query heads and output groups this model computes, and the head count attention runs (a
+        # tensor-parallel rank holds a share of them: dsv4hal.engine_model.tp_model)
+        self.q_heads, self.q_heads_padded, self.o_groups = cfg.heads, cfg.heads, cfg.o_groups
         self.ops = ops if ops is not None else platform.ops
         dev = self.dev = torch.device(platform.device_type)
         g = torch.Generator(dev if cfg.draw_on_device else "cpu").manual_seed(seed)
@@ -175,7 +179,7 @@ class DemoModel:
 
     def _attention(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, meta: Any,
                    timer: OpTimer, decode: bool) -> torch.Tensor:
-        ops, t, h = self.ops, a.shape[0], self.cfg.heads
+        ops, t, h = self.ops, a.shape[0], self.q_heads
         cos, sin = self.cos[pos], self.sin[pos]
         q_lora = _rms(a @ w["wq_a"].T).bfloat16()
         q = _rope_(_rms((q_lora @ w["wq_b"].T).view(t, h, D_HEAD)), cos[:, None], sin[:, None]).bfloat16()
@@ -195,12 +199,18 @@ class DemoModel:
             else:
                 extra = dict(extra_cache=w["extra"], extra_indices=meta.c128_indices,
                              extra_lengths=meta.c128_lengths)
+        q = pad_heads(q, self.q_heads_padded)  # zero heads up to the count the kernel runs (sink padded likewise)
         with timer("sparse_attention_decode"):
             o, _ = ops.sparse_attention_decode(q, w["swa"], meta.swa_indices, meta.swa_lengths, w["sink"],
                                                D_HEAD ** -0.5, **extra)
-        o = _rope_(o.clone(), cos[:, None], sin[:, None], inverse=True)  # a copy: the tape keeps the op's output
-        o = torch.einsum("tgk,gok->tgo", o.reshape(t, self.cfg.o_groups, -1), w["wo_a"])
-        return (o.reshape(t, -1) @ w["wo_b"].T).bfloat16()
+        # a copy of the real heads: the tape keeps the op's output
+        o = _rope_(o[:, :h].clone(), cos[:, None], sin[:, None], inverse=True)
+        o = torch.einsum("tgk,gok->tgo", o.reshape(t, self.o_groups, -1), w["wo_a"])
+        return self._output(o.reshape(t, -1), w, timer)
+
+    def _output(self, o: torch.Tensor, w: dict, timer: OpTimer) -> torch.Tensor:
+        """The output projection's second GEMM (a tensor-parallel rank's partial sum, all-reduced, in tp_model)."""
+        return (o @ w["wo_b"].T).bfloat16()
 
     def _compress(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: OpTimer,
                   decode: bool) -> None:

@@ -311,8 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_info)
     sp = sub.add_parser("explain", help="why an op gets its kernel", epilog=_case_keys_help(),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sp.add_argument("op", help="the op (dsv4hal.OP_NAMES) or collective op (expert_parallel, tp_all_reduce); "
-                               "listed below")
+    sp.add_argument("op", help="the op (dsv4hal.OP_NAMES) or collective op (expert_parallel...); listed below")
     hw(sp)
     sp.add_argument("--case", action="append", metavar="KEY=VALUE",
                     help="case feature, repeatable; keys below (default: the op's default case)")
@@ -358,10 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="expert parallel over N processes (gloo on the CPU, NCCL with one GPU each): E/N experts a "
                          "rank, --batch requests a rank; --compare-cpu checks the MoE layers against one rank's "
                          "(default: 1)")
-    sp.add_argument("--tp", type=number(int, 1), default=1, metavar="N",
-                    help="tensor-parallel attention over N processes (gloo on the CPU, NCCL with one GPU each): "
-                         "heads/N query heads a rank, the output projection all-reduced, the MoE replicated; "
-                         "--compare-cpu checks each step against one rank's model (default: 1)")
+    sp.add_argument("--tp", type=number(int, 1), default=1, metavar="N", help="tensor-parallel attention over N "
+                    "processes (gloo/NCCL): heads/N a rank, the output projection all-reduced (default: 1)")
     sp.add_argument("--json", metavar="PATH", help="write the results as JSON here (default: not written)")
     sp.add_argument("--plot", metavar="PNG", help="per-op breakdown plot: op alone vs bandwidth floor in graph mode, "
                     "eager per-op time otherwise (default: none; needs matplotlib)")

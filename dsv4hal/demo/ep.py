@@ -25,7 +25,6 @@ COLLECTIVE_TIMEOUT_S = 600.0  # how long a rank may wait in one collective for t
 
 def rank_run(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     """One rank's prefill and decode steps (dsv4hal.distributed.spawn.run_ranks' target)."""
-    import torch
     import torch.distributed as dist
 
     import dsv4hal
@@ -44,19 +43,25 @@ def rank_run(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     run = dict(cfg=SIZES[opts["size"]], fill=opts["fill"], tokens_per_request=opts["tokens_per_request"],
                input_seed=INPUT_SEED + rank)
     res = run_demo(platform, opts["batch"], opts["context"], opts["steps"], make_model=make, **run)
-    steps = max(opts["steps"], 1)
-    out = {"rank": rank, "platform": res["platform"], "device": res["device"], "prefill_s": res["prefill_s"],
-           "step_us": res["decode_step_s"] * 1e6, "decode_tokens_per_s": res["decode_tokens_per_s"],
-           "ops_us": {k: v / steps * 1e6 for k, v in res["decode_breakdown_s"].items()},
-           "calls_per_step": {k: v // steps for k, v in res["decode_calls"].items()},
-           "ep_backends": models[0].backends(), "kernels": res["kernels"],
-           "local_experts": models[0].ep_prefill.local_experts(),
-           "finite": all(bool(torch.isfinite(o).all()) for o in res["outputs"])}
+    out = {**rank_summary(rank, res, opts["steps"]), "ep_backends": models[0].backends(),
+           "local_experts": models[0].ep_prefill.local_experts()}
     if opts["check"]:
         single = run_demo(platform, opts["batch"], opts["context"], opts["steps"], **run)
         out["check"] = compare_outputs(*zip(*models[0].checked))
         out["check"]["model_outputs_rel_error"] = compare_outputs(res["outputs"], single["outputs"])["worst_rel_error"]
     return out
+
+
+def rank_summary(rank: int, res: dict[str, Any], steps: int) -> dict[str, Any]:
+    """A rank's run_demo result as the multi-process demos report it: times per decode step, calls per step."""
+    import torch
+
+    steps = max(steps, 1)
+    return {"rank": rank, "platform": res["platform"], "device": res["device"], "prefill_s": res["prefill_s"],
+            "step_us": res["decode_step_s"] * 1e6, "decode_tokens_per_s": res["decode_tokens_per_s"],
+            "ops_us": {k: v / steps * 1e6 for k, v in res["decode_breakdown_s"].items()},
+            "calls_per_step": {k: v // steps for k, v in res["decode_calls"].items()}, "kernels": res["kernels"],
+            "finite": all(bool(torch.isfinite(o).all()) for o in res["outputs"])}
 
 
 def compare_outputs(got: Any, expected: Any) -> dict[str, Any]:

@@ -19,14 +19,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dsv4hal.demo.ep import COLLECTIVE_TIMEOUT_S, compare_outputs
+from dsv4hal.demo.ep import COLLECTIVE_TIMEOUT_S, compare_outputs, rank_summary
 
 INPUT_SEED = 101  # the requests every rank serves (tensor parallel: the same tokens on every rank)
 
 
 def rank_run(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     """One rank's prefill and decode steps (dsv4hal.distributed.spawn.run_ranks' target)."""
-    import torch
     import torch.distributed as dist
 
     import dsv4hal
@@ -45,14 +44,9 @@ def rank_run(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     run = dict(cfg=SIZES[opts["size"]], fill=opts["fill"], tokens_per_request=opts["tokens_per_request"],
                input_seed=INPUT_SEED)
     res = run_demo(platform, opts["batch"], opts["context"], opts["steps"], make_model=make, **run)
-    steps, m = max(opts["steps"], 1), models[0]
-    out = {"rank": rank, "platform": res["platform"], "device": res["device"], "prefill_s": res["prefill_s"],
-           "step_us": res["decode_step_s"] * 1e6, "decode_tokens_per_s": res["decode_tokens_per_s"],
-           "ops_us": {k: v / steps * 1e6 for k, v in res["decode_breakdown_s"].items()},
-           "calls_per_step": {k: v // steps for k, v in res["decode_calls"].items()},
-           "tp_backend": m.tp.decision.chosen.name, "kernels": res["kernels"],
-           "heads": {"per_rank": m.heads.heads, "padded": m.heads.padded, "kernels": m.heads.kernels},
-           "finite": all(bool(torch.isfinite(o).all()) for o in res["outputs"])}
+    m = models[0]
+    out = {**rank_summary(rank, res, opts["steps"]), "tp_backend": m.tp.decision.chosen.name,
+           "heads": {"per_rank": m.heads.heads, "padded": m.heads.padded, "kernels": m.heads.kernels}}
     if opts["check"]:
         single = run_demo(platform, opts["batch"], opts["context"], opts["steps"], **run)
         out["check"] = compare_outputs(res["outputs"], single["outputs"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from dsv4hal.collectives import TP_ALL_REDUCE
+from dsv4hal.distributed.backends import one_rank, several_ranks
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.registry import KernelImpl, Registry
 
@@ -21,20 +22,8 @@ ALL_REDUCE_PRIORITY = 200
 SYMM_MEM_PRIORITY = 150
 
 
-def _one_rank(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
-    return [] if case["world_size"] == 1 else [f"world size {case['world_size']}: the loop-back serves one rank"]
-
-
-def _several_ranks(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
-    if case["world_size"] == 1:
-        return ["world size 1: the loop-back reduces nothing (no collectives)"]
-    if case["group_backend"] not in ("nccl", "gloo"):
-        return [f"process group backend {case['group_backend']!r}: needs nccl (GPUs) or gloo (CPU)"]
-    return []
-
-
 def _symm_mem(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
-    reasons = _several_ranks(case, info)
+    reasons = several_ranks(case, info)
     if case["group_backend"] != "nccl" or case["device"] != "cuda":
         reasons.append(f"needs an NCCL group and CUDA tensors (got {case['group_backend']}, {case['device']})")
     if case["symm_mem"] != "available":
@@ -46,9 +35,9 @@ def _symm_mem(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
 
 BUILTIN: tuple[KernelImpl, ...] = (
     KernelImpl(TP_OP, "loopback", "dsv4hal.distributed.tp_reduce:make_loopback", ("*",), LOOPBACK_PRIORITY,
-               tier="reference", supports=_one_rank, description="world size 1: the sum is the tensor itself"),
+               tier="reference", supports=one_rank, description="world size 1: the sum is the tensor itself"),
     KernelImpl(TP_OP, "torch_all_reduce", "dsv4hal.distributed.tp_reduce:make_all_reduce", ("*",),
-               ALL_REDUCE_PRIORITY, tier="portable", supports=_several_ranks,
+               ALL_REDUCE_PRIORITY, tier="portable", supports=several_ranks,
                description="torch.distributed all_reduce in place (NCCL on GPUs, gloo on the CPU)"),
     KernelImpl(TP_OP, "torch_symm_mem", "dsv4hal.distributed.tp_reduce:make_symm_mem", ("*",), SYMM_MEM_PRIORITY,
                tier="portable", supports=_symm_mem,

@@ -21,11 +21,11 @@ ALL_TO_ALL_PRIORITY = 200
 ALL_GATHER_PRIORITY = 100
 
 
-def _one_rank(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+def one_rank(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     return [] if case["world_size"] == 1 else [f"world size {case['world_size']}: the loop-back serves one rank"]
 
 
-def _several_ranks(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+def several_ranks(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     if case["world_size"] == 1:
         return ["world size 1: the loop-back moves nothing (no collectives)"]
     if case["group_backend"] not in ("nccl", "gloo"):
@@ -35,13 +35,13 @@ def _several_ranks(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
 
 BUILTIN: tuple[KernelImpl, ...] = (
     KernelImpl(EP_OP, "loopback", "dsv4hal.distributed.backends.loopback:make", ("*",), LOOPBACK_PRIORITY,
-               tier="reference", supports=_one_rank,
+               tier="reference", supports=one_rank,
                description="world size 1: the same dispatch/combine code path with no communication"),
     KernelImpl(EP_OP, "torch_all_to_all", "dsv4hal.distributed.backends.torch_collectives:make_all_to_all", ("*",),
-               ALL_TO_ALL_PRIORITY, tier="portable", supports=_several_ranks,
+               ALL_TO_ALL_PRIORITY, tier="portable", supports=several_ranks,
                description="torch.distributed all_to_all_single (NCCL on GPUs, gloo on the CPU)"),
     KernelImpl(EP_OP, "torch_all_gather", "dsv4hal.distributed.backends.torch_collectives:make_all_gather", ("*",),
-               ALL_GATHER_PRIORITY, tier="portable", supports=_several_ranks,
+               ALL_GATHER_PRIORITY, tier="portable", supports=several_ranks,
                description="torch.distributed all_gather + reduce_scatter (all_reduce on gloo): the fallback"),
 )
 

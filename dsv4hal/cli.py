@@ -6,13 +6,13 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dsv4hal.cli_args import add_demo_parser, number
 from dsv4hal.collectives import COLLECTIVES
 from dsv4hal.errors import Dsv4HalError
 from dsv4hal.kernels import native_glue
@@ -246,34 +246,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
-def number(kind: type[int] | type[float], low: float, high: float | None = None, *,
-           above: bool = False) -> Callable[[str], int | float]:
-    """argparse type for every numeric option: a finite `kind` >= low (> low with `above`) and < high. A value
-    outside is a usage error naming the range (argparse prints it and exits 2), never a crash later in the run."""
-    word = "an integer" if kind is int else "a number"
-
-    def show(bound: float) -> str:
-        return str(int(bound)) if kind is int else f"{bound:g}"
-
-    expected = f"{word} {'>' if above else '>='} {show(low)}" + (f" and < {show(high)}" if high is not None else "")
-
-    def parse(raw: str) -> int | float:
-        try:
-            value = kind(raw)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{raw!r} is not {word}: give {expected}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{raw!r} is not a finite number: give {expected}")
-        if value < low or (above and value == low):
-            raise argparse.ArgumentTypeError(f"{raw} is {'not more' if value == low else 'less'} than {show(low)}: "
-                                             f"give {expected}")
-        if high is not None and value >= high:
-            raise argparse.ArgumentTypeError(f"{raw} is not less than {show(high)}: give {expected}")
-        return value
-    parse.__name__ = "integer" if kind is int else "number"  # how argparse and --help name the type
-    return parse
-
-
 def _case_keys_help() -> str:
     from dsv4hal.ops.catalog import OPS
 
@@ -326,43 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quiet", action="store_true",
                     help="no progress and no report on stdout, only the summary line (default: both)")
     sp.set_defaults(func=cmd_conformance)
-    sp = sub.add_parser("demo", help="an engine-shaped DSV4 layer stack: prefill, then decode (small shapes)")
-    sp.add_argument("--platform", help="platform to run on (default: the detected one; like DSV4HAL_PLATFORM)")
-    sp.add_argument("--batch", type=number(int, 1), default=2, help="requests decoded together (default: %(default)s)")
-    sp.add_argument("--context", type=number(int, 1), default=300,
-                    help="tokens of context per request before decoding (default: %(default)s)")
-    sp.add_argument("--steps", type=number(int, 1), default=4, help="decode steps (default: %(default)s)")
-    sp.add_argument("--tokens-per-request", type=number(int, 1), default=1, metavar="N",
-                    help="query tokens per request in each decode step: 1, or 1 + k for an MTP verify step (2: the "
-                         "balanced recipe, 4: low latency), all drafts accepted (default: %(default)s)")
-    sp.add_argument("--size", choices=("small", "flash"), default="small",
-                    help="layer dimensions: small (CPU) or V4-Flash (full size, on a GPU) (default: %(default)s)")
-    sp.add_argument("--fill", choices=("prefill", "random"), default="prefill",
-                    help="prefill the prompts, or fill the caches with random rows (a synthetic long context) "
-                         "(default: %(default)s)")
-    sp.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
-                    help="capture the decode step in a CUDA graph (default: on a CUDA platform)")
-    sp.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
-                    help="torch.compile the decode step (default backend: inductor), as an engine compiles its "
-                         "model: dsv4hal's ops stay opaque custom ops, the torch code around them is fused "
-                         "(default: off, the step runs as written)")
-    sp.add_argument("--offload-c4", nargs="?", type=float, const=0.25, default=None, metavar="FRACTION",
-                    help="keep the C4 pool in pinned host memory with a device working set of FRACTION of its pages "
-                         "(default fraction 0.25, raised to the pages one step selects), fetched each step "
-                         "(default: off, the pool resident)")
-    sp.add_argument("--compare-cpu", action="store_true",
-                    help="also run the small config on the CPU reference and compare every layer's output "
-                         "(default: off)")
-    sp.add_argument("--ep", type=number(int, 1), default=1, metavar="N",
-                    help="expert parallel over N processes (gloo on the CPU, NCCL with one GPU each): E/N experts a "
-                         "rank, --batch requests a rank; --compare-cpu checks the MoE layers against one rank's "
-                         "(default: 1)")
-    sp.add_argument("--tp", type=number(int, 1), default=1, metavar="N", help="tensor-parallel attention over N "
-                    "processes (gloo/NCCL): heads/N a rank, the output projection all-reduced (default: 1)")
-    sp.add_argument("--json", metavar="PATH", help="write the results as JSON here (default: not written)")
-    sp.add_argument("--plot", metavar="PNG", help="per-op breakdown plot: op alone vs bandwidth floor in graph mode, "
-                    "eager per-op time otherwise (default: none; needs matplotlib)")
-    sp.set_defaults(func=lambda a: __import__("dsv4hal.demo", fromlist=["main"]).main(a))
+    add_demo_parser(sub)
     sp = sub.add_parser("soak", help="an engine's lifecycle with every op for N minutes: graphs, replays, checks")
     sp.add_argument("--platform", help="force a platform (like DSV4HAL_PLATFORM)")
     sp.add_argument("--minutes", type=number(float, 0, above=True), default=10.0,

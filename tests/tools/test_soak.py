@@ -34,6 +34,7 @@ class _Wrong:
     """A platform whose ops are the CPU's, except one perturbed op."""
 
     def __init__(self, platform: object, name: str, fn: object) -> None:
+        self.registry = platform.registry  # type: ignore[attr-defined]  # where the checker finds the references
         self.ops = type("Ops", (), {})()
         for op in platform.ops:  # type: ignore[attr-defined]
             setattr(self.ops, op.name, op)

@@ -46,16 +46,20 @@ def _bench(op: str, name: str, timeout_s: int, *flags: str, plot: bool = False) 
                                        *(("--plot", "{dir}/{name}.png") if plot else ())), timeout_s, ("figures",))
 
 
+LONG = 1 << 19  # from this context on the demo's C4 pool is also measured offloaded
+
+
 def _demo_c4(context: int, batch: int, offload: bool) -> Suite:
-    """The V4-Flash decode step at a long context, the C4 pool resident or offloaded (a quarter on the device): the
-    pair at one shape gives the offloaded step's cost over the resident one."""
+    """The V4-Flash decode step at a context, the C4 pool resident or offloaded (a quarter on the device): the pair
+    at one shape gives the offloaded step's cost over the resident one; the resident steps from 4K to 1M context
+    (tag `context`) how the step grows with context."""
     label = f"{context // 1024}k" if context < 1 << 20 else f"{context >> 20}m"
     how = "offloaded to pinned host memory, a quarter of it on the device" if offload else "resident"
     return Suite(f"demo-c4-{'offload' if offload else 'resident'}-{label}-b{batch}",
                  f"the V4-Flash decode step in one CUDA graph at batch {batch}, {label} context, the C4 pool {how}",
                  (*DSV4HAL, "demo", "--size", "flash", "--batch", str(batch), "--context", str(context), "--steps",
                   "4", "--fill", "random", *(("--offload-c4",) if offload else ()), "--json", "{json}"), 600,
-                 ("offload",))
+                 (*(("offload",) if offload or context >= LONG else ()), *(() if offload else ("context",))))
 
 
 def _conformance(part: str, ops: str, timeout_s: int) -> Suite:
@@ -110,7 +114,8 @@ SUITES: tuple[Suite, ...] = (
             (*DSV4HAL, "demo", "--size", "flash", "--batch", "64", "--context", "32768", "--steps", "8", "--fill",
              "random", "--tokens-per-request", str(n), "--json", "{json}"), 600, ("figures", "mtp"))
       for n in (2, 4)),
-    *(_demo_c4(context, batch, offload) for context in (1 << 19, 1 << 20) for batch in (1, 64)
+    *(_demo_c4(context, batch, False) for context in (1 << 12, 1 << 15, 1 << 17) for batch in (1, 64)),
+    *(_demo_c4(context, batch, offload) for context in (LONG, 1 << 20) for batch in (1, 64)
       for offload in (False, True)),
     Suite("soak", "one minute of an engine's lifecycle with every op: captures, replays, checked calls, memory",
           (*DSV4HAL, "soak", "--minutes", "1", "--json", "{json}"), 300, ("figures",)),

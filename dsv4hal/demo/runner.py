@@ -44,7 +44,7 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     n = tokens_per_request
     cfg = replace(cfg or DemoConfig(), max_pages=-(-(context + steps * n) // PAGE))
     model = (make_model(cfg) if make_model is not None
-             else DemoModel(platform, cfg, batch, seed, ops=tape, tokens_per_request=n))
+             else DemoModel(platform, cfg, batch, seed, ops=tape, tokens_per_request=n, swa_ring=fill == "random"))
     dev = model.dev
     g = torch.Generator(dev if cfg.draw_on_device else "cpu").manual_seed(seed + 1 if input_seed is None
                                                                           else input_seed)

@@ -49,9 +49,12 @@ class DemoModel:
     """Random weights with DSV4's structure (scaled down), caches, and the forward pass."""
 
     def __init__(self, platform: Any, cfg: DemoConfig, batch: int, seed: int = 0, ops: Any = None,
-                 tokens_per_request: int = 1) -> None:
+                 tokens_per_request: int = 1, swa_ring: bool = False) -> None:
         """tokens_per_request: query tokens of a request in a decode step (1; 1 + k for an MTP verify step, whose
-        compressor rings are then doubled, dsv4hal.speculative)."""
+        compressor rings are then doubled, dsv4hal.speculative). swa_ring: the SWA cache holds one 256-slot page a
+        request, written as a ring (slot = position % 256, through full_to_swa), as an engine keeps only the window;
+        for decoding after fill_random (a prefill attends to older keys of its own prompt, which a ring overwrites).
+        Without it the SWA cache mirrors the full pool, which at 1M context and batch 64 would not fit a GPU."""
         self.p, self.cfg, self.b, self.tpr = platform, cfg, batch, tokens_per_request
         # the query heads and output groups this model computes, and the head count attention runs (a
         # tensor-parallel rank holds a share of them: dsv4hal.engine_model.tp_model)
@@ -70,7 +73,14 @@ class DemoModel:
         self.cos, self.sin = (t.to(dev) for t in make_rope_table(cfg.max_pages * PAGE, 10000.0))
         pages = batch * cfg.max_pages
         self.page_table = (torch.arange(pages).view(batch, cfg.max_pages) + 1).int().to(dev)  # page 0: null
-        self.full_to_swa = torch.arange((pages + 1) * PAGE, device=dev)
+        self.swa_ring = swa_ring
+        if swa_ring:  # full-pool page p = r * max_pages + j + 1 of request r -> SWA page r + 1, same offsets
+            owner = torch.arange(pages) // cfg.max_pages + 1
+            ring = (owner[:, None] * PAGE + torch.arange(PAGE)).flatten()
+            self.full_to_swa = torch.cat([torch.full((PAGE,), -1), ring]).int().to(dev)
+        else:
+            self.full_to_swa = torch.arange((pages + 1) * PAGE, device=dev)
+        swa_pages = batch + 1 if swa_ring else pages + 1
         self.layers = []
         group_in = h * D_HEAD // cfg.o_groups
         for ratio in RATIOS:
@@ -82,7 +92,7 @@ class DemoModel:
                 "wo_b": rnd(d, cfg.o_groups * cfg.o_lora, scale=(cfg.o_groups * cfg.o_lora) ** -0.5),
                 "sink": rnd(h, dtype=torch.float32), "router": rnd(cfg.experts, d, scale=d ** -0.5),
                 "bias": rnd(cfg.experts, scale=0.1, dtype=torch.float32),
-                "swa": V4PagedCache.empty(pages + 1, PAGE, platform.info.fp8, dev),
+                "swa": V4PagedCache.empty(swa_pages, PAGE, platform.info.fp8, dev),
             }
             for name in ("attn", "ffn"):
                 w[f"hc_{name}"] = (rnd(24, 4 * d, scale=0.01, dtype=torch.float32), torch.zeros(24, device=dev),
@@ -137,6 +147,11 @@ class DemoModel:
     def loc(self, req: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self.page_table[req, pos // PAGE].long() * PAGE + pos % PAGE
 
+    def swa_loc(self, req: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The SWA cache slot of (request, position): its full-pool slot through full_to_swa."""
+        loc = self.loc(req, pos)
+        return self.full_to_swa[loc].long() if self.swa_ring else loc
+
     def forward(self, x: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: OpTimer,
                 decode: bool = False) -> torch.Tensor:
         """x bf16 [T, d] (token embeddings); rows are (request, position) pairs, positions ascending; a decode
@@ -185,7 +200,7 @@ class DemoModel:
         q = _rope_(_rms((q_lora @ w["wq_b"].T).view(t, h, D_HEAD)), cos[:, None], sin[:, None]).bfloat16()
         kv = _rope_(_rms(a @ w["wkv"].T, w["kv_norm"]), cos, sin).bfloat16()
         with timer("pack_store"):
-            ops.pack_store(kv, self.loc(req, pos), w["swa"])
+            ops.pack_store(kv, self.swa_loc(req, pos), w["swa"])
         extra: dict[str, Any] = {}
         if w["ratio"]:
             self._compress(w, a, req, pos, timer, decode)
@@ -285,8 +300,11 @@ def fill_random(model: DemoModel, batch: int, context: int, seed: int = 0, chunk
     for w in model.layers:
         for s in range(0, req.numel(), chunk):
             r, p = req[s:s + chunk], pos[s:s + chunk]
-            ops.pack_store(_rms(torch.randn(r.numel(), D_HEAD, generator=g, device=dev)).bfloat16(), model.loc(r, p),
-                           w["swa"])
+            rows = _rms(torch.randn(r.numel(), D_HEAD, generator=g, device=dev)).bfloat16()
+            if model.swa_ring:  # a ring page holds the last PAGE positions: write only those (no slot twice a call)
+                keep = p >= context - PAGE
+                rows, r, p = rows[keep], r[keep], p[keep]
+            ops.pack_store(rows, model.swa_loc(r, p), w["swa"])
         ratio = w["ratio"]
         if not ratio:
             continue

@@ -15,99 +15,55 @@ to bf16, which moves that output by a whole route."""
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
+from dsv4hal.demo.ranks import (
+    COLLECTIVE_TIMEOUT_S,
+    compare_outputs,
+    print_ops,
+    rank_summary,
+    run_rank,
+    spawn,
+    write_result,
+)
+
 INPUT_SEED = 101  # rank r's requests: embeddings seeded INPUT_SEED + r (the weights: seed 0 on every rank)
-COLLECTIVE_TIMEOUT_S = 600.0  # how long a rank may wait in one collective for the others (a full-size prefill)
 
 
 def rank_run(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     """One rank's prefill and decode steps (dsv4hal.distributed.spawn.run_ranks' target)."""
     import torch.distributed as dist
 
-    import dsv4hal
-    from dsv4hal.demo.runner import run_demo
-    from dsv4hal.engine_model.config import SIZES
     from dsv4hal.engine_model.ep_model import EPDemoModel
 
-    platform = dsv4hal.select_platform(opts["platform"])
-    models: list[EPDemoModel] = []
-
-    def make(cfg: Any) -> EPDemoModel:
-        models.append(EPDemoModel(platform, cfg, opts["batch"], dist.group.WORLD, 0, opts["tokens_per_request"],
-                                  check=opts["check"]))
-        return models[-1]
-
-    run = dict(cfg=SIZES[opts["size"]], fill=opts["fill"], tokens_per_request=opts["tokens_per_request"],
-               input_seed=INPUT_SEED + rank)
-    res = run_demo(platform, opts["batch"], opts["context"], opts["steps"], make_model=make, **run)
-    out = {**rank_summary(rank, res, opts["steps"]), "ep_backends": models[0].backends(),
-           "local_experts": models[0].ep_prefill.local_experts()}
+    res, model, single = run_rank(opts, lambda platform, cfg: EPDemoModel(
+        platform, cfg, opts["batch"], dist.group.WORLD, 0, opts["tokens_per_request"], check=opts["check"]),
+        INPUT_SEED + rank)
+    out = {**rank_summary(rank, res, opts["steps"]), "ep_backends": model.backends(),
+           "local_experts": model.ep_prefill.local_experts()}
     if opts["check"]:
-        single = run_demo(platform, opts["batch"], opts["context"], opts["steps"], **run)
-        out["check"] = compare_outputs(*zip(*models[0].checked))
-        out["check"]["model_outputs_rel_error"] = compare_outputs(res["outputs"], single["outputs"])["worst_rel_error"]
+        out["check"] = compare_outputs(*zip(*model.checked))
+        apart = compare_outputs(res["outputs"], single()["outputs"])
+        out["check"]["model_outputs_rel_error"] = apart["worst_rel_error"]
     return out
-
-
-def rank_summary(rank: int, res: dict[str, Any], steps: int) -> dict[str, Any]:
-    """A rank's run_demo result as the multi-process demos report it: times per decode step, calls per step."""
-    import torch
-
-    steps = max(steps, 1)
-    return {"rank": rank, "platform": res["platform"], "device": res["device"], "prefill_s": res["prefill_s"],
-            "step_us": res["decode_step_s"] * 1e6, "decode_tokens_per_s": res["decode_tokens_per_s"],
-            "ops_us": {k: v / steps * 1e6 for k, v in res["decode_breakdown_s"].items()},
-            "calls_per_step": {k: v // steps for k, v in res["decode_calls"].items()}, "kernels": res["kernels"],
-            "finite": all(bool(torch.isfinite(o).all()) for o in res["outputs"])}
-
-
-def compare_outputs(got: Any, expected: Any) -> dict[str, Any]:
-    """Each expert-parallel output against the single-rank one, within the EP cells' tolerance scaled by the
-    expected output's RMS."""
-    from dsv4hal.conformance.types import Tolerance, compare_close
-    from dsv4hal.distributed.conformance import TOLERANCE
-
-    worst, problems = 0.0, []
-    for i, (g, e) in enumerate(zip(got, expected)):
-        rms = max(float(e.double().pow(2).mean().sqrt()), 1e-12)
-        tol = Tolerance(TOLERANCE.atol * rms, TOLERANCE.rtol, TOLERANCE.reason)
-        err, ok, detail = compare_close(g, e.double(), tol)
-        worst = max(worst, err / rms)
-        if not ok:
-            problems.append(f"call {i}: {detail}")
-    ok = not problems and len(got) == len(expected)
-    return {"ok": ok, "calls": len(got), "worst_rel_error": worst, "tolerance": {
-        "atol_of_rms": TOLERANCE.atol, "rtol": TOLERANCE.rtol, "reason": TOLERANCE.reason}, "problems": problems}
 
 
 def run_ep_demo(world: int, *, platform: str | None = None, size: str = "small", batch: int = 2, context: int = 40,
                 steps: int = 3, fill: str = "prefill", tokens_per_request: int = 1, check: bool = False,
                 timeout_s: float = COLLECTIVE_TIMEOUT_S, join_timeout_s: float = 3600.0) -> dict[str, Any]:
     """The demo on `world` processes; rank 0's step and per-op times, every rank's summary (and check)."""
-    import torch
-
-    import dsv4hal
-    from dsv4hal.distributed.spawn import ok_results, run_ranks
     from dsv4hal.engine_model.config import SIZES
     from dsv4hal.errors import Dsv4HalError
 
-    device = dsv4hal.select_platform(platform).device_type
     experts = SIZES[size].experts
     if experts % world:
         raise Dsv4HalError(f"--ep {world}: the {size} layers have {experts} experts, not a multiple of {world}",
                            remedy="give --ep a divisor of the expert count (small: 2, 4, 8; flash: up to 256)")
-    if device == "cuda" and torch.cuda.device_count() < world:
-        raise Dsv4HalError(f"--ep {world} runs one process a GPU; this machine has {torch.cuda.device_count()}",
-                           remedy=f"use --ep {torch.cuda.device_count()} or fewer, or the CPU (--platform cpu)")
     opts = {"platform": platform, "size": size, "batch": batch, "context": context, "steps": steps, "fill": fill,
             "tokens_per_request": tokens_per_request, "check": check}
-    ranks = ok_results(run_ranks(rank_run, world, opts, timeout_s=timeout_s, join_timeout_s=join_timeout_s,
-                                 backend="nccl" if device == "cuda" else "gloo"))
+    ranks, backend = spawn("--ep", world, rank_run, opts, timeout_s=timeout_s, join_timeout_s=join_timeout_s)
     r0, slowest = ranks[0], max(r["step_us"] for r in ranks)
-    res = {"ep": world, "group_backend": "nccl" if device == "cuda" else "gloo", "platform": r0["platform"],
+    res = {"ep": world, "group_backend": backend, "platform": r0["platform"],
            "device": r0["device"], "size": size, "batch_per_rank": batch, "context": context, "steps": steps,
            "fill": fill, "tokens_per_request": tokens_per_request, "step_us": r0["step_us"],
            "step_us_slowest_rank": slowest,
@@ -143,16 +99,11 @@ def main(args: argparse.Namespace) -> int:
           f"{res['batch_per_rank']} requests a rank; decode step {res['step_us'] / 1e3:.2f} ms on rank 0 (slowest "
           f"rank {res['step_us_slowest_rank'] / 1e3:.2f} ms), {res['decode_tokens_per_s']:.1f} tokens/s in all")
     print(f"  expert-parallel backend: prefill {res['ep_backends']['prefill']}, decode {res['ep_backends']['decode']}")
-    total = sum(res["ops_us"].values()) or 1.0
-    for name, us in sorted(res["ops_us"].items(), key=lambda kv: -kv[1]):
-        print(f"  {name:<26} {us / 1e3:9.2f} ms  {100 * us / total:5.1f}%  ({res['kernels'].get(name, 'collective')})")
+    print_ops(res)
     if "check" in res:
         c = res["check"]
         print(f"  MoE layers against single-rank moe_experts ({c['moe_calls_per_rank']} calls a rank): worst error "
               f"{c['worst_rel_error']:.3g} of the output RMS (tolerance {c['tolerance']['atol_of_rms']:.3g} + "
               f"{c['tolerance']['rtol']:.3g} relative): {'ok' if c['ok'] else 'FAIL'}; the model outputs differ from "
               f"the single-rank model's by {c['model_outputs_rel_error']:.3g} of their RMS")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
-    return 0 if res["finite"] and res.get("check", {"ok": True})["ok"] else 1
+    return write_result(args.json, res)

@@ -10,16 +10,23 @@ the sum's order differs from the single-rank projection, so the router sees the 
 the same bits). Reduce "bf16" rounds each rank's partial first, as engines reduce to halve the bytes: a later
 layer's top-6 may then flip between experts whose scores tie to bf16, which moves that output by a whole route.
 With `check`, every rank also runs the single-rank model on the same requests, and each step's output is compared
-with it within the expert-parallel cells' tolerance relative to the output's RMS (dsv4hal.demo.ep.compare_outputs)."""
+with it within the expert-parallel cells' tolerance relative to the output's RMS
+(dsv4hal.demo.ranks.compare_outputs)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
-from dsv4hal.demo.ep import COLLECTIVE_TIMEOUT_S, compare_outputs, rank_summary
+from dsv4hal.demo.ranks import (
+    COLLECTIVE_TIMEOUT_S,
+    compare_outputs,
+    print_ops,
+    rank_summary,
+    run_rank,
+    spawn,
+    write_result,
+)
 
 INPUT_SEED = 101  # the requests every rank serves (tensor parallel: the same tokens on every rank)
 
@@ -28,28 +35,15 @@ def rank_run(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     """One rank's prefill and decode steps (dsv4hal.distributed.spawn.run_ranks' target)."""
     import torch.distributed as dist
 
-    import dsv4hal
-    from dsv4hal.demo.runner import run_demo
-    from dsv4hal.engine_model.config import SIZES
     from dsv4hal.engine_model.tp_model import TPDemoModel
 
-    platform = dsv4hal.select_platform(opts["platform"])
-    models: list[TPDemoModel] = []
-
-    def make(cfg: Any) -> TPDemoModel:
-        models.append(TPDemoModel(platform, cfg, opts["batch"], dist.group.WORLD, 0, opts["tokens_per_request"],
-                                  reduce_dtype=opts["reduce"]))
-        return models[-1]
-
-    run = dict(cfg=SIZES[opts["size"]], fill=opts["fill"], tokens_per_request=opts["tokens_per_request"],
-               input_seed=INPUT_SEED)
-    res = run_demo(platform, opts["batch"], opts["context"], opts["steps"], make_model=make, **run)
-    m = models[0]
+    res, m, single = run_rank(opts, lambda platform, cfg: TPDemoModel(
+        platform, cfg, opts["batch"], dist.group.WORLD, 0, opts["tokens_per_request"], reduce_dtype=opts["reduce"]),
+        INPUT_SEED)
     out = {**rank_summary(rank, res, opts["steps"]), "tp_backend": m.tp.decision.chosen.name,
            "heads": {"per_rank": m.heads.heads, "padded": m.heads.padded, "kernels": m.heads.kernels}}
     if opts["check"]:
-        single = run_demo(platform, opts["batch"], opts["context"], opts["steps"], **run)
-        out["check"] = compare_outputs(res["outputs"], single["outputs"])
+        out["check"] = compare_outputs(res["outputs"], single()["outputs"])
     return out
 
 
@@ -58,27 +52,17 @@ def run_tp_demo(world: int, *, platform: str | None = None, size: str = "small",
                 reduce: str = "fp32", timeout_s: float = COLLECTIVE_TIMEOUT_S, join_timeout_s: float = 3600.0
                 ) -> dict[str, Any]:
     """The demo on `world` processes; rank 0's step and per-op times (tp_all_reduce among them) and check."""
-    import torch
-
-    import dsv4hal
-    from dsv4hal.distributed.spawn import ok_results, run_ranks
     from dsv4hal.engine_model.config import SIZES
     from dsv4hal.errors import Dsv4HalError
 
-    device = dsv4hal.select_platform(platform).device_type
     cfg = SIZES[size]
     if cfg.heads % world or cfg.o_groups % world:
         raise Dsv4HalError(f"--tp {world}: the {size} layers have {cfg.heads} query heads in {cfg.o_groups} output "
                            f"groups, not both multiples of {world}",
                            remedy=f"give --tp a divisor of {cfg.o_groups} (1, 2, 4 or 8)")
-    if device == "cuda" and torch.cuda.device_count() < world:
-        raise Dsv4HalError(f"--tp {world} runs one process a GPU; this machine has {torch.cuda.device_count()}",
-                           remedy=f"use --tp {torch.cuda.device_count()} or fewer, or the CPU (--platform cpu)")
     opts = {"platform": platform, "size": size, "batch": batch, "context": context, "steps": steps, "fill": fill,
             "tokens_per_request": tokens_per_request, "check": check, "reduce": reduce}
-    backend = "nccl" if device == "cuda" else "gloo"
-    ranks = ok_results(run_ranks(rank_run, world, opts, timeout_s=timeout_s, join_timeout_s=join_timeout_s,
-                                 backend=backend))
+    ranks, backend = spawn("--tp", world, rank_run, opts, timeout_s=timeout_s, join_timeout_s=join_timeout_s)
     r0, slowest = ranks[0], max(r["step_us"] for r in ranks)
     res = {"tp": world, "group_backend": backend, "platform": r0["platform"], "device": r0["device"], "size": size,
            "batch": batch, "context": context, "steps": steps, "fill": fill, "tokens_per_request": tokens_per_request,
@@ -115,15 +99,10 @@ def main(args: argparse.Namespace) -> int:
           f"tensor-parallel ({h['per_rank']} query heads a rank, run as {h['padded']}), {res['batch']} requests; "
           f"decode step {res['step_us'] / 1e3:.2f} ms on rank 0 (slowest rank {res['step_us_slowest_rank'] / 1e3:.2f}"
           f" ms), tp_all_reduce {res['tp_all_reduce_us'] / 1e3:.2f} ms a step ({res['tp_backend']})")
-    total = sum(res["ops_us"].values()) or 1.0
-    for name, us in sorted(res["ops_us"].items(), key=lambda kv: -kv[1]):
-        print(f"  {name:<26} {us / 1e3:9.2f} ms  {100 * us / total:5.1f}%  ({res['kernels'].get(name, 'collective')})")
+    print_ops(res)
     if "check" in res:
         c = res["check"]
         print(f"  outputs against the single-rank model ({c['steps_compared']} steps a rank): worst error "
               f"{c['worst_rel_error']:.3g} of the output RMS (tolerance {c['tolerance']['atol_of_rms']:.3g} + "
               f"{c['tolerance']['rtol']:.3g} relative): {'ok' if c['ok'] else 'FAIL'}")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
-    return 0 if res["finite"] and res.get("check", {"ok": True})["ok"] else 1
+    return write_result(args.json, res)

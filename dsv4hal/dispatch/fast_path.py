@@ -221,16 +221,17 @@ class FastPath:
 
     def find(self, args: Sequence[object], kwargs: Mapping[str, object]) -> Callable[..., Any] | None:
         """The kernel of an earlier call that passed with this metadata, or None (then validate and choose)."""
-        if self._guards is not None:
-            split = split_key(args, kwargs)
-            if split is not None:
-                for guard, kernel in self._guarded.get(split[0], ()):
-                    if guard.check(*split[1]):
-                        return kernel
+        split = None if self._guards is None else split_key(args, kwargs)
+        if split is not None:
+            for guard, kernel in self._guarded.get(split[0], ()):
+                if guard.check(*split[1]):
+                    return kernel
         key = metadata_key(args, kwargs)
         kernel = None if key is None else self._kernels.get(key)
-        if kernel is not None and self._guards is not None:
-            self._guard(args, kwargs, kernel)  # next time found in C++
+        if kernel is not None and split is not None and len(self._guarded.get(split[0], ())) < GUARDS_PER_KEY:
+            # next time found in C++; a key whose guards are all taken keeps them (metadata cycling through more
+            # variants than GUARDS_PER_KEY would otherwise build a guard on every call)
+            self._guard(split, kernel)
         return kernel
 
     def remember(self, args: Sequence[object], kwargs: Mapping[str, object], kernel: Callable[..., Any]) -> None:
@@ -238,13 +239,12 @@ class FastPath:
         key = metadata_key(args, kwargs)
         if key is not None:
             bounded.put(self._kernels, key, kernel)
-        if self._guards is not None:
-            self._guard(args, kwargs, kernel)
+        split = None if self._guards is None else split_key(args, kwargs)
+        if split is not None:
+            self._guard(split, kernel)
 
-    def _guard(self, args: Sequence[object], kwargs: Mapping[str, object], kernel: Callable[..., Any]) -> None:
-        split = split_key(args, kwargs)
-        if split is None:
-            return
+    def _guard(self, split: tuple[tuple, list[torch.Tensor]], kernel: Callable[..., Any]) -> None:
+        """Check these tensors' metadata in C++ from now on (the newest first, GUARDS_PER_KEY a split key)."""
         key, tensors = split
         try:
             guard = self._guards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],  # type: ignore[misc]

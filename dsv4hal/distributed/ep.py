@@ -135,7 +135,7 @@ class ExpertParallel:
 
     def dispatch_async(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
                        layout: Layout = "standard", decode: bool = False) -> Pending[Dispatched]:
-        """Issue the dispatch (the exchange runs while the caller works); .wait() returns the Dispatched."""
+        """Start the dispatch (the exchange runs while the caller works); .wait() returns the Dispatched."""
         code, value, local = ag.NO_ERROR, 0, None
         try:
             t = validate_dispatch(x, topk_ids, topk_weights, hidden=self.hidden, top_k=self.top_k,
@@ -168,7 +168,7 @@ class ExpertParallel:
         return self.dispatch_async(x, topk_ids, topk_weights, layout=layout, decode=decode).wait()
 
     def combine_async(self, expert_out: torch.Tensor, handle: Handle) -> Pending[torch.Tensor]:
-        """Issue the combine of the experts' outputs (the layout dispatch returned); .wait() gives bf16 [T, H].
+        """Start the combine of the experts' outputs (the layout dispatch returned); .wait() gives bf16 [T, H].
         Arguments were fixed by dispatch (agreed on then): only local checks here."""
         validate_combine(expert_out, handle, self.hidden, self.experts_per_rank)
         return self._backend(handle.decode, handle.layout, expert_out.device.type).combine(self.ctx, expert_out,

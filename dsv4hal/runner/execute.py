@@ -84,8 +84,8 @@ def _last_json_line(text: str) -> Any:
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float, log: Path) -> tuple[int | None, float]:
-    """(exit code or None on timeout, seconds). The command and its children run in a session of their own, so
-    that a timeout ends all of them."""
+    """(exit code or None on timeout, seconds). The command and its children run in a process group of their own
+    (setsid), so that a timeout ends all of them."""
     t0 = time.monotonic()
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)

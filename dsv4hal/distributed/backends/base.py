@@ -1,4 +1,4 @@
-"""What every expert-parallel backend receives (EPContext), returns from its issue step (Pending) and implements
+"""What every expert-parallel backend receives (EPContext), returns from its start step (Pending) and implements
 (EPBackend): dispatch of routed tokens with physical expert ids, and combine of the experts' outputs."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class EPContext:
 
 
 class Pending(Generic[T]):
-    """An issued exchange: wait() blocks until its collectives finish, then builds the result."""
+    """A started exchange: wait() blocks until its collectives finish, then builds the result."""
 
     def __init__(self, works: Sequence[Any], finish: Callable[[], T]) -> None:
         self._works, self._finish, self._done = list(works), finish, False

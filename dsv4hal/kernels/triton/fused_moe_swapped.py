@@ -126,7 +126,7 @@ def _mx_gate_up_swapped(
 
 @triton.jit
 def _cast_when_last(y_ptr, out_ptr, count_ptr, n, nmask, T, H, BT: tl.constexpr):
-    """Called by every program of a column tile n of y [T, H] once its atomics are issued: the last to arrive at
+    """Called by every program of a column tile n of y [T, H] once its atomics are launched: the last to arrive at
     count_ptr (one counter a tile, zeroed before the launch) writes the tile's bf16 out [T, H]. The barrier orders
     the program's atomics before its arrival (release); the last one's acquire orders them before its loads, which
     bypass L1 (.cg: y's lines may sit in an SM's L1 from an earlier call)."""

@@ -20,7 +20,7 @@ from typing import Any
 from dsv4hal.demo.ranks import (
     COLLECTIVE_TIMEOUT_S,
     compare_outputs,
-    print_ops,
+    ops_table,
     rank_summary,
     run_rank,
     spawn,
@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
           f"{res['batch_per_rank']} requests a rank; decode step {res['step_us'] / 1e3:.2f} ms on rank 0 (slowest "
           f"rank {res['step_us_slowest_rank'] / 1e3:.2f} ms), {res['decode_tokens_per_s']:.1f} tokens/s in all")
     print(f"  expert-parallel backend: prefill {res['ep_backends']['prefill']}, decode {res['ep_backends']['decode']}")
-    print_ops(res)
+    print(ops_table(res))
     if "check" in res:
         c = res["check"]
         print(f"  MoE layers against single-rank moe_experts ({c['moe_calls_per_rank']} calls a rank): worst error "

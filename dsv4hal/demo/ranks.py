@@ -83,11 +83,12 @@ def compare_outputs(got: Any, expected: Any) -> dict[str, Any]:
         "atol_of_rms": TOLERANCE.atol, "rtol": TOLERANCE.rtol, "reason": TOLERANCE.reason}, "problems": problems}
 
 
-def print_ops(res: dict[str, Any]) -> None:
+def ops_table(res: dict[str, Any]) -> str:
     """Rank 0's per-op decode times, largest first, with each op's kernel (a collective's: 'collective')."""
     total = sum(res["ops_us"].values()) or 1.0
-    for name, us in sorted(res["ops_us"].items(), key=lambda kv: -kv[1]):
-        print(f"  {name:<26} {us / 1e3:9.2f} ms  {100 * us / total:5.1f}%  ({res['kernels'].get(name, 'collective')})")
+    return "\n".join(f"  {name:<26} {us / 1e3:9.2f} ms  {100 * us / total:5.1f}%  "
+                     f"({res['kernels'].get(name, 'collective')})"
+                     for name, us in sorted(res["ops_us"].items(), key=lambda kv: -kv[1]))
 
 
 def write_result(json_path: str | None, res: dict[str, Any]) -> int:

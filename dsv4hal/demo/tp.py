@@ -21,7 +21,7 @@ from typing import Any
 from dsv4hal.demo.ranks import (
     COLLECTIVE_TIMEOUT_S,
     compare_outputs,
-    print_ops,
+    ops_table,
     rank_summary,
     run_rank,
     spawn,
@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
           f"tensor-parallel ({h['per_rank']} query heads a rank, run as {h['padded']}), {res['batch']} requests; "
           f"decode step {res['step_us'] / 1e3:.2f} ms on rank 0 (slowest rank {res['step_us_slowest_rank'] / 1e3:.2f}"
           f" ms), tp_all_reduce {res['tp_all_reduce_us'] / 1e3:.2f} ms a step ({res['tp_backend']})")
-    print_ops(res)
+    print(ops_table(res))
     if "check" in res:
         c = res["check"]
         print(f"  outputs against the single-rank model ({c['steps_compared']} steps a rank): worst error "

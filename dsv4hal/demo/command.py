@@ -80,6 +80,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"  one replay, kernel by kernel: {prof['kernels_us']:.1f} us in {prof['kernel_launches']} kernels")
             for k in prof["top"][:12]:
                 print(f"    {k['us']:9.1f} us {k['calls']:4d}x  {k['kernel'][:90]}")
+        if "outside_ops" in prof:
+            out = prof["outside_ops"]
+            print(f"  outside the ops: {out['us']:.1f} us in {out['launches']} kernels")
+            for k in out["top"][:12]:
+                print(f"    {k['us']:9.1f} us {k['calls']:4d}x  {k['kernel'][:90]}")
     else:
         total = sum(res["decode_breakdown_s"].values()) or 1.0
         for name, sec in sorted(res["decode_breakdown_s"].items(), key=lambda kv: -kv[1]):

@@ -12,11 +12,12 @@ import torch
 import dsv4hal
 from dsv4hal.distributed.tp import pad_heads
 from dsv4hal.engine_model.config import C4_TOPK, D_HEAD, PAGE, RATIOS, ROPE, DemoConfig
+from dsv4hal.engine_model.tape import Tape
 from dsv4hal.engine_model.timers import OpTimer
 from dsv4hal.formats.compressor_state import new_state
 from dsv4hal.formats.indexer_cache import INDEX_DIM, IndexerPagedCache
 from dsv4hal.formats.v4_cache import PAGE_SIZE_BY_RATIO, V4PagedCache
-from dsv4hal.rope import apply_rope, make_rope_table
+from dsv4hal.rope import make_rope_table
 from dsv4hal.speculative import compress_ring
 
 INDEX_HEADS = 64  # the lightning indexer's query heads (each INDEX_DIM wide)
@@ -26,6 +27,12 @@ def _rms(x: torch.Tensor, w: torch.Tensor | None = None, eps: float = 1e-6) -> t
     """RMSNorm over the last dim in fp32, through torch's rms_norm (one fused kernel on CUDA, as an engine's norm
     is, where float, pow, mean, rsqrt and multiply would be five)."""
     return torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w, eps)
+
+
+def _rms_bf16(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """_rms(x).bfloat16() for a bf16 x with no weight in one kernel: torch's norm reads bf16, computes in fp32 and
+    rounds once on the store (the fp32 path's copies in and out are two more launches)."""
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps)
 
 
 def _linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -38,11 +45,19 @@ def _linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x.float() @ w.float().T
 
 
-def _rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """x with its last ROPE dims rotated in place (the values apply_rope gives: it passes the other dims through
-    unchanged, but copies whole rows to do so, ~8 MB a call for a decode step's queries); returns x."""
-    x[..., -ROPE:] = apply_rope(x[..., -ROPE:], cos, sin, inverse)
+def _rope_(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
+    """x with its last ROPE dims rotated in place by cis (complex64 [..., ROPE / 2], e^(i angle) of each pair at the
+    row's position; its conjugate rotates back): apply_rope's interleaved-pair rotation in fp32 as one complex
+    product, three launches (up, multiply, back into x's slice) where the real form takes about ten; returns x."""
+    tail = x[..., -ROPE:]
+    z = torch.view_as_complex(tail.float().unflatten(-1, (ROPE // 2, 2)))
+    tail.copy_(torch.view_as_real(z * cis).flatten(-2))
     return x
+
+
+def rope_cis(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The complex rotation table (cos + i sin, complex64 [max_pos, ROPE / 2]) of a cos/sin table."""
+    return torch.complex(cos.float(), sin.float())
 
 
 class DemoModel:
@@ -71,6 +86,7 @@ class DemoModel:
             return (randn(*shape) * scale).to(dtype).to(dev)
 
         self.cos, self.sin = (t.to(dev) for t in make_rope_table(cfg.max_pages * PAGE, 10000.0))
+        self.cis = rope_cis(self.cos, self.sin)
         pages = batch * cfg.max_pages
         self.page_table = (torch.arange(pages).view(batch, cfg.max_pages) + 1).int().to(dev)  # page 0: null
         self.swa_ring = swa_ring
@@ -159,8 +175,14 @@ class DemoModel:
         ops = self.ops
         stream = x[:, None, :].expand(-1, 4, -1).contiguous()
         rows_pt = self.page_table[req]
+        pos32 = pos.int()
         with timer("build_attention_metadata"):
-            meta = ops.build_attention_metadata(pos.int(), rows_pt, self.full_to_swa)
+            meta = ops.build_attention_metadata(pos32, rows_pt, self.full_to_swa)
+        cis = self.cis[pos]
+        # what every layer of the step shares, computed once: the rotation at each row's position (and back), the
+        # rows' SWA slots and page-table rows, and the compressed-row slots per ratio (_compress_slots)
+        self.step = {"cis": cis, "cis_back": cis.conj().resolve_conj(), "swa_loc": self.swa_loc(req, pos),
+                     "pos32": pos32, "req32": req.int(), "table": rows_pt, "slots": {}}
         self.layer_outputs = []
         ffn = None  # the previous sublayer's output, mixed in at the next boundary
         for w in self.layers:
@@ -171,18 +193,18 @@ class DemoModel:
             else:
                 with timer("mhc_post_pre"):
                     stream, y, post, comb = ops.mhc_post_pre(ffn, stream, post, comb, *w["hc_attn"])
-                self.layer_outputs.append(stream.float().mean(1))
-            a = _rms(y).bfloat16()
+                self.layer_outputs.append(stream.mean(1, dtype=torch.float32))
+            a = _rms_bf16(y)
             attn = self._attention(w, a, req, pos, meta, timer, decode)
             with timer("mhc_post_pre"):
                 stream, y, post, comb = ops.mhc_post_pre(attn, stream, post, comb, *w["hc_ffn"])
-            a = _rms(y).bfloat16()
+            a = _rms_bf16(y)
             with timer("moe_route"):
                 ids, tw = ops.moe_route(_linear_f32(a, w["router"]), w["bias"])
             ffn = self._moe(w, a, ids, tw, timer, decode)
         with timer("mhc_post"):
             stream = ops.mhc_post(ffn, stream, post, comb)
-        self.layer_outputs.append(stream.float().mean(1))
+        self.layer_outputs.append(stream.mean(1, dtype=torch.float32))
         return self.layer_outputs[-1]
 
     def _moe(self, w: dict, a: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, timer: OpTimer,
@@ -194,13 +216,13 @@ class DemoModel:
 
     def _attention(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, meta: Any,
                    timer: OpTimer, decode: bool) -> torch.Tensor:
-        ops, t, h = self.ops, a.shape[0], self.q_heads
-        cos, sin = self.cos[pos], self.sin[pos]
-        q_lora = _rms(a @ w["wq_a"].T).bfloat16()
-        q = _rope_(_rms((q_lora @ w["wq_b"].T).view(t, h, D_HEAD)), cos[:, None], sin[:, None]).bfloat16()
-        kv = _rope_(_rms(a @ w["wkv"].T, w["kv_norm"]), cos, sin).bfloat16()
+        ops, t, h, step = self.ops, a.shape[0], self.q_heads, self.step
+        cis = step["cis"]
+        q_lora = _rms_bf16(a @ w["wq_a"].T)
+        q = _rope_(_rms_bf16((q_lora @ w["wq_b"].T).view(t, h, D_HEAD)), cis[:, None])
+        kv = _rope_(_rms(a @ w["wkv"].T, w["kv_norm"]), cis).bfloat16()
         with timer("pack_store"):
-            ops.pack_store(kv, self.swa_loc(req, pos), w["swa"])
+            ops.pack_store(kv, step["swa_loc"], w["swa"])
         extra: dict[str, Any] = {}
         if w["ratio"]:
             self._compress(w, a, req, pos, timer, decode)
@@ -218,8 +240,10 @@ class DemoModel:
         with timer("sparse_attention_decode"):
             o, _ = ops.sparse_attention_decode(q, w["swa"], meta.swa_indices, meta.swa_lengths, w["sink"],
                                                D_HEAD ** -0.5, **extra)
-        # a copy of the real heads: the tape keeps the op's output
-        o = _rope_(o[:, :h].clone(), cos[:, None], sin[:, None], inverse=True)
+        o = o[:, :h]
+        if isinstance(ops, Tape):  # the tape keeps the op's output: rotate a copy
+            o = o.clone()
+        o = _rope_(o, step["cis_back"][:, None])
         o = torch.einsum("tgk,gok->tgo", o.reshape(t, self.o_groups, -1), w["wo_a"])
         return self._output(o.reshape(t, -1), w, timer)
 
@@ -234,19 +258,17 @@ class DemoModel:
         parts = [("state", _linear_f32(a, w["wkv_gate"]), w["ape"], w["c_norm"], False)]
         if r == 4:
             parts.append(("idx_state", _linear_f32(a, w["idx_gate"]), w["idx_ape"], w["idx_norm"], True))
-        per_page = PAGE // r
         for key, score, ape, norm, hadamard in parts:
             if decode:  # the decode form on the state ring, token by token of the chain (a call's rows own a ring)
-                n = self.tpr
+                n, step = self.tpr, self.step
                 for j in range(n):
-                    rq, ps = req[j::n], pos[j::n]
+                    rq, ps = step["req32"][j::n].contiguous(), step["pos32"][j::n].contiguous()
                     with timer("compress_decode"):
-                        rows = self.ops.compress_decode(score[j::n].contiguous(), w[key], rq.int(), ps.int(), ape,
+                        rows = self.ops.compress_decode(score[j::n].contiguous(), w[key], rq, ps, ape,
                                                         norm, self.cos, self.sin, r, hadamard=hadamard)
-                    group = ((ps + 1) // r - 1).clamp(min=0)
-                    slots = self.page_table[rq, group // per_page].long() * per_page + group % per_page
-                    slots = torch.where((ps + 1) % r == 0, slots, -1)  # -1: nothing closed, nothing written
-                    self._store_compressed(w, key, rows, slots, timer)
+                    if (r, j) not in step["slots"]:  # the C4 layer's two compressors close the same rows
+                        step["slots"][r, j] = self._closed_slots(req[j::n], pos[j::n], r)
+                    self._store_compressed(w, key, rows, step["slots"][r, j], timer)
                 continue
             for b in sorted(set(req.tolist())):  # prefill: the prefill form over each prompt, then seed the ring
                 sel = req == b
@@ -255,11 +277,21 @@ class DemoModel:
                 with timer("compress"):
                     rows = self.ops.compress(rows_b.contiguous(), cu, ape, norm, self.cos, self.sin, r,
                                              hadamard=hadamard, num_groups=rows_b.shape[0] // r)  # no sync
-                group = torch.arange(rows.shape[0], device=self.dev)
-                slots = self.page_table[b, group // per_page].long() * per_page + group % per_page
+                slots = self.group_slots(b, torch.arange(rows.shape[0], device=self.dev), r)
                 self._store_compressed(w, key, rows, slots, timer)
                 ring = w[key].shape[1]
                 w[key][b, pos_b[-ring:] % ring] = rows_b[-ring:]
+
+    def group_slots(self, req: torch.Tensor | int, group: torch.Tensor, ratio: int) -> torch.Tensor:
+        """The compressed-cache slot of compressed row `group` of request `req` (pages of PAGE / ratio rows)."""
+        per_page = PAGE // ratio
+        return self.page_table[req, group // per_page].long() * per_page + group % per_page
+
+    def _closed_slots(self, req: torch.Tensor, pos: torch.Tensor, ratio: int) -> torch.Tensor:
+        """The compressed-cache slot of the row each decode token closes, -1 where it closes none (nothing is
+        written, with no host sync)."""
+        slots = self.group_slots(req, ((pos + 1) // ratio - 1).clamp(min=0), ratio)
+        return torch.where((pos + 1) % ratio == 0, slots, -1)
 
     def _store_compressed(self, w: dict, key: str, rows: torch.Tensor, slots: torch.Tensor, timer: OpTimer) -> None:
         """Rows that close no group have slot -1: both stores skip them without a host sync."""
@@ -280,8 +312,8 @@ class DemoModel:
         q = _linear_f32(q_lora, w["wq_idx"]).view(t, INDEX_HEADS, INDEX_DIM)
         with timer("indexer_q_prep"):  # RoPE, Hadamard, per-head FP8 and the folded weights: one op
             q8, weights = self.ops.indexer_q_prep(q, _linear_f32(a, w["w_proj"]), self.cos, self.sin,
-                                                  pos.to(torch.int32), self.p.info.fp8)
-        table = self.page_table[req]
+                                                  self.step["pos32"], self.p.info.fp8)
+        table = self.step["table"]
         with timer("indexer_logits"):
             scores = self.ops.indexer_logits(q8, weights, w["idx_cache"], meta.c4_lengths_raw, table)
         with timer("indexer_topk"):
@@ -309,10 +341,8 @@ def fill_random(model: DemoModel, batch: int, context: int, seed: int = 0, chunk
         if not ratio:
             continue
         n = context // ratio
-        per_page = PAGE // ratio
         greq = torch.arange(batch, device=dev).repeat_interleave(n)
-        group = torch.arange(n, device=dev).repeat(batch)
-        slots = model.page_table[greq, group // per_page].long() * per_page + group % per_page
+        slots = model.group_slots(greq, torch.arange(n, device=dev).repeat(batch), ratio)
         rows = _rms(torch.randn(slots.numel(), D_HEAD, generator=g, device=dev)).bfloat16()
         ops.pack_store(rows, slots, w["extra"])
         for key in ("state", "idx_state") if ratio == 4 else ("state",):

@@ -79,6 +79,11 @@ CONFIGS = {
     ("fp8_block", "prefill"): {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
 }
 FP8_BLOCK = 128
+# MXFP4 past the decode class keeps the decode tiles (the swapped kernels) while the experts average at most this
+# many routes each: a block of 8 routes reads its expert's weights once, so the weight traffic stays about one read
+# an expert, where the row kernels' prefill tiles are ~5x slower at these sizes. V4-Flash (256 experts, top-6):
+# up to 341 tokens, an MTP verify step of 64 requests x 4 tokens included.
+SWAP_ROUTES_PER_EXPERT = 8
 ROW_DECODE_TILES = {"block_m": 16, "block_n": 64, "block_k": 64}  # the row kernels' decode tiles
 
 
@@ -115,8 +120,15 @@ def prepare_weights(w: ExpertWeights) -> TritonMoeWeights:
         intermediate=w.intermediate)
 
 
-def _config(fmt: str, num_tokens: int, config: dict | None) -> dict:
-    base = CONFIGS[(fmt, "decode" if num_tokens <= DECODE_MAX_TOKENS else "prefill")]
+def tile_class(fmt: str, num_tokens: int, top_k: int, num_experts: int) -> str:
+    """The CONFIGS class of a call: "decode" up to DECODE_MAX_TOKENS tokens, and for MXFP4 while the experts average
+    at most SWAP_ROUTES_PER_EXPERT routes each; "prefill" past that."""
+    few_routes = fmt == "mxfp4" and num_tokens * top_k <= SWAP_ROUTES_PER_EXPERT * num_experts
+    return "decode" if num_tokens <= DECODE_MAX_TOKENS or few_routes else "prefill"
+
+
+def _config(fmt: str, num_tokens: int, top_k: int, num_experts: int, config: dict | None) -> dict:
+    base = CONFIGS[(fmt, tile_class(fmt, num_tokens, top_k, num_experts))]
     cfg = {**base, **(config or {})}
     bk, bn, bm = cfg["block_k"], cfg["block_n"], cfg["block_m"]
     if fmt == "mxfp4" and cfg.get("swap"):
@@ -149,7 +161,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     e, inter = weights.num_experts, weights.intermediate
     dev = x.device
     p = t * k
-    cfg = _config(weights.format, t, config)
+    cfg = _config(weights.format, t, k, e, config)
     mx = weights.format == "mxfp4"
     swapped = mx and bool(cfg.get("swap")) and hid % SWAP_MIN_BLOCK_K == 0 and inter % SWAP_MIN_BLOCK_K == 0
     if mx and cfg.get("swap") and not swapped:  # shapes the swapped kernels do not take: the row kernels and tiles

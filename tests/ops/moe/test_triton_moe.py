@@ -408,3 +408,27 @@ class _Recorder:
             self.calls.append((grid, kw))
             return launch(*args, **kw)
         return run
+
+
+def test_mxfp4_past_the_decode_class_keeps_the_swapped_kernels_while_experts_get_few_routes() -> None:
+    """MXFP4 at T = 72 (> the decode class's 64) with 144 routes over 32 experts (<= 8 each on average) runs the
+    swapped kernels and matches the reference; at T = 200 (400 routes) the row kernels run; FP8 stays by tokens."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+    from dsv4hal.kernels.triton import fused_moe_rows as rw
+    from dsv4hal.kernels.triton import fused_moe_swapped as sw
+
+    assert tmoe.tile_class("mxfp4", 341, 6, 256) == "decode" and tmoe.tile_class("mxfp4", 342, 6, 256) == "prefill"
+    assert tmoe.tile_class("fp8_block", 72, 2, 256) == "prefill" and tmoe.tile_class("fp8_block", 64, 6, 4) == "decode"
+    for t, want_swapped in ((72, True), (200, False)):
+        x, ids, tw, w = _case("mxfp4", e=32, h=128, i=64, t=t, k=2, masked=0.1, seed=13)
+        wd = dataclasses.replace(w, **{f: getattr(w, f).to(DEV) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+        swapped: list = []
+        rows: list = []
+        real_swapped, real_rows = sw._mx_gate_up_swapped, rw._gate_up_kernel
+        sw._mx_gate_up_swapped, rw._gate_up_kernel = _Recorder(real_swapped, swapped), _Recorder(real_rows, rows)
+        try:
+            got = tmoe.fused_moe(x.to(DEV), ids.to(DEV), tw.to(DEV), tmoe.prepare_weights(wd))
+        finally:
+            sw._mx_gate_up_swapped, rw._gate_up_kernel = real_swapped, real_rows
+        assert (bool(swapped), bool(rows)) == (want_swapped, not want_swapped), t
+        _check(got.cpu(), moe_experts(x, ids, tw, w))

@@ -63,6 +63,36 @@ def _gpu_row(platform: Any, impl: str, n: int) -> dict[str, Any]:
             "fetch_over_copy": copy_us / us, "all_misses": stats["hits"] == 0}
 
 
+SWEEP_PAGES = 4096  # the copy kernel alone, at 153 MB a call
+SWEEP_BLOCKS = (512, 1024, 2048, 4096, 8192)  # int32 words a program moves
+SWEEP_WARPS = (4, 8, 16)
+
+
+def _copy_kernel_sweep(n: int = SWEEP_PAGES) -> list[dict[str, Any]]:
+    """The fetch's page-copy kernel alone (every rank loads, no write-back: the plan's torch ops left out) over its
+    launch shapes, against a pinned copy_ of the same bytes: what the copy itself reaches over the host link."""
+    from dsv4hal.bench.timing import eager_us, graph_us
+    from dsv4hal.kernels.triton.offload_fetch import copy_pages
+
+    nbytes = n * page_bytes(PAGE)
+    host = torch.randint(0, 256, (n, page_bytes(PAGE)), dtype=torch.uint8).pin_memory()
+    work = torch.empty(n, page_bytes(PAGE), dtype=torch.uint8, device="cuda")
+    ranks = torch.arange(n, device="cuda")
+    load, none = torch.ones(n, dtype=torch.bool, device="cuda"), torch.zeros(n, dtype=torch.bool, device="cuda")
+    src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    copy_us = eager_us(lambda: dst.copy_(src, non_blocking=True), reps=15)
+    rows = []
+    for block in SWEEP_BLOCKS:
+        for warps in SWEEP_WARPS:
+            us = graph_us(lambda b=block, w=warps: copy_pages(host, work, load, ranks, ranks, ranks, none, n, block=b,
+                                                               num_warps=w), inner=2, reps=10)
+            ok = torch.equal(work[:8].cpu(), host[:8])
+            rows.append({"block_words": block, "num_warps": warps, "pages": n, "bytes": nbytes, "kernel_us": us,
+                         "copy_us": copy_us, "kernel_over_copy": copy_us / us, "bytes_match": ok})
+    return rows
+
+
 def _cpu_row(platform: Any, n: int) -> dict[str, Any]:
     pool, sets = _pool(platform.ops.offload_fetch, n, "cpu")
     fetch = _alternating(pool, sets)
@@ -93,4 +123,9 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> dict[
     for r in rows:
         print(f"offload_fetch {r['impl']} {r['pages']} pages ({r['bytes'] / 1e6:.1f} MB): {r['fetch_us']:.1f} us, "
               f"pinned copy_ {r['copy_us']:.1f} us: fetch/copy bandwidth {r['fetch_over_copy']:.2f}", flush=True)
-    return {"rows": rows}
+    sweep = _copy_kernel_sweep() if torch.cuda.is_available() else []
+    for r in sweep:
+        wrong = "" if r["bytes_match"] else " WRONG BYTES"
+        print(f"copy kernel alone, block {r['block_words']} words, {r['num_warps']} warps: {r['kernel_us']:.1f} us, "
+              f"copy_ {r['copy_us']:.1f} us: {r['kernel_over_copy']:.2f}{wrong}", flush=True)
+    return {"rows": rows, "copy_kernel_sweep": sweep}

@@ -21,6 +21,9 @@ import torch
 TOP = 30  # kernels listed by total time; the rest are summed
 OP_RANGE = "dsv4hal.op:"  # the profiler range an op call runs in (RangeTimer)
 NAME_CHARS = 120
+# host API calls that launch device work (CUDA runtime and driver: cudaLaunchKernel, cuLaunchKernelEx, ...); each
+# shares its correlation id with the kernel it launched
+LAUNCH_API = ("cuda", "cu")
 
 
 class RangeTimer:
@@ -37,22 +40,34 @@ def _kernel_events(prof: Any) -> Iterator[Any]:
 
 
 def eager_launch_labels(run: Callable[[], Any]) -> list[tuple[str, str | None]]:
-    """(kernel name, op or None) of each kernel `run()` launches, in launch order; `run` calls the model's forward
-    with a RangeTimer. A kernel is the op's when the host call that launched it began inside the op's range."""
+    """(kernel name, op or None) of each kernel `run()` launches, in the order they ran; `run` calls the model's
+    forward with a RangeTimer. A kernel is the op's when the host API call that launched it (the runtime or driver
+    event with the kernel's correlation id: a Triton launch is no torch op, so only this event dates it) began
+    inside the op's range."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
-    cpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    events = list(prof.events())
+    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
     ranges = sorted((e.time_range.start, e.time_range.end, e.name[len(OP_RANGE):]) for e in cpu
                     if e.name.startswith(OP_RANGE))
-    launches = []
-    for e in sorted(cpu, key=lambda e: e.time_range.start):
-        for k in e.kernels:  # the device kernels this host event launched (profiler correlation)
-            launches.append((k.name[:NAME_CHARS], _range_at(ranges, e.time_range.start)))
-    return launches
+    launched_at = {e.id: e.time_range.start for e in cpu if e.name.startswith(LAUNCH_API)}
+    kernels = sorted(_kernel_events(prof), key=lambda e: e.time_range.start)
+    return label_launches([(e.name[:NAME_CHARS], e.id) for e in kernels], launched_at, ranges)
+
+
+def label_launches(kernels: list[tuple[str, int]], launched_at: dict[int, float],
+                   ranges: list[tuple[float, float, str]]) -> list[tuple[str, str | None]]:
+    """(name, op or None) of each kernel (name, correlation id), in the given order: the op whose host range holds
+    the launch time of the API call with the kernel's correlation id; None where no call or no range matches."""
+    out = []
+    for name, corr in kernels:
+        t = launched_at.get(corr)
+        out.append((name, None if t is None else _range_at(ranges, t)))
+    return out
 
 
 def _range_at(ranges: list[tuple[float, float, str]], t: float) -> str | None:

@@ -121,8 +121,8 @@ class DemoModel:
                 w.update(wkv_gate=rnd(2 * coff * D_HEAD, d, scale=d ** -0.5),
                          ape=rnd(ratio, coff * D_HEAD, scale=0.1, dtype=torch.float32),
                          c_norm=torch.ones(D_HEAD, device=dev),
-                         extra=V4PagedCache.empty((pages + 1) * PAGE // PAGE_SIZE_BY_RATIO[ratio] + 1,
-                                                  PAGE_SIZE_BY_RATIO[ratio], platform.info.fp8, dev))
+                         # compressed page p holds the rows of full-pool page p (group_slots): one page each
+                         extra=V4PagedCache.empty(pages + 1, PAGE_SIZE_BY_RATIO[ratio], platform.info.fp8, dev))
             if ratio == 4:
                 w.update(wq_idx=rnd(INDEX_HEADS * INDEX_DIM, cfg.q_lora, scale=cfg.q_lora ** -0.5),
                          w_proj=rnd(INDEX_HEADS, d, scale=d ** -0.5),
@@ -322,32 +322,37 @@ class DemoModel:
 
 
 def fill_random(model: DemoModel, batch: int, context: int, seed: int = 0, chunk: int = 1 << 17) -> None:
-    """A synthetic context: every cache row a prefill of `context` tokens per request would write (SWA, C4, C128
-    and indexer rows) gets a random row of the real scale through pack_store / indexer_store, and the compressor
-    rings random state, so decode runs as after a prefill without its compute."""
+    """A synthetic context: every cache row a prefill of `context` tokens per request would write and decode reads
+    (the SWA rows of the last 256 positions, which hold the 128-token window; every C4, C128 and indexer row) gets a
+    random row of the real scale through pack_store / indexer_store, and the compressor rings random state, so
+    decode runs as after a prefill without its compute."""
     dev, ops = model.dev, model.ops
     g = torch.Generator(dev).manual_seed(seed + 7)
-    req = torch.arange(batch, device=dev).repeat_interleave(context)
-    pos = torch.arange(context, device=dev).repeat(batch)
+    # the last PAGE positions: a ring page holds exactly those (no slot twice a call), and the same rows go to a
+    # full SWA cache, so a ring and a full cache decode the same bits
+    first = max(context - PAGE, 0)
+    req = torch.arange(batch, device=dev).repeat_interleave(context - first)
+    pos = torch.arange(first, context, device=dev).repeat(batch)
+
+    def rows(n: int) -> torch.Tensor:
+        return _rms(torch.randn(n, D_HEAD, generator=g, device=dev)).bfloat16()
+
     for w in model.layers:
         for s in range(0, req.numel(), chunk):
             r, p = req[s:s + chunk], pos[s:s + chunk]
-            rows = _rms(torch.randn(r.numel(), D_HEAD, generator=g, device=dev)).bfloat16()
-            if model.swa_ring:  # a ring page holds the last PAGE positions: write only those (no slot twice a call)
-                keep = p >= context - PAGE
-                rows, r, p = rows[keep], r[keep], p[keep]
-            ops.pack_store(rows, model.swa_loc(r, p), w["swa"])
+            ops.pack_store(rows(r.numel()), model.swa_loc(r, p), w["swa"])
         ratio = w["ratio"]
         if not ratio:
             continue
         n = context // ratio
-        greq = torch.arange(batch, device=dev).repeat_interleave(n)
-        slots = model.group_slots(greq, torch.arange(n, device=dev).repeat(batch), ratio)
-        rows = _rms(torch.randn(slots.numel(), D_HEAD, generator=g, device=dev)).bfloat16()
-        ops.pack_store(rows, slots, w["extra"])
+        for s in range(0, batch * n, chunk):  # in chunks: at 1M context and batch 64 a layer has 16.8M C4 rows
+            flat = torch.arange(s, min(s + chunk, batch * n), device=dev)
+            slots = model.group_slots(flat // n, flat % n, ratio)
+            ops.pack_store(rows(slots.numel()), slots, w["extra"])
+            if ratio == 4:
+                ops.indexer_store(torch.randn(slots.numel(), INDEX_DIM, generator=g, device=dev), slots,
+                                  w["idx_cache"])
         for key in ("state", "idx_state") if ratio == 4 else ("state",):
             w[key].copy_(torch.randn(w[key].shape, generator=g, device=dev))
-        if ratio == 4:
-            ops.indexer_store(torch.randn(slots.numel(), INDEX_DIM, generator=g, device=dev), slots, w["idx_cache"])
 
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsv4hal.demo.step_profile import OP_RANGE, RangeTimer, _range_at, attribute, summarise
+from dsv4hal.demo.step_profile import OP_RANGE, RangeTimer, _range_at, attribute, label_launches, summarise
 
 NAMES = ("gemm", "copy", "_sparse_attn_kernel", "layer_norm")
 OPS = (None, "pack_store", "sparse_attention_decode")
@@ -72,3 +72,14 @@ def test_range_timer_names_each_op_call_in_the_profile():
         with RangeTimer()("pack_store"):
             torch.ones(4).add_(1)
     assert any(e.name == OP_RANGE + "pack_store" for e in prof.events())
+
+
+def test_each_kernel_takes_the_op_whose_range_holds_its_launch_call():
+    """A kernel is labelled by the launch call with its correlation id (a Triton launch has no torch op around it):
+    inside an op's host range it is that op's; a call outside every range, or no matching call, labels it None."""
+    ranges = [(10.0, 20.0, "moe_experts"), (30.0, 40.0, "pack_store")]
+    launched_at = {7: 12.0, 8: 25.0, 9: 31.0}
+    kernels = [("_mx_gate_up_swapped", 7), ("nvjet_gemm", 8), ("_pack_store_kernel", 9), ("orphan", 99)]
+    assert label_launches(kernels, launched_at, ranges) == [
+        ("_mx_gate_up_swapped", "moe_experts"), ("nvjet_gemm", None), ("_pack_store_kernel", "pack_store"),
+        ("orphan", None)]

@@ -36,14 +36,16 @@ def _copy_pages_kernel(host_ptr, work_ptr, load_ptr, src_ptr, dst_ptr, old_ptr, 
 
 
 def copy_pages(host: torch.Tensor, working: torch.Tensor, load: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
-               old: torch.Tensor, writeback: torch.Tensor, programs: int) -> None:
-    """Move pages by the plan's rows 0 .. programs - 1 (uint8 [pages, bytes] buffers, rows a multiple of 4)."""
+               old: torch.Tensor, writeback: torch.Tensor, programs: int, *, block: int = BLOCK,
+               num_warps: int = 8) -> None:
+    """Move pages by the plan's rows 0 .. programs - 1 (uint8 [pages, bytes] buffers, rows a multiple of 4). block
+    (int32 words a program moves, a power of two) and num_warps: the launch's shape (benchmarks sweep them)."""
     if programs == 0:
         return
     words = host.shape[1] // 4
-    grid = (programs, triton.cdiv(words, BLOCK))
+    grid = (programs, triton.cdiv(words, block))
     _copy_pages_kernel[grid](host.view(torch.int32), working.view(torch.int32), load.to(torch.int8), src, dst, old,
-                             writeback.to(torch.int8), words, BLOCK=BLOCK, num_warps=8)
+                             writeback.to(torch.int8), words, BLOCK=block, num_warps=num_warps)
 
 
 def offload_fetch(indices: torch.Tensor, host: V4PagedCache, working: V4PagedCache, state: OffloadState,

@@ -10,6 +10,8 @@ Decode (T <= 64) is bound by the weight's bytes, read once: BLOCK_M covers every
 N/128 column tiles leave SMs idle (wkv: N = 512 is 4 tiles) K is split: S splits write fp32 partials to a workspace
 [S, T, N] and a second launch sums them in split order and casts to bf16 (deterministic). The launch is a function
 of the shape and the device's SM count only (config): no host sync, no data-dependent size, CUDA-graph safe.
+Prefill (T > 64) tiles 64 rows; every column tile quantizes its rows of x again (N/128 times in all), a cost of
+the one launch that grows with N (on Hopper DeepGEMM's binding, ranked above, quantizes once).
 
 Dot operands: e4m3fn on NVIDIA GPUs as the FP8 type itself (Triton's FP8 dot: wgmma e4m3 on sm_90 from 64 rows,
 fp16 MMAs below); e4m3fnuz, ROCm and the interpreter decode the codes with the integer codec (fp8_codec) to exact

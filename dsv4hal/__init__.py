@@ -36,6 +36,7 @@ _LAZY = {
     "V4PagedCache": "dsv4hal.formats.v4_cache",
     "ExpertWeights": "dsv4hal.formats.experts",
     "quantize_experts": "dsv4hal.formats.experts",
+    "quantize_fp8_block": "dsv4hal.formats.fp8_block",
     "PreparedWeights": "dsv4hal.prepared",
 }
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # never run: the lazy __getattr__ below loads these at run ti
     from dsv4hal import errors as errors
     from dsv4hal.formats.experts import ExpertWeights as ExpertWeights
     from dsv4hal.formats.experts import quantize_experts as quantize_experts
+    from dsv4hal.formats.fp8_block import quantize_fp8_block as quantize_fp8_block
     from dsv4hal.formats.v4_cache import V4PagedCache as V4PagedCache
     from dsv4hal.hardware import PlatformInfo as PlatformInfo
     from dsv4hal.hardware import Vendor as Vendor

@@ -17,6 +17,7 @@ FP8Flavor = Literal["e4m3fn", "e4m3fnuz"]
 FP8_FLAVORS: tuple[FP8Flavor, ...] = ("e4m3fn", "e4m3fnuz")
 
 FP8_DTYPE: dict[str, torch.dtype] = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+FP8_FLAVOR_OF: dict[torch.dtype, FP8Flavor] = {torch.float8_e4m3fn: "e4m3fn", torch.float8_e4m3fnuz: "e4m3fnuz"}
 # Saturation bound used when quantizing (the spec's decision: torch.finfo max for both flavours).
 FP8_MAX: dict[str, float] = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
 

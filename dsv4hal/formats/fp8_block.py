@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from dsv4hal.checks import check_choice, describe
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.formats.fp8 import FP8_MAX, fp8_dtype, pow2_ceil_exponent
+from dsv4hal.formats.fp8 import FP8_FLAVORS, FP8_MAX, fp8_dtype, pow2_ceil_exponent
 
 BLOCK = 128
 AMAX_FLOOR = 1e-4
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -51,9 +53,14 @@ def _block_scales(w: torch.Tensor, rows: int, cols: int, fp8: str, pow2_scales: 
     return scale
 
 
-def _quantize(w: torch.Tensor, rows: int, cols: int, fp8: str, pow2_scales: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize(w: torch.Tensor, rows: int, cols: int, fp8: str, pow2_scales: bool, op: str, name: str
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dtype in FP8_DTYPES:
+        raise InvalidArgumentError(op, name, "a float32, bfloat16 or float16 tensor", describe(w),
+                                   remedy="pass the unquantized values (an FP8 tensor is quantized already)")
     if w.dim() < 2:
-        raise InvalidArgumentError("quantize_fp8_block", "w", "a tensor of rank >= 2", f"shape {tuple(w.shape)}")
+        raise InvalidArgumentError(op, name, "a tensor of rank >= 2", f"shape {tuple(w.shape)}")
+    check_choice(op, "fp8", fp8, FP8_FLAVORS)
     w = w.to(torch.float32)
     scale = _block_scales(w, rows, cols, fp8, pow2_scales)
     n, k = w.shape[-2:]
@@ -74,8 +81,13 @@ def _dequantize(q: torch.Tensor, scale: torch.Tensor, rows: int, cols: int) -> t
 def quantize_fp8_block(
     w: torch.Tensor, fp8: str = "e4m3fn", block: int = BLOCK, pow2_scales: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """w float [..., N, K] -> (fp8 [..., N, K] in torch's fp8 dtype, fp32 scale [..., ceil(N/block), ceil(K/block)])."""
-    return _quantize(w, block, block, fp8, pow2_scales)
+    """w float [..., N, K] -> (fp8 [..., N, K] in torch's fp8 dtype, fp32 scale [..., ceil(N/block), ceil(K/block)]).
+
+    The weights of fp8_linear (and of FP8 experts): value = fp8 * scale, scale = max(tile amax, 1e-4) / FP8_MAX per
+    block x block tile (448 for e4m3fn, 240 for e4m3fnuz), rounded up to a power of two with pow2_scales."""
+    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+        raise InvalidArgumentError("quantize_fp8_block", "block", "a positive int", repr(block))
+    return _quantize(w, block, block, fp8, pow2_scales, "quantize_fp8_block", "w")
 
 
 def dequantize_fp8_block(w_fp8: torch.Tensor, scale: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
@@ -89,7 +101,7 @@ def act_quant_1x128(
     """Per-token activation quantization: x [T, K] -> (fp8 [T, K], fp32 scales [T, ceil(K/128)])."""
     if x.dim() != 2:
         raise InvalidArgumentError("act_quant_1x128", "x", "shape [T, K]", f"{tuple(x.shape)}")
-    return _quantize(x, 1, BLOCK, fp8, pow2_scales)
+    return _quantize(x, 1, BLOCK, fp8, pow2_scales, "act_quant_1x128", "x")
 
 
 def act_dequant_1x128(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -117,6 +117,9 @@ DECLARED: Mapping[str, OpBuckets] = MappingProxyType({b.op: b for b in (
     OpBuckets("moe_route", "moe", ("hash", "tokens")),
     # the weights' case, decided at prepare_weights: tokens is the class the weights are prepared for
     OpBuckets("moe_experts", "moe", ("format", "fp8", "tokens")),
+    # the token class orders the GEMMs (decode reads the weight once, prefill is compute); a partial last weight
+    # block is a bucket apart, as DeepGEMM's binding refuses it
+    OpBuckets("fp8_linear", "linear", ("tokens", "partial_block")),
     OpBuckets("mhc_pre", "mhc", ("sinkhorn_iters",)),
     OpBuckets("mhc_post", "mhc", ()),
     OpBuckets("mhc_post_pre", "mhc", ("sinkhorn_iters",)),

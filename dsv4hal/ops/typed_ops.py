@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from dsv4hal.ops import indexer_logits as _indexer_logits
     from dsv4hal.ops import indexer_store as _indexer_store
     from dsv4hal.ops import indexer_topk as _indexer_topk
+    from dsv4hal.ops import linear as _linear
     from dsv4hal.ops import mhc as _mhc
     from dsv4hal.ops import moe as _moe
     from dsv4hal.ops import offload as _offload
@@ -42,6 +43,7 @@ class TypedOps:
         indexer_store = _typed(_indexer_store.indexer_store)
         moe_route = _typed(_moe.moe_route)
         moe_experts = _typed(_moe.moe_experts)
+        fp8_linear = _typed(_linear.fp8_linear)
         mhc_pre = _typed(_mhc.mhc_pre)
         mhc_post = _typed(_mhc.mhc_post)
         mhc_post_pre = _typed(_mhc.mhc_post_pre)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from dsv4hal_cuda_sm90 import deepgemm_moe, marlin_moe, oai_triton_moe, vllm_router
+from dsv4hal_cuda_sm90 import deepgemm_linear, deepgemm_moe, marlin_moe, oai_triton_moe, vllm_router
 
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mhc, vendor_bounds
@@ -58,6 +58,9 @@ DEEPGEMM_INDEXER_PRIORITY = 300  # above the portable triton_indexer_logits (100
 # (100, 101), faster in every measured H200 shape (cuda_sm90.lock.json: 5.0 vs 5.4 us and 13.1 vs 14.5 for mhc_pre;
 # bench-mhc.json 9.1 vs 9.6 us at T=1 and 11.8 vs 14.0 at T=64 for mhc_post_pre), conformance passed forced
 DEEPGEMM_MHC_PRIORITY = 102
+# fp8_linear through DeepGEMM's fp8_gemm_nt, the GEMM SGLang and vLLM run these projections with on Hopper: above the
+# portable triton_fp8_linear (100); neither is timed on the H200 yet (`dsv4hal tune` orders them per token class)
+DEEPGEMM_LINEAR_PRIORITY = 300
 
 FLASHMLA_H_Q = QueryHeads(counts=(64, 128))  # the legacy kernels are instantiated for 64 and 128 heads
 PREFILL_TOPK_ALIGN = 128  # SM90 sparse prefill asserts topk % 128 == 0 for h64 and h128
@@ -140,4 +143,10 @@ def register(registry: Registry) -> None:
     registry.add_kernel(deepgemm_mhc.kernel(PLATFORM, "deepgemm_mhc_pre_sm90", DEEPGEMM_MHC_PRIORITY, "SM90"))
     registry.add_kernel(deepgemm_mhc.kernel(PLATFORM, "deepgemm_mhc_post_pre_sm90", DEEPGEMM_MHC_PRIORITY,
                                             "SM90", op="mhc_post_pre"))
+    registry.add_kernel(KernelImpl(
+        op="fp8_linear", name=deepgemm_linear.NAME, target="dsv4hal_cuda_sm90.deepgemm_linear:fp8_linear",
+        platforms=(PLATFORM,), priority=DEEPGEMM_LINEAR_PRIORITY, tier="vendor",
+        requires=(deepgemm_linear.LIBRARY, "triton"), supports=deepgemm_linear.supports,
+        description="the MoE's Triton 1x128 quantizer (TMA-aligned MN-major scales), then DeepGEMM fp8_gemm_nt "
+                    "(SM90 1D2D kernel, fp32 scales)"))
     registry.add_kernel(deepep.kernel(PLATFORM, "sm90"))  # expert_parallel

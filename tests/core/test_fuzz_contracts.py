@@ -51,7 +51,8 @@ HUGE = 2**36
 COUNTS: collections.Counter[str] = collections.Counter()
 FINDINGS: list[str] = []
 TRITON = {"pack_store": "triton_pack_store", "dequant_gather": "triton_dequant_gather",
-          "indexer_topk": "triton_radix_topk", "build_attention_metadata": "triton_attention_metadata"}
+          "indexer_topk": "triton_radix_topk", "build_attention_metadata": "triton_attention_metadata",
+          "fp8_linear": "triton_fp8_linear"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -320,6 +321,9 @@ def _bad_values(op: str, args: dict[str, Any]) -> list[tuple[str, Callable[[int,
         out.append(("full_to_swa", f2s_bad))
     elif op == "moe_route":
         nonfinite("router_logits")
+    elif op == "fp8_linear":
+        nonfinite("x")
+        nonfinite("weight_scale")
     elif op == "moe_experts":
         e = int(args["weights"].case["E"])
         ids = args["topk_ids"]

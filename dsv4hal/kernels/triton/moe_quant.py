@@ -61,24 +61,35 @@ COPY_WORDS = 1024  # 4-byte words of codes a step of the copy pass moves a row (
 
 
 @triton.jit
-def _group_codes(v, POW2: tl.constexpr, HW_FP8: tl.constexpr):
-    """fp32 [pairs, 128] (one 128-group a row) -> (e4m3fn codes uint8 [pairs, 128], scales fp32 [pairs]): scale
-    max(amax, 1e-4) / 448 (POW2: rounded up to a power of two, UE8M0, exactly representable), codes v / scale.
+def _group_codes(v, POW2: tl.constexpr, HW_FP8: tl.constexpr, FNUZ: tl.constexpr = False,
+                 EXACT: tl.constexpr = False):
+    """fp32 [pairs, 128] (one 128-group a row) -> (e4m3 codes uint8 [pairs, 128], scales fp32 [pairs]): scale
+    max(amax, 1e-4) / FP8_MAX (POW2: rounded up to a power of two, UE8M0, exactly representable), codes v / scale.
+    FP8_MAX is 448 for e4m3fn codes, 240 for e4m3fnuz (FNUZ). EXACT: both divisions IEEE (div_rn), so the codes and
+    scales are torch's (dsv4hal.formats.fp8_block.act_quant_1x128) on the GPU too; off, they are the GPU's
+    approximate division (up to 2 ulp: a code may sit one FP8 step off where the quotient is at a rounding tie).
 
     amax skips NaNs (tl.max does, on the GPU and in the interpreter), so a NaN element keeps its group's scale and
     must reach the codec as NaN: its code is FP8's NaN and the GEMM or the output carries it on. The hardware cast
-    saturates (satfinite) and keeps NaN; the integer encoder wants values within +-448."""
+    saturates (satfinite) and keeps NaN; the integer encoder wants values within +-FP8_MAX."""
+    FP8_MAX: tl.constexpr = 240.0 if FNUZ else 448.0
     amax = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-4)
-    scale = amax / 448.0
+    if EXACT:
+        scale = tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32))
+    else:
+        scale = amax / FP8_MAX
     if POW2:
         bits = scale.to(tl.int32, bitcast=True)
         inexact = (bits & 0x7FFFFF) != 0
         scale = ((bits & 0x7F800000) + tl.where(inexact, 0x800000, 0)).to(tl.float32, bitcast=True)
-    y = v / scale[:, None]
-    if not HW_FP8:
-        y = tl.minimum(tl.maximum(y, -448.0, propagate_nan=tl.PropagateNan.ALL), 448.0,
+    if EXACT:
+        y = tl.math.div_rn(v, tl.broadcast_to(scale[:, None], v.shape))
+    else:
+        y = v / scale[:, None]
+    if FNUZ or not HW_FP8:
+        y = tl.minimum(tl.maximum(y, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_MAX,
                        propagate_nan=tl.PropagateNan.ALL)
-    return fp8_bits(y, False, HW_FP8), scale
+    return fp8_bits(y, FNUZ, HW_FP8), scale
 
 
 # sizes that change with T are not specialised on (K and the strides are: their divisibility vectorises accesses)
@@ -87,7 +98,7 @@ def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf
                        rows, num_routes, top_k, K, align, limit, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
                        GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr,
                        LAYOUT: tl.constexpr, HW_FP8: tl.constexpr, STAGES: tl.constexpr, DIRECT: tl.constexpr,
-                       FAST: tl.constexpr):
+                       FAST: tl.constexpr, EXACT: tl.constexpr):
     # pair i of the tile: row r0 + i // BLOCK_G, group g0 + i % BLOCK_G (a row's BLOCK_G pairs share its loads)
     i = tl.arange(0, BLOCK_R * BLOCK_G)
     r = tl.program_id(0) * BLOCK_R + i // BLOCK_G
@@ -125,7 +136,7 @@ def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf
                 v = _to_bf16(_swiglu_f32(gate, up, limit, CLAMP)).to(tl.float32)
         else:
             v = tl.load(base[:, None] + c, mask=load[:, None], other=0.0).to(tl.float32)
-        q, scale = _group_codes(v, POW2, HW_FP8)
+        q, scale = _group_codes(v, POW2, HW_FP8, False, EXACT)
         if POW2:
             scale = tl.where(valid, scale, 1.0)  # padding rows loaded zeros: codes 0 with scale 1
         store = write & (g < num_groups)
@@ -262,7 +273,7 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
             block_expert if has_layout else sorted_routes, rows, num_routes, top_k, k_dim, align, limit,
             BLOCK_R=block_r, BLOCK_G=block_g, GATHER=gather, SWIGLU=swiglu_limit is not None, CLAMP=clamp,
             POW2=pow2_scales, LAYOUT=has_layout, HW_FP8=hardware_fp8(src.device), STAGES=stages, num_warps=warps,
-            DIRECT=False, FAST=swiglu_limit is not None and (FAST_SWIGLU if fast is None else fast))
+            DIRECT=False, FAST=swiglu_limit is not None and (FAST_SWIGLU if fast is None else fast), EXACT=False)
     return q, sf.t()
 
 
@@ -281,20 +292,44 @@ def _scatter_from_tokens(x: torch.Tensor, row_of_route: torch.Tensor, rows: int,
     return q, sf.t()
 
 
+def _quantize_tokens(x: torch.Tensor, k_dim: int, pow2_scales: bool, exact: bool, pitch: int, warps: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's T rows quantized 1x128 in one launch (DIRECT): (codes uint8 [T, K], scales fp32 [K/128, pitch], MN-major,
+    row t's scales in column t; columns past T unwritten)."""
+    tokens, dev = x.shape[0], x.device
+    qt = torch.empty(tokens, k_dim, dtype=torch.uint8, device=dev)
+    sft = torch.empty(k_dim // GROUP, pitch, dtype=torch.float32, device=dev)
+    if tokens:
+        unused = qt.view(torch.int32)  # the route and layout pointers: DIRECT reads none of them
+        block_r, block_g = row_tile(tokens, tokens, k_dim, GROUP)  # every row dense
+        _quant_rows_kernel[(triton.cdiv(tokens, block_r),)](
+            x, x.stride(0), unused, qt, sft, sft.stride(0), unused, unused, tokens, tokens, 1,
+            k_dim, GROUP, 0.0, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=False, SWIGLU=False, CLAMP=False,
+            POW2=pow2_scales, LAYOUT=False, HW_FP8=hardware_fp8(dev), STAGES=DENSE_STAGES if block_r > 1 else 1,
+            num_warps=warps, DIRECT=True, FAST=False, EXACT=exact)
+    return qt, sft
+
+
+def quantize_tokens(x: torch.Tensor, *, pow2_scales: bool = False, exact: bool = True, warps: int = 4
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] (K a multiple of 128, unit stride along K) -> (codes uint8 [T, K] (view as float8_e4m3fn), scales
+    fp32 [T, K/128]): the 1x128 activation quantization of quantize_routed_rows, one row a token. The scales are
+    MN-major with a pitch of T rounded up to 4 (strides (1, pitch)): the TMA-aligned layout DeepGEMM's SM90
+    fp8_gemm_nt takes without a per-call transform. exact (the default): IEEE divisions, the bytes of
+    dsv4hal.formats.fp8_block.act_quant_1x128."""
+    if x.shape[1] % GROUP:
+        raise ValueError(f"quantize_tokens: K={x.shape[1]} is not a multiple of {GROUP}")
+    tokens = x.shape[0]
+    q, sft = _quantize_tokens(x, x.shape[1], pow2_scales, exact, -(-tokens // 4) * 4, warps)
+    return q, sft[:, :tokens].t()
+
+
 def _per_token_then_copy(x: torch.Tensor, sorted_routes: torch.Tensor, num_routes: int, top_k: int, k_dim: int,
                          pow2_scales: bool, layout: torch.Tensor | None, block_expert: torch.Tensor | None,
                          align: int, warps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The gather pass in two launches: x's T rows quantized (DIRECT), then each sorted row copies its token's."""
     tokens, rows, dev = x.shape[0], sorted_routes.numel(), x.device
-    qt = torch.empty(tokens, k_dim, dtype=torch.uint8, device=dev)
-    sft = torch.empty(k_dim // GROUP, tokens, dtype=torch.float32, device=dev)
-    if tokens:
-        block_r, block_g = row_tile(tokens, tokens, k_dim, GROUP)  # every row dense
-        _quant_rows_kernel[(triton.cdiv(tokens, block_r),)](
-            x, x.stride(0), sorted_routes, qt, sft, sft.stride(0), sorted_routes, sorted_routes, tokens, tokens, 1,
-            k_dim, GROUP, 0.0, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=False, SWIGLU=False, CLAMP=False,
-            POW2=pow2_scales, LAYOUT=False, HW_FP8=hardware_fp8(dev), STAGES=DENSE_STAGES if block_r > 1 else 1,
-            num_warps=warps, DIRECT=True, FAST=False)
+    qt, sft = _quantize_tokens(x, k_dim, pow2_scales, False, tokens, warps)
     q = torch.empty(rows, k_dim, dtype=torch.uint8, device=dev)
     sf = torch.empty(k_dim // GROUP, rows, dtype=torch.float32, device=dev)
     has_layout = layout is not None

@@ -122,6 +122,12 @@ def register(registry: Registry) -> None:
                                    target=f"{_MOD}.indexer_store:indexer_store", layout="indexer-132",
                                    description="8 rows a program: amax/pow2 scale, integer FP8 codec, masked "
                                                "scatter (bit-identical to the reference)", **common))
+    registry.add_kernel(KernelImpl(op="fp8_linear", name="triton_fp8_linear", target=f"{_MOD}.fp8_linear:fp8_linear",
+                                   description="one launch: a program's 128 output columns over a run of K's "
+                                               "128-blocks, x quantized 1x128 in registers (the MoE's quantizer), "
+                                               "FP8 dot, block scales after the dot; split-K (a second, "
+                                               "deterministic sum launch) when the column tiles are fewer than the "
+                                               "SMs", **common))
     registry.add_kernel(KernelImpl(op="offload_fetch", name="triton_offload_fetch",
                                    target=f"{_MOD}.offload_fetch:offload_fetch", layout="v4-584",
                                    description="device-side plan (no host sync), one program per miss copies "

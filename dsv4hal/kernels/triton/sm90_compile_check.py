@@ -18,14 +18,45 @@ from triton.compiler import ASTSource
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def compile_sm90(fn: object, types: dict[str, str], constexprs: dict[str, object], **options: object) -> dict:
-    """{"ptx_fma": number of fp32 FMAs, "cubin_bytes"} of fn compiled for sm_90, or {"error": ...}."""
+def compile_sm90(fn: object, types: dict[str, str], constexprs: dict[str, object], aligned: tuple[str, ...] = (),
+                 count: tuple[str, ...] = (), **options: object) -> dict:
+    """{"ptx_fma": number of fp32 FMAs, "cubin_bytes", and for each PTX fragment in `count` its occurrences} of fn
+    compiled for sm_90, or {"error": ...}. `aligned`: the arguments a launch sees divisible by 16 (pointers' and
+    ints' values), as Triton specializes them, so accesses vectorize as they would at run time."""
     sig = {**types, **{k: "constexpr" for k in constexprs}}
+    names = list(sig)
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     try:
-        k = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=SM90, options=options)
+        k = triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=attrs), target=SM90, options=options)
     except Exception as exc:  # reported, not raised: the caller asserts on it with the message
         return {"error": f"{type(exc).__name__}: {str(exc)[-600:]}"}
-    return {"ptx_fma": k.asm["ptx"].count("fma.rn.f32"), "cubin_bytes": len(k.asm["cubin"])}
+    ptx = k.asm["ptx"]
+    return {"ptx_fma": ptx.count("fma.rn.f32"), "cubin_bytes": len(k.asm["cubin"]), **{c: ptx.count(c) for c in count}}
+
+
+LINEAR_COUNTS = ("div.rn.f32", "div.full.f32", "cp.async.cg.shared.global", "wgmma.mma_async", "mma.sync")
+
+
+def _fp8_linear_checks() -> list[dict]:
+    """fp8_linear's kernel at a decode tile (16 rows: fp16 MMAs) and a 64-row one (wgmma), e4m3fn's FP8 dot and
+    e4m3fnuz's decoded operands; its x quantization's divisions are IEEE (div.rn, no div.full), and the weight
+    arrives by 16-byte asynchronous copies (pipelined)."""
+    import triton.language as tl
+
+    from dsv4hal.kernels.triton import fp8_linear
+
+    types = {"x_ptr": "*bf16", "stride_x": "i32", "w_ptr": "*u8", "stride_w": "i32", "s_ptr": "*fp32",
+             "stride_sn": "i32", "stride_sk": "i32", "out_ptr": "*bf16", "T": "i32", "N": "i32", "KB": "i32",
+             "blocks_per_split": "i32"}
+    out = []
+    for block_m in (16, 64):
+        for fnuz in (False, True):
+            const = {"BLOCK_M": block_m, "BLOCK_N": fp8_linear.BLOCK, "FNUZ": fnuz, "HW_FP8": not fnuz,
+                     "NATIVE": not fnuz, "DOT": tl.float16, "SPLIT": False, "STAGES": fp8_linear.STAGES}
+            out.append({"kernel": "fp8_linear", "block_m": block_m, "fnuz": fnuz,
+                        **compile_sm90(fp8_linear._fp8_linear_kernel, types, const, num_warps=4, count=LINEAR_COUNTS,
+                                       aligned=("x_ptr", "stride_x", "w_ptr", "stride_w", "s_ptr", "out_ptr"))})
+    return out
 
 
 def checks() -> list[dict]:
@@ -58,7 +89,8 @@ def checks() -> list[dict]:
                "num_routes": "i32", "top_k": "i32", "K": "i32", "align": "i32", "limit": "fp32"}
     for fast in (False, True):  # the FP8 MoE's SwiGLU pass, torch's roundings and the approximate form
         const = {"BLOCK_R": 4, "BLOCK_G": 4, "GATHER": False, "SWIGLU": True, "CLAMP": True, "POW2": False,
-                 "LAYOUT": False, "HW_FP8": True, "STAGES": moe_quant.DENSE_STAGES, "DIRECT": False, "FAST": fast}
+                 "LAYOUT": False, "HW_FP8": True, "STAGES": moe_quant.DENSE_STAGES, "DIRECT": False, "FAST": fast,
+                 "EXACT": False}
         out.append({"kernel": "moe_quant (swiglu)", "fast": fast,
                     **compile_sm90(moe_quant._quant_rows_kernel, m_types, const, num_warps=4)})
     s_types = {"x_ptr": "*bf16", "stride_x": "i32", "row_of_route_ptr": "*i64", "q_ptr": "*u8", "sf_ptr": "*fp32",
@@ -71,7 +103,7 @@ def checks() -> list[dict]:
     const = {"BLOCK_E": 256, "NCP": moe_align.MAX_PROGRAMS, "SE": moe_align.SCAN_ELEMENTS // moe_align.MAX_PROGRAMS}
     out.append({"kernel": "moe_align (scan)",  # E = 256 over the most programs: T = 4096's launch
                 **compile_sm90(moe_align._scan_kernel, {"hist_ptr": "*i32", "NC": "i32"}, const, num_warps=4)})
-    return out
+    return out + _fp8_linear_checks()
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def test_every_kernel_compiles(rows: list[dict]) -> None:
     """Every kernel setting the check names compiles for SM90 to a non-empty cubin."""
     settings = Counter(r["kernel"] for r in rows)
     assert settings == {"indexer_q_prep": 4, "compress (hadamard)": 3, "moe_quant (swiglu)": 2,
-                        "moe_quant (scatter from tokens)": 1, "moe_align (scan)": 1}, settings
+                        "moe_quant (scatter from tokens)": 1, "moe_align (scan)": 1, "fp8_linear": 4}, settings
     for r in rows:
         assert "error" not in r and r["cubin_bytes"] > 0, r
 
@@ -42,3 +42,14 @@ def test_indexer_q_prep_keeps_its_products_apart(rows: list[dict]) -> None:
     q = [r for r in rows if r["kernel"] == "indexer_q_prep"]
     assert all(r["ptx_fma"] == 0 for r in q if not r["fp_fusion"])  # as the launch compiles it
     assert all(r["ptx_fma"] > 0 for r in q if r["fp_fusion"])  # the check can fail: fusion would contract RoPE
+
+
+def test_fp8_linear_quantizes_exactly_and_pipelines_its_weight(rows: list[dict]) -> None:
+    """fp8_linear's x quantization divides with div.rn only (the reference's codes, not the approximate div.full),
+    its weight tiles come by 16-byte cp.async (pipelined), and 64-row tiles run wgmma, 16-row ones mma.sync."""
+    linear = [r for r in rows if r["kernel"] == "fp8_linear"]
+    assert len(linear) == 4
+    for r in linear:
+        assert r["div.rn.f32"] > 0 and r["div.full.f32"] == 0, r
+        assert r["cp.async.cg.shared.global"] > 0, r
+        assert (r["wgmma.mma_async"] > 0) == (r["block_m"] == 64) and (r["mma.sync"] > 0) == (r["block_m"] == 16), r

@@ -15,7 +15,7 @@ from dsv4hal.errors import Dsv4HalError
 BENCHES = {"attention": "dsv4hal.bench.attention", "pack_store": "dsv4hal.bench.cache_ops",
            "topk": "dsv4hal.bench.topk", "moe": "dsv4hal.bench.moe", "mhc": "dsv4hal.bench.mhc",
            "compress": "dsv4hal.bench.compress", "indexer": "dsv4hal.bench.indexer", "ep": "dsv4hal.distributed.bench",
-           "offload": "dsv4hal.bench.offload"}
+           "offload": "dsv4hal.bench.offload", "linear": "dsv4hal.bench.linear"}
 CPU_BENCHES = {"ep", "offload"}  # also run without a GPU (a tiny shape: gloo processes, a tiny pool)
 
 

@@ -21,8 +21,11 @@ class DemoConfig:
     o_lora: int = 64
     max_pages: int = 4  # per request (run_demo sizes it to the context)
     draw_on_device: bool = False  # random weights drawn on the device (full size), else on the CPU
+    # the dense projections (wq_a, wq_b, wkv, wo_b, the indexer's wq_b) in FP8 with 128x128 block scales through
+    # the fp8_linear op, as V4's checkpoint stores them (their input widths must be multiples of 128); else bf16
+    fp8_linears: bool = False
 
 
 SIZES = {"small": DemoConfig(),
          "flash": DemoConfig(hidden=4096, heads=64, experts=256, inter=2048, q_lora=1024, o_groups=8, o_lora=1024,
-                             draw_on_device=True)}
+                             draw_on_device=True, fp8_linears=True)}

@@ -21,6 +21,7 @@ from dsv4hal.rope import make_rope_table
 from dsv4hal.speculative import compress_ring
 
 INDEX_HEADS = 64  # the lightning indexer's query heads (each INDEX_DIM wide)
+FP8_LINEARS = ("wq_a", "wq_b", "wkv", "wo_b", "wq_idx")  # V4's FP8 block-scaled projections (spec 5.1)
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -135,6 +136,10 @@ class DemoModel:
                 w["state"] = new_state(batch, ratio, w["wkv_gate"].shape[0], dev, ring=ring)
                 if ratio == 4:
                     w["idx_state"] = new_state(batch, 4, w["idx_gate"].shape[0], dev, ring=ring)
+            if cfg.fp8_linears:  # (FP8 codes, block scales) in place of the bf16 weight
+                for name in FP8_LINEARS:
+                    if name in w:
+                        w[name] = dsv4hal.quantize_fp8_block(w[name], platform.info.fp8)
             self.layers.append(w)
 
     def offload_c4(self, fraction: float = 0.25) -> None:
@@ -218,9 +223,9 @@ class DemoModel:
                    timer: OpTimer, decode: bool) -> torch.Tensor:
         ops, t, h, step = self.ops, a.shape[0], self.q_heads, self.step
         cis = step["cis"]
-        q_lora = _rms_bf16(a @ w["wq_a"].T)
-        q = _rope_(_rms_bf16((q_lora @ w["wq_b"].T).view(t, h, D_HEAD)), cis[:, None])
-        kv = _rope_(_rms(a @ w["wkv"].T, w["kv_norm"]), cis).bfloat16()
+        q_lora = _rms_bf16(self._proj(a, w["wq_a"], timer))
+        q = _rope_(_rms_bf16(self._proj(q_lora, w["wq_b"], timer).view(t, h, D_HEAD)), cis[:, None])
+        kv = _rope_(_rms(self._proj(a, w["wkv"], timer), w["kv_norm"]), cis).bfloat16()
         with timer("pack_store"):
             ops.pack_store(kv, step["swa_loc"], w["swa"])
         extra: dict[str, Any] = {}
@@ -249,7 +254,14 @@ class DemoModel:
 
     def _output(self, o: torch.Tensor, w: dict, timer: OpTimer) -> torch.Tensor:
         """The output projection's second GEMM (a tensor-parallel rank's partial sum, all-reduced, in tp_model)."""
-        return (o @ w["wo_b"].T).bfloat16()
+        return self._proj(o, w["wo_b"], timer).bfloat16()
+
+    def _proj(self, x: torch.Tensor, weight: Any, timer: OpTimer) -> torch.Tensor:
+        """x bf16 [T, K] @ weight^T: the fp8_linear op on (FP8 codes, block scales), else a bf16 GEMM."""
+        if isinstance(weight, tuple):
+            with timer("fp8_linear"):
+                return self.ops.fp8_linear(x, *weight)
+        return x @ weight.T
 
     def _compress(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: OpTimer,
                   decode: bool) -> None:
@@ -309,7 +321,9 @@ class DemoModel:
     def _indexer(self, w: dict, a: torch.Tensor, q_lora: torch.Tensor, req: torch.Tensor, pos: torch.Tensor,
                  meta: Any, timer: OpTimer) -> torch.Tensor:
         t = a.shape[0]
-        q = _linear_f32(q_lora, w["wq_idx"]).view(t, INDEX_HEADS, INDEX_DIM)
+        wq = w["wq_idx"]
+        q = (self._proj(q_lora, wq, timer) if isinstance(wq, tuple) else _linear_f32(q_lora, wq))
+        q = q.view(t, INDEX_HEADS, INDEX_DIM)
         with timer("indexer_q_prep"):  # RoPE, Hadamard, per-head FP8 and the folded weights: one op
             q8, weights = self.ops.indexer_q_prep(q, _linear_f32(a, w["w_proj"]), self.cos, self.sin,
                                                   self.step["pos32"], self.p.info.fp8)

@@ -7,6 +7,7 @@ compressors and the MoE are replicated: every rank runs them on every token."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,7 +32,9 @@ class TPDemoModel(DemoModel):
         if cfg.heads % world or cfg.o_groups % world:
             raise InvalidArgumentError("TPDemoModel", "group", f"a size dividing the {cfg.heads} heads and the "
                                        f"{cfg.o_groups} output groups", f"size {world}")
-        super().__init__(platform, cfg, batch, seed, tokens_per_request=tokens_per_request)
+        # bf16 projections: a rank keeps row and column shares of wq_b and wo_b
+        super().__init__(platform, replace(cfg, fp8_linears=False), batch, seed,
+                         tokens_per_request=tokens_per_request)
         self.heads = attention_heads(platform, cfg.heads // world)
         h, g = self.heads.heads, cfg.o_groups // world
         self.q_heads, self.q_heads_padded, self.o_groups = h, self.heads.padded, g

@@ -23,7 +23,7 @@ DSV4HAL = ("{python}", "-m", "dsv4hal")
 CONFORMANCE_ATTENTION_OPS = "sparse_attention_decode,sparse_attention_prefill,compress,compress_decode,indexer_logits,"\
                             "mhc_post_pre"
 CONFORMANCE_REST_OPS = "pack_store,dequant_gather,indexer_topk,indexer_q_prep,indexer_store,moe_route,mhc_pre,"\
-                       "mhc_post,mhc_head,build_attention_metadata,offload_fetch"
+                       "mhc_post,mhc_head,build_attention_metadata,offload_fetch,fp8_linear"
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,7 @@ SUITES: tuple[Suite, ...] = (
     _bench("mhc", "bench-mhc", 300, "--quick", plot=True),
     _bench("compress", "bench-compress", 300, "--quick", plot=True),
     _bench("indexer", "bench-indexer", 300, "--quick"),
+    _bench("linear", "bench-linear", 300, "--quick"),
     _bench("pack_store", "bench-pack-store", 300),
     Suite("bench-offload", "`dsv4hal bench offload`: offload_fetch of n C4 pages from pinned host memory against a "
           "plain pinned copy_ of the same bytes", (*DSV4HAL, "bench", "offload", "--json", "{json}"), 300,

@@ -10,7 +10,7 @@ from dataclasses import replace
 from dsv4hal_cuda_sm90 import deepgemm_moe, marlin_moe, oai_triton_moe, vllm_router
 
 from dsv4hal.hardware import PlatformInfo
-from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mhc, vendor_bounds
+from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mega_moe, deepgemm_mhc, vendor_bounds
 from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, QueryHeads, Registry
 
@@ -141,3 +141,4 @@ def register(registry: Registry) -> None:
     registry.add_kernel(deepgemm_mhc.kernel(PLATFORM, "deepgemm_mhc_post_pre_sm90", DEEPGEMM_MHC_PRIORITY,
                                             "SM90", op="mhc_post_pre"))
     registry.add_kernel(deepep.kernel(PLATFORM, "sm90"))  # expert_parallel
+    registry.add_kernel(deepgemm_mega_moe.kernel(PLATFORM, "sm90"))  # ep_fused_moe

@@ -30,6 +30,7 @@ class CollectiveSpec:
 
 EXPERT_PARALLEL = "expert_parallel"
 TP_ALL_REDUCE = "tp_all_reduce"
+EP_FUSED_MOE = "ep_fused_moe"
 
 COLLECTIVES: tuple[CollectiveSpec, ...] = (
     CollectiveSpec(
@@ -51,6 +52,19 @@ COLLECTIVES: tuple[CollectiveSpec, ...] = (
         MappingProxyType({"cpu": MappingProxyType({"device": "cpu", "group_backend": "gloo",
                                                    "symm_mem": "missing"})}),
         MappingProxyType({"group_backend": ("nccl", "gloo", "none"), "dtype": ("bf16", "fp32"),
+                          "symm_mem": ("available", "missing"), "device": ("cpu", "cuda")})),
+    CollectiveSpec(
+        EP_FUSED_MOE,
+        "a whole expert-parallel MoE layer in one call (dispatch, experts, combine): a fused vendor kernel, or the "
+        "split expert_parallel dispatch + moe_experts + combine",
+        # V4-Flash over 8 GPUs: 256 experts (32 a rank), top-6, hidden 4096, intermediate 2048, MXFP4 experts,
+        # a decode batch of up to 256 tokens a rank
+        MappingProxyType(dict(world_size=8, group_backend="nccl", weights="mxfp4", fp8="e4m3fn", hidden=4096,
+                              intermediate=2048, top_k=6, experts_per_rank=32, max_tokens=256,
+                              symm_mem="available", device="cuda")),
+        MappingProxyType({"cpu": MappingProxyType({"device": "cpu", "group_backend": "gloo",
+                                                   "symm_mem": "missing"})}),
+        MappingProxyType({"group_backend": ("nccl", "gloo", "none"), "weights": ("mxfp4", "fp8_block"),
                           "symm_mem": ("available", "missing"), "device": ("cpu", "cuda")})),
 )
 COLLECTIVE_NAMES: tuple[str, ...] = tuple(c.name for c in COLLECTIVES)

@@ -1,12 +1,13 @@
 """The built-in CPU platform: every op bound to its pure-PyTorch reference. The references are also
 registered for every other platform at the lowest priority, so an op with no fast kernel still runs
 (on the GPU, through PyTorch) and `info` says so; strict mode refuses that on GPU platforms. The built-in
-backends of the collective ops expert_parallel and tp_all_reduce (loop-back, torch collectives) are registered
-here too, for every platform."""
+backends of the collective ops expert_parallel, tp_all_reduce and ep_fused_moe (loop-back, torch collectives, the
+split path) are registered here too, for every platform."""
 
 from __future__ import annotations
 
 from dsv4hal.distributed import backends as ep_backends
+from dsv4hal.distributed import fused as ep_fused
 from dsv4hal.distributed import tp_backends
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.hookspecs import hookimpl
@@ -32,3 +33,4 @@ def dsv4hal_register(registry: Registry) -> None:
             description="pure-PyTorch reference (float32 accumulation)"))
     ep_backends.register(registry)
     tp_backends.register(registry)
+    ep_fused.register(registry)

@@ -9,6 +9,8 @@ dispatch(x bf16 [T, H], topk_ids int32 [T, k] logical (negative: dropped), topk_
          the experts return their unweighted outputs in the same layout, combine applies the weights.
        With dtype "fp8" x is quantized on the way (1x128 block scales): x_scale fp32 [..., H / 128] beside fp8 x.
        counts int32 [E_local]: routes received per local expert; handle: what combine needs.
+fused_moe(x, topk_ids, topk_weights, fused weights) -> bf16 [T, H]: dispatch, this rank's experts and combine in one
+    call (dsv4hal.distributed.fused); the weights are prepared once for the backend chosen then.
 combine(expert_out, handle) -> bf16 [T, H] on the token's rank: the sum of every rank's weighted expert outputs
     (for the standard layout moe_experts' rows; for the batched layout weights applied here, in fp32).
 
@@ -27,6 +29,7 @@ from dsv4hal.errors import InvalidArgumentError
 
 DISPATCH_OP = "ep_dispatch"
 COMBINE_OP = "ep_combine"
+FUSED_OP = "ep_fused_moe"
 Layout = Literal["standard", "batched"]
 LAYOUTS = ("standard", "batched")
 DTYPES = ("bf16", "fp8")
@@ -76,14 +79,20 @@ class Dispatched:
         return act_dequant_1x128(flat, scale).to(torch.bfloat16).view(self.x.shape)
 
 
+def _check_routed(op: str, x: object, topk_ids: object, topk_weights: object, hidden: int, top_k: int) -> int:
+    """x bf16 [T, H], topk_ids int32 [T, k], topk_weights fp32 [T, k] on x's device; returns T."""
+    xt = check_tensor(op, "x", x, dtype=torch.bfloat16, shape=(None, hidden))
+    t = xt.shape[0]
+    check_tensor(op, "topk_ids", topk_ids, dtype=torch.int32, shape=(t, top_k), device=xt.device)
+    check_tensor(op, "topk_weights", topk_weights, dtype=torch.float32, shape=(t, top_k), device=xt.device)
+    return t
+
+
 def validate_dispatch(x: object, topk_ids: object, topk_weights: object, *, hidden: int, top_k: int,
                       max_tokens: int | None, layout: object, decode: bool) -> int:
     """Local checks of one rank's dispatch arguments; returns T. A batch over max_tokens_per_rank is reported by
     the caller (agreed on collectively), not raised here."""
-    xt = check_tensor(DISPATCH_OP, "x", x, dtype=torch.bfloat16, shape=(None, hidden))
-    t = xt.shape[0]
-    check_tensor(DISPATCH_OP, "topk_ids", topk_ids, dtype=torch.int32, shape=(t, top_k), device=xt.device)
-    check_tensor(DISPATCH_OP, "topk_weights", topk_weights, dtype=torch.float32, shape=(t, top_k), device=xt.device)
+    t = _check_routed(DISPATCH_OP, x, topk_ids, topk_weights, hidden, top_k)
     check_choice(DISPATCH_OP, "layout", layout, LAYOUTS)
     if (decode or layout == "batched") and max_tokens is None:
         raise InvalidArgumentError(DISPATCH_OP, "max_tokens_per_rank", "a power of two (decode mode and the batched "
@@ -110,3 +119,33 @@ def validate_max_tokens(value: object) -> int | None:
                                    "buffers of decode mode are sized by it)", show(value),
                                    remedy="round the largest per-rank batch up to a power of two")
     return value
+
+
+def validate_fused_weights(weights: object, *, hidden: int, experts_per_rank: int) -> None:
+    """The local experts handed to prepare_fused_weights: ExpertWeights of this rank's physical slots."""
+    from dsv4hal.formats.experts import ExpertWeights
+
+    if not isinstance(weights, ExpertWeights):
+        raise InvalidArgumentError(FUSED_OP, "weights", "ExpertWeights of this rank's experts", type(weights).__name__,
+                                   remedy="dsv4hal.distributed.local_expert_weights(layer_weights, "
+                                          "ep.local_experts())")
+    if weights.num_experts != experts_per_rank or weights.hidden != hidden:
+        raise InvalidArgumentError(FUSED_OP, "weights", f"{experts_per_rank} experts (this rank's physical slots) of "
+                                   f"hidden {hidden}", f"{weights.num_experts} experts of hidden {weights.hidden}",
+                                   remedy="pass this rank's experts only: local_expert_weights(layer_weights, "
+                                          "ep.local_experts())")
+
+
+def validate_fused(x: object, topk_ids: object, topk_weights: object, prepared: object, *, hidden: int, top_k: int,
+                   experts_per_rank: int) -> int:
+    """Local checks of one rank's fused_moe arguments; returns T."""
+    from dsv4hal.distributed.fused import FusedWeights
+
+    if not isinstance(prepared, FusedWeights):
+        raise InvalidArgumentError(FUSED_OP, "prepared", "the FusedWeights prepare_fused_weights returned",
+                                   type(prepared).__name__, remedy="prepared = ep.prepare_fused_weights(local_weights)")
+    if prepared.hidden != hidden or prepared.experts_per_rank != experts_per_rank:
+        raise InvalidArgumentError(FUSED_OP, "prepared", f"weights of {experts_per_rank} experts of hidden {hidden}",
+                                   f"{prepared.experts_per_rank} experts of hidden {prepared.hidden}",
+                                   remedy="prepare the weights with the ExpertParallel that runs them")
+    return _check_routed(FUSED_OP, x, topk_ids, topk_weights, hidden, top_k)

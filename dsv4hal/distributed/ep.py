@@ -5,13 +5,20 @@
     y_local = platform.ops.moe_experts(d.dequantized(), d.topk_ids, d.topk_weights, my_prepared_weights)
     y = ep.combine(y_local, d.handle)                                # bf16 [T, H] on this rank
 
+or the whole layer in one call (collective op ep_fused_moe, dsv4hal.distributed.fused: a fused vendor kernel where one
+runs the case, the three steps above elsewhere):
+
+    fw = ep.prepare_fused_weights(local_expert_weights(layer_weights, ep.local_experts()))
+    y = ep.fused_moe(x, topk_ids, topk_weights, fw)
+
 The backend is chosen per (mode, layout, device) by the platform, like a kernel (Platform.decide_collective with
 its registry, overrides and lock; ep.explain(...) says why); every call first agrees
 on errors across the group, so a problem on one rank raises ExpertParallelError on all of them."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,17 +28,24 @@ from dsv4hal.distributed.backends.base import EPContext, Pending
 from dsv4hal.distributed.contract import (
     DISPATCH_OP,
     DTYPES,
+    FUSED_OP,
     Dispatched,
     Handle,
     Layout,
     validate_combine,
     validate_dispatch,
+    validate_fused,
+    validate_fused_weights,
     validate_max_tokens,
 )
 from dsv4hal.distributed.expert_map import ExpertMap
 from dsv4hal.distributed.packing import FP8_BLOCK, RowCodec
 from dsv4hal.errors import Dsv4HalError, InvalidArgumentError
 from dsv4hal.selection import Decision
+
+if TYPE_CHECKING:
+    from dsv4hal.distributed.fused import FusedWeights
+    from dsv4hal.formats.experts import ExpertWeights
 
 FINGERPRINT = ("num_experts", "num_physical", "hidden", "top_k", "max_tokens_per_rank", "dtype", "expert map")
 
@@ -57,10 +71,11 @@ class ExpertParallel:
     def __init__(self, *, num_experts: int, hidden: int, top_k: int = 6, group: Any = None,
                  world_size: int | None = None, expert_map: ExpertMap | None = None,
                  max_tokens_per_rank: int | None = None, dtype: str = "bf16", fp8: str = "e4m3fn",
-                 pow2_scales: bool = False, platform: Any = None, backend: str | None = None) -> None:
+                 pow2_scales: bool = False, platform: Any = None, backend: str | None = None,
+                 fused_backend: str | None = None) -> None:
         size, rank, self.group_backend = _group_shape(group, world_size)
         self.group, self.world_size, self.rank = group, size, rank
-        self.platform, self.forced = platform, backend
+        self.platform, self.forced, self.forced_fused = platform, backend, fused_backend
         self.expert_map = expert_map if expert_map is not None else ExpertMap.identity(num_experts)
         code, value, local = ag.NO_ERROR, 0, None
         try:
@@ -94,6 +109,7 @@ class ExpertParallel:
         self.experts_per_rank = self.ctx.experts_per_rank
         self.recv_counts = torch.zeros(self.experts_per_rank, dtype=torch.int64)  # cumulative, for EPLB
         self._backends: dict[tuple[bool, str], tuple[Decision, Any]] = {}
+        self._fused: dict[str, Any] = {}  # ep_fused_moe backend name -> its built backend
 
     # ---------------------------------------------------------------- selection
 
@@ -136,26 +152,32 @@ class ExpertParallel:
     def dispatch_async(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
                        layout: Layout = "standard", decode: bool = False) -> Pending[Dispatched]:
         """Start the dispatch (the exchange runs while the caller works); .wait() returns the Dispatched."""
-        code, value, local = ag.NO_ERROR, 0, None
-        try:
-            t = validate_dispatch(x, topk_ids, topk_weights, hidden=self.hidden, top_k=self.top_k,
-                                  max_tokens=self.max_tokens, layout=layout, decode=decode)
-            if self.max_tokens is not None and t > self.max_tokens:
-                code, value = 2, t
-                raise InvalidArgumentError(DISPATCH_OP, "x", f"at most max_tokens_per_rank = {self.max_tokens} "
-                                           "tokens", f"{t}")
-        except Dsv4HalError as exc:
-            code, local = code or 1, exc
-        if not _capturing():  # a captured graph has static shapes, agreed on when it was captured
-            device = x.device if isinstance(x, torch.Tensor) and x.device.type != "cpu" else None
-            ag.agree(self.group, self.world_size, self.rank, code, value, what=DISPATCH_OP, local=local,
-                     device=device if self.group_backend == "nccl" else None)
-        elif local is not None:
-            raise local
+        self._agreed(DISPATCH_OP, x, lambda: validate_dispatch(
+            x, topk_ids, topk_weights, hidden=self.hidden, top_k=self.top_k, max_tokens=self.max_tokens,
+            layout=layout, decode=decode))
         phys = self.expert_map.physical(topk_ids) if self.expert_map.num_physical else topk_ids.long()
         backend = self._backend(decode, layout, x.device.type)
         pending = backend.dispatch(self.ctx, x, phys, topk_weights, layout, decode)
         return Pending([pending], lambda: self._count(pending.wait()))
+
+    def _agreed(self, what: str, x: object, check: Callable[[], int]) -> None:
+        """Run this rank's checks (returning its token count T, held to max_tokens_per_rank), then agree on errors
+        across the group: a problem on any rank raises ExpertParallelError on every rank."""
+        code, value, local = ag.NO_ERROR, 0, None
+        try:
+            t = check()
+            if self.max_tokens is not None and t > self.max_tokens:
+                code, value = 2, t
+                raise InvalidArgumentError(what, "x", f"at most max_tokens_per_rank = {self.max_tokens} tokens",
+                                           f"{t}")
+        except Dsv4HalError as exc:
+            code, local = code or 1, exc
+        if not _capturing():  # a captured graph has static shapes, agreed on when it was captured
+            device = x.device if isinstance(x, torch.Tensor) and x.device.type != "cpu" else None
+            ag.agree(self.group, self.world_size, self.rank, code, value, what=what, local=local,
+                     device=device if self.group_backend == "nccl" else None)
+        elif local is not None:
+            raise local
 
     def _count(self, d: Dispatched) -> Dispatched:
         if self.recv_counts.device != d.counts.device:
@@ -176,6 +198,57 @@ class ExpertParallel:
 
     def combine(self, expert_out: torch.Tensor, handle: Handle) -> torch.Tensor:
         return self.combine_async(expert_out, handle).wait()
+
+    # ---------------------------------------------------------------- the whole layer (ep_fused_moe)
+
+    def decide_fused(self, weights: ExpertWeights) -> Decision:
+        """The ep_fused_moe backend for these local expert weights (their format and sizes are the case)."""
+        return self._fused_backend(weights)[0]
+
+    def explain_fused(self, weights: ExpertWeights) -> str:
+        return self.decide_fused(weights).explain()
+
+    def _fused_backend(self, weights: ExpertWeights) -> tuple[Decision, Any]:
+        from dsv4hal.distributed.fused import fused_case
+        from dsv4hal.plugins import load_target
+
+        p = self._platform()
+        case = fused_case(self, weights, weights.w13.device.type)
+        while True:  # a backend whose target or vendor entry point does not import is marked broken: choose again
+            decision = p.decide_collective(FUSED_OP, case, forced=self.forced_fused)
+            make = load_target(p.registry, decision.chosen)
+            if make is None:
+                continue
+            if decision.chosen.name not in self._fused:
+                try:
+                    self._fused[decision.chosen.name] = make()
+                except ImportError as exc:
+                    p.registry.disable_kernel(decision.chosen, f"plugin fault: {exc}")
+                    continue
+            return decision, self._fused[decision.chosen.name]
+
+    def prepare_fused_weights(self, weights: ExpertWeights) -> FusedWeights:
+        """This rank's experts (ExpertWeights of its physical slots) in the form the ep_fused_moe backend chosen for
+        them runs; every rank calls it (a fused backend may set up its shared buffer here)."""
+        from dsv4hal.distributed.fused import FusedWeights
+
+        def check() -> int:
+            validate_fused_weights(weights, hidden=self.hidden, experts_per_rank=self.experts_per_rank)
+            return 0
+
+        self._agreed(f"{FUSED_OP} (prepare weights)", None, check)
+        decision, backend = self._fused_backend(weights)
+        return FusedWeights(decision.chosen.name, weights.format, self.hidden, weights.intermediate,
+                            self.experts_per_rank, backend.prepare(self, weights))
+
+    def fused_moe(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, prepared: FusedWeights,
+                  *, decode: bool = False, swiglu_limit: float = 10.0) -> torch.Tensor:
+        """The MoE layer over the group: bf16 [T, H], each token's weighted sum of its routed experts' SwiGLU MLPs
+        (logical topk_ids, negative: dropped), by the backend that prepared the weights."""
+        self._agreed(FUSED_OP, x, lambda: validate_fused(x, topk_ids, topk_weights, prepared, hidden=self.hidden,
+                                                         top_k=self.top_k, experts_per_rank=self.experts_per_rank))
+        return self._fused[prepared.backend].run(self, x, topk_ids, topk_weights, prepared.state, decode,
+                                                 swiglu_limit)
 
     def reset_counters(self) -> torch.Tensor:
         """The routes received per local expert since the last reset (int64 [E_local]); zeroes them."""

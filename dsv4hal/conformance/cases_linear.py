@@ -16,11 +16,14 @@ from dsv4hal.formats.fp8 import FP8_MAX, fp8_dtype
 from dsv4hal.formats.fp8_block import AMAX_FLOOR, BLOCK, quantize_fp8_block
 
 OP = "fp8_linear"
-# kernels differ from the contract's exact sums only by the order of fp32 sums (and of the two scale products):
-# the output's one bf16 rounding is 2^-8 relative at most, the sums' error is bounded by SUM_SLACK * sum |terms|
-TOLERANCE = Tolerance(0.0, 2.0**-8, "one bf16 rounding of the output (2^-8 relative) plus 2^-12 of sum_k |x_k w_k| "
-                                    "for the fp32 sums (orders; Hopper's FP8 MMA keeps ~14 bits inside a 128-block)")
-SUM_SLACK = 2.0**-12
+# kernels differ from the contract's exact sums only by how they add the products (fp32 sums in any order; Hopper's
+# FP8 tensor-core MMA accumulates a 128-block with ~14 bits, truncating): the output's one bf16 rounding is 2^-8
+# relative at most, the sums' error is bounded by SUM_SLACK * sum |terms|. On an H100 DeepGEMM's fp8_gemm_nt and
+# triton_fp8_linear give the same outputs, whose worst error (T 33, N 256, K 384, outlier activations) is 1.19
+# times the bound with a 2^-12 slack: the slack is four times that. fp32 sums on a CPU stay far inside it.
+TOLERANCE = Tolerance(0.0, 2.0**-8, "one bf16 rounding of the output (2^-8 relative) plus 2^-10 of sum_k |x_k w_k| "
+                                    "for the sums (orders; Hopper's FP8 MMA keeps ~14 bits inside a 128-block)")
+SUM_SLACK = 2.0**-10
 KINDS = ("random", "zeros", "outliers", "tiny", "huge")
 
 

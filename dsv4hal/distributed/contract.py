@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 
 from dsv4hal.checks import check_choice, check_tensor, show
+from dsv4hal.distributed.fused_weights import FusedWeights
 from dsv4hal.errors import InvalidArgumentError
 
 DISPATCH_OP = "ep_dispatch"
@@ -139,8 +140,6 @@ def validate_fused_weights(weights: object, *, hidden: int, experts_per_rank: in
 def validate_fused(x: object, topk_ids: object, topk_weights: object, prepared: object, *, hidden: int, top_k: int,
                    experts_per_rank: int) -> int:
     """Local checks of one rank's fused_moe arguments; returns T."""
-    from dsv4hal.distributed.fused import FusedWeights
-
     if not isinstance(prepared, FusedWeights):
         raise InvalidArgumentError(FUSED_OP, "prepared", "the FusedWeights prepare_fused_weights returned",
                                    type(prepared).__name__, remedy="prepared = ep.prepare_fused_weights(local_weights)")

@@ -15,10 +15,10 @@ combine as one kernel over a symmetric-memory buffer. Metadata only at import: n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dsv4hal.collectives import EP_FUSED_MOE
+from dsv4hal.distributed.fused_weights import FusedWeights as FusedWeights
 from dsv4hal.registry import KernelImpl, Registry
 
 if TYPE_CHECKING:
@@ -28,19 +28,6 @@ if TYPE_CHECKING:
 
 FUSED_OP = EP_FUSED_MOE
 SPLIT_PRIORITY = 100
-
-
-@dataclass(frozen=True)
-class FusedWeights:
-    """This rank's experts as the chosen backend holds them. `backend`: the ep_fused_moe entry that prepared them
-    (fused_moe runs that one); `state`: the backend's own form of the weights."""
-
-    backend: str
-    format: str
-    hidden: int
-    intermediate: int
-    experts_per_rank: int
-    state: Any
 
 
 def fused_case(ep: Any, weights: ExpertWeights, device: str) -> dict[str, object]:

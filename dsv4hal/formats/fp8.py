@@ -24,6 +24,14 @@ FP8_MAX: dict[str, float] = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
 UE8M0_BIAS = 127
 
 
+def amax_scale(amax: torch.Tensor, flavor: str) -> torch.Tensor:
+    """amax / FP8_MAX[flavor] as one IEEE fp32 division on every device. Divided by a tensor, not a Python float:
+    CUDA turns division by a scalar into multiplication by its rounded reciprocal, which changes the last bit of
+    some scales (and then the codes, and the power of two a scale rounds up to)."""
+    amax = amax.float()
+    return amax / torch.full_like(amax, FP8_MAX[flavor])
+
+
 def fp8_dtype(flavor: str) -> torch.dtype:
     dtype = FP8_DTYPE.get(flavor) if isinstance(flavor, str) else None
     if dtype is None:

@@ -14,7 +14,7 @@ import torch
 
 from dsv4hal.checks import check_choice, describe
 from dsv4hal.errors import InvalidArgumentError
-from dsv4hal.formats.fp8 import FP8_FLAVORS, FP8_MAX, fp8_dtype, pow2_ceil_exponent
+from dsv4hal.formats.fp8 import FP8_FLAVORS, FP8_MAX, amax_scale, fp8_dtype, pow2_ceil_exponent
 
 BLOCK = 128
 AMAX_FLOOR = 1e-4
@@ -46,7 +46,7 @@ def _block_scales(w: torch.Tensor, rows: int, cols: int, fp8: str, pow2_scales: 
     *lead, n_pad, k_pad = padded.shape
     tiles = padded.reshape(*lead, n_pad // rows, rows, k_pad // cols, cols)
     amax = tiles.abs().amax(dim=(-3, -1))
-    scale = torch.clamp(amax, min=AMAX_FLOOR) / FP8_MAX[fp8]  # clamp propagates NaN
+    scale = amax_scale(torch.clamp(amax, min=AMAX_FLOOR), fp8)  # clamp propagates NaN
     if pow2_scales:
         pow2 = torch.exp2(pow2_ceil_exponent(scale).to(torch.float32))
         scale = torch.where(torch.isnan(scale), scale, pow2)

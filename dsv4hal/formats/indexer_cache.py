@@ -22,8 +22,8 @@ from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.cache_object import CacheObject
 from dsv4hal.formats.fp8 import (
     FP8_FLAVORS,
-    FP8_MAX,
     FP8Flavor,
+    amax_scale,
     float_to_fp8_bytes,
     fp8_to_float,
     pow2_ceil_exponent,
@@ -86,10 +86,7 @@ class IndexerPagedCache(CacheObject):
 
 def row_scales(amax: torch.Tensor, fp8: FP8Flavor = "e4m3fn", scale: str = "amax") -> torch.Tensor:
     """fp32 scale per row from its fp32 amax (before the 1e-4 floor) under the SCALE_MODES rule."""
-    amax = amax.float().clamp_min(AMAX_FLOOR)
-    # Divide by a tensor, not a Python float: CUDA turns division by a scalar into multiplication by its
-    # rounded reciprocal, which changes the last bit of some scales and then the bytes.
-    s = amax / torch.full_like(amax, FP8_MAX[fp8])
+    s = amax_scale(amax.float().clamp_min(AMAX_FLOOR), fp8)
     if scale == "pow2":  # 2**ceil(log2 s) from the bits: exact, unlike exp2(ceil(log2(s))) in floating point
         s = torch.ldexp(torch.ones_like(s), pow2_ceil_exponent(s))
     elif scale != "amax":

@@ -19,8 +19,8 @@ from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats.cache_object import CacheObject
 from dsv4hal.formats.fp8 import (
     FP8_FLAVORS,
-    FP8_MAX,
     FP8Flavor,
+    amax_scale,
     float_to_fp8_bytes,
     fp8_to_float,
     pow2_ceil_exponent,
@@ -130,7 +130,7 @@ def quantize_tokens(k: torch.Tensor, fp8: FP8Flavor) -> V4TokenRecords:
     tiles = k[:, :NOPE_DIM].to(torch.float32).reshape(n, NUM_TILES, TILE)
     amax = tiles.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)
     # Ceil to a power of two so amax / scale <= FP8_MAX: no saturation above the floor.
-    exponent = pow2_ceil_exponent(amax / FP8_MAX[fp8])
+    exponent = pow2_ceil_exponent(amax_scale(amax, fp8))
     # Multiplying by 2**-e is exact (the scale is a power of two), so only the fp8 cast rounds.
     scaled = tiles * torch.exp2(-exponent.to(torch.float32)).unsqueeze(-1)
     nope = float_to_fp8_bytes(scaled, fp8).reshape(n, NOPE_DIM)

@@ -4,6 +4,7 @@ of their own."""
 
 from __future__ import annotations
 
+import os
 import platform as pyplatform
 import shutil
 import subprocess
@@ -56,4 +57,6 @@ def environment(repo: Path) -> dict[str, Any]:
         "libraries": dict(info.libraries),
         "git_commit": commit, "git_dirty": bool(dirty) if commit else None,
         "command_line": " ".join(sys.argv),
+        # dsv4hal's own settings (a forced kernel, a lock, strict mode): they change what a suite measures
+        "dsv4hal_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DSV4HAL_")},
     }

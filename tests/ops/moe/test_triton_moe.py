@@ -236,24 +236,34 @@ def test_pairing_by_default_when_the_grid_is_under_two_programs_an_sm(monkeypatc
         assert calls[0] == (3, 8 if paired else 4), (sms, calls)
 
 
+def _run_recording_kernels(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, w: ExpertWeights
+                           ) -> tuple[torch.Tensor, list, list]:
+    """fused_moe on the kernels' device with default tiles, recording the launches of the swapped gate-up kernel and
+    of the row kernels' gate-up kernel: (output, swapped launches, row launches)."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+    from dsv4hal.kernels.triton import fused_moe_rows as rw
+    from dsv4hal.kernels.triton import fused_moe_swapped as sw
+
+    wd = dataclasses.replace(w, **{f: getattr(w, f).to(DEV) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+    swapped: list = []
+    rows: list = []
+    real_swapped, real_rows = sw._mx_gate_up_swapped, rw._gate_up_kernel
+    sw._mx_gate_up_swapped, rw._gate_up_kernel = _Recorder(real_swapped, swapped), _Recorder(real_rows, rows)
+    try:
+        got = tmoe.fused_moe(x.to(DEV), ids.to(DEV), tw.to(DEV), tmoe.prepare_weights(wd))
+    finally:
+        sw._mx_gate_up_swapped, rw._gate_up_kernel = real_swapped, real_rows
+    return got, swapped, rows
+
+
 def test_shapes_off_64_run_the_row_kernels_with_their_tiles() -> None:
     """The MXFP4 decode default (swapped kernels, blocks of 8) on H = 160, I = 96: the row kernels run, with their
     own tiles (a block of 8 routes would not compile there on a GPU: their dot needs 16 rows)."""
     from dsv4hal.kernels.aligned_routes import route_blocks
     from dsv4hal.kernels.triton import fused_moe as tmoe
-    from dsv4hal.kernels.triton import fused_moe_rows as rw
-    from dsv4hal.kernels.triton import fused_moe_swapped as sw
 
     x, ids, tw, w = _case("mxfp4", e=4, h=160, i=96, t=5, k=3, gain=20.0, masked=0.2, seed=9)
-    dev = DEV
-    wd = dataclasses.replace(w, **{f: getattr(w, f).to(dev) for f in ("w13", "w13_scale", "w2", "w2_scale")})
-    swapped, rows = [], []
-    real_swapped, real_rows = sw._mx_gate_up_swapped, rw._gate_up_kernel
-    sw._mx_gate_up_swapped, rw._gate_up_kernel = _Recorder(real_swapped, swapped), _Recorder(real_rows, rows)
-    try:
-        got = tmoe.fused_moe(x.to(dev), ids.to(dev), tw.to(dev), tmoe.prepare_weights(wd))
-    finally:
-        sw._mx_gate_up_swapped, rw._gate_up_kernel = real_swapped, real_rows
+    got, swapped, rows = _run_recording_kernels(x, ids, tw, w)
     assert not swapped and rows
     assert rows[0][0] == route_blocks(5 * 3, 4, tmoe.ROW_DECODE_TILES["block_m"])  # blocks of 16 routes, not 8
     _check(got.cpu(), moe_experts(x, ids, tw, w))
@@ -414,21 +424,11 @@ def test_mxfp4_past_the_decode_class_keeps_the_swapped_kernels_while_experts_get
     """MXFP4 at T = 72 (> the decode class's 64) with 144 routes over 32 experts (<= 8 each on average) runs the
     swapped kernels and matches the reference; at T = 200 (400 routes) the row kernels run; FP8 stays by tokens."""
     from dsv4hal.kernels.triton import fused_moe as tmoe
-    from dsv4hal.kernels.triton import fused_moe_rows as rw
-    from dsv4hal.kernels.triton import fused_moe_swapped as sw
 
     assert tmoe.tile_class("mxfp4", 341, 6, 256) == "decode" and tmoe.tile_class("mxfp4", 342, 6, 256) == "prefill"
     assert tmoe.tile_class("fp8_block", 72, 2, 256) == "prefill" and tmoe.tile_class("fp8_block", 64, 6, 4) == "decode"
     for t, want_swapped in ((72, True), (200, False)):
         x, ids, tw, w = _case("mxfp4", e=32, h=128, i=64, t=t, k=2, masked=0.1, seed=13)
-        wd = dataclasses.replace(w, **{f: getattr(w, f).to(DEV) for f in ("w13", "w13_scale", "w2", "w2_scale")})
-        swapped: list = []
-        rows: list = []
-        real_swapped, real_rows = sw._mx_gate_up_swapped, rw._gate_up_kernel
-        sw._mx_gate_up_swapped, rw._gate_up_kernel = _Recorder(real_swapped, swapped), _Recorder(real_rows, rows)
-        try:
-            got = tmoe.fused_moe(x.to(DEV), ids.to(DEV), tw.to(DEV), tmoe.prepare_weights(wd))
-        finally:
-            sw._mx_gate_up_swapped, rw._gate_up_kernel = real_swapped, real_rows
+        got, swapped, rows = _run_recording_kernels(x, ids, tw, w)
         assert (bool(swapped), bool(rows)) == (want_swapped, not want_swapped), t
         _check(got.cpu(), moe_experts(x, ids, tw, w))

@@ -174,13 +174,13 @@ class FlashInferA2ABackend:
         # first slot, and the ids payload says -1, so no expert computes it and combine adds a zero row
         route = torch.where(valid, ids, base)
         sent = torch.where(valid, ids, -1)
-        payloads: list[torch.Tensor] = [x]
+        payloads: list[torch.Tensor] = [x.contiguous()]
         if ctx.codec.fp8 is not None:
             from dsv4hal.formats.fp8_block import act_quant_1x128
 
             payloads = list(act_quant_1x128(x, ctx.codec.fp8, pow2_scales=ctx.codec.pow2_scales))
         id_slot = len(payloads)
-        recv = a2a.dispatch(route, [*payloads, sent, weights.to(torch.float32)], ctx.max_tokens,
+        recv = a2a.dispatch(route, [*payloads, sent, weights.to(torch.float32).contiguous()], ctx.max_tokens,
                             invalid_token_expert_id=-1, expert_id_payload_index=id_slot)
         got = recv[id_slot].reshape(rows, ctx.top_k)
         mine = (got >= base) & (got < base + e)
@@ -191,13 +191,16 @@ class FlashInferA2ABackend:
         scale = recv[1].reshape(rows, -1) if id_slot == 2 else None
         none = torch.zeros(0, dtype=torch.bool, device=x.device)
         handle = Handle("standard", decode, x.shape[0], none, backend_state=a2a, out_rows=rows)
-        d = Dispatched(xs, scale, local, recv[id_slot + 1].reshape(rows, ctx.top_k), counts[:e], handle, "standard")
+        # rows past a source's count keep stale workspace bytes: their ids are -1 and their weights zeroed here, as
+        # the torch collectives' zero padding rows are
+        w = torch.where(mine, recv[id_slot + 1].reshape(rows, ctx.top_k), 0.0)
+        d = Dispatched(xs, scale, local, w, counts[:e], handle, "standard")
         return Pending([], lambda: d)
 
     def combine(self, ctx: Any, expert_out: torch.Tensor, handle: Any) -> Any:
         from dsv4hal.distributed.backends.base import Pending
 
-        out = handle.backend_state.combine(expert_out.view(ctx.world_size, ctx.max_tokens, ctx.hidden),
+        out = handle.backend_state.combine(expert_out.reshape(ctx.world_size, ctx.max_tokens, ctx.hidden),
                                            ctx.max_tokens)
         return Pending([], lambda: out)
 

@@ -171,7 +171,8 @@ def _ctx(fp8: str | None = None, rank: int = 1) -> EPContext:
 def test_flashinfer_a2a_dispatch_reroutes_minus_one_and_returns_local_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dispatch sends int32 routing ids with -1 (and ids past the experts) rerouted to this rank's first slot, -1 in
     the ids payload, the bf16 rows and fp32 weights, max_tokens_per_rank rows a rank; it returns the standard layout
-    of world * max_tokens rows with local ids (-1 for another rank's experts and stale rows) and the counts."""
+    of world * max_tokens rows with local ids (-1 for another rank's experts and stale rows, whose weights are 0)
+    and the counts."""
     _install(monkeypatch)
     x = torch.randn(3, 256).to(torch.bfloat16)
     ids = torch.tensor([[8, 9, 0, 1, 2, 3], [-1, 0, 1, 2, 3, 4], [15, 16, -1, 5, 6, 7]])
@@ -193,7 +194,9 @@ def test_flashinfer_a2a_dispatch_reroutes_minus_one_and_returns_local_ids(monkey
     # rank 1 holds physical experts 8..15: all three tokens reach it (token 1 only through its rerouted -1)
     assert d.topk_ids[4:7].tolist() == [[0, 1, -1, -1, -1, -1], [-1, -1, -1, -1, -1, -1], [7, -1, -1, -1, -1, -1]]
     assert (d.topk_ids[:4] == -1).all() and (d.topk_ids[7] == -1).all()
-    assert torch.equal(d.x[4:7], x) and d.topk_weights is not None and torch.equal(d.topk_weights[4:7], w)
+    assert torch.equal(d.x[4:7], x) and d.topk_weights is not None
+    assert torch.equal(d.topk_weights[4:7], torch.where(d.topk_ids[4:7] >= 0, w, 0.0))
+    assert (d.topk_weights[:4] == 0).all() and (d.topk_weights[7] == 0).all()  # stale (NaN) weights zeroed
     assert d.counts.dtype == torch.int32 and d.counts.tolist() == [1, 1, 0, 0, 0, 0, 0, 1]
     assert d.handle.out_rows == 8 and d.handle.decode and d.handle.num_tokens == 3
 

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dsv4hal_cuda_sm100 import deepgemm_moe, flashinfer_moe
 
 from dsv4hal.hardware import PlatformInfo, version_before
-from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mega_moe, deepgemm_mhc, vendor_bounds
+from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mega_moe, deepgemm_mhc, flashinfer_a2a, vendor_bounds
 from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, QueryHeads, Registry
 
@@ -139,4 +139,5 @@ def register(registry: Registry) -> None:
     registry.add_kernel(deepgemm_mhc.kernel(PLATFORM, "deepgemm_mhc_post_pre_sm100", DEEPGEMM_MHC_PRIORITY,
                                             "SM100", op="mhc_post_pre"))
     registry.add_kernel(deepep.kernel(PLATFORM, "sm100"))  # expert_parallel
+    registry.add_kernel(flashinfer_a2a.kernel(PLATFORM, "sm100"))  # expert_parallel
     registry.add_kernel(deepgemm_mega_moe.kernel(PLATFORM, "sm100"))  # ep_fused_moe

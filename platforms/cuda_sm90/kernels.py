@@ -10,7 +10,7 @@ from dataclasses import replace
 from dsv4hal_cuda_sm90 import deepgemm_linear, deepgemm_moe, marlin_moe, oai_triton_moe, vllm_router
 
 from dsv4hal.hardware import PlatformInfo
-from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mega_moe, deepgemm_mhc, vendor_bounds
+from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mega_moe, deepgemm_mhc, flashinfer_a2a, vendor_bounds
 from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, QueryHeads, Registry
 
@@ -150,4 +150,5 @@ def register(registry: Registry) -> None:
         description="the MoE's Triton 1x128 quantizer (TMA-aligned MN-major scales), then DeepGEMM fp8_gemm_nt "
                     "(SM90 1D2D kernel, fp32 scales)"))
     registry.add_kernel(deepep.kernel(PLATFORM, "sm90"))  # expert_parallel
+    registry.add_kernel(flashinfer_a2a.kernel(PLATFORM, "sm90"))  # expert_parallel
     registry.add_kernel(deepgemm_mega_moe.kernel(PLATFORM, "sm90"))  # ep_fused_moe

@@ -102,11 +102,13 @@ def test_deepep_low_latency_dispatch_gets_int64_ids_and_the_worst_case_sizes(mon
 
 
 def test_ep_backends_are_kernels_of_the_main_registry_not_bound_as_ops() -> None:
-    """The loop-back, both torch collectives and DeepEP for SM90 and SM100 are expert_parallel entries of the main
-    registry; expert_parallel is a collective op, not a platform.ops tensor call."""
+    """The loop-back, both torch collectives, DeepEP and FlashInfer's all-to-all for SM90 and SM100 are
+    expert_parallel entries of the main registry; expert_parallel is a collective op, not a platform.ops tensor
+    call."""
     p = dsv4hal.select_platform("cpu")
     assert {k.name for k in p.registry.kernels_for(EP_OP)} == {
-        "loopback", "torch_all_to_all", "torch_all_gather", "deepep_sm90", "deepep_sm100"}
+        "loopback", "torch_all_to_all", "torch_all_gather", "deepep_sm90", "deepep_sm100", "flashinfer_a2a_sm90",
+        "flashinfer_a2a_sm100"}
     assert EP_OP in p.registry.collectives and EP_OP not in p.registry.op_names
     with pytest.raises(UnknownOpError):
         p.ops[EP_OP]

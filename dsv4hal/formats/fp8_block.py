@@ -99,9 +99,17 @@ def act_quant_1x128(
     x: torch.Tensor, fp8: str = "e4m3fn", pow2_scales: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token activation quantization: x [T, K] -> (fp8 [T, K], fp32 scales [T, ceil(K/128)])."""
+    return act_quant_groups(x, BLOCK, fp8, pow2_scales, op="act_quant_1x128")
+
+
+def act_quant_groups(x: torch.Tensor, group: int, fp8: str = "e4m3fn", pow2_scales: bool = False, *,
+                     op: str = "act_quant_groups") -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token activation quantization in groups of `group` columns: x [T, K] -> (fp8 [T, K], fp32 scales
+    [T, ceil(K/group)]), each scale max(group amax, 1e-4) / FP8_MAX (rounded up to a power of two with
+    pow2_scales)."""
     if x.dim() != 2:
-        raise InvalidArgumentError("act_quant_1x128", "x", "shape [T, K]", f"{tuple(x.shape)}")
-    return _quantize(x, 1, BLOCK, fp8, pow2_scales, "act_quant_1x128", "x")
+        raise InvalidArgumentError(op, "x", "shape [T, K]", f"{tuple(x.shape)}")
+    return _quantize(x, 1, group, fp8, pow2_scales, op, "x")
 
 
 def act_dequant_1x128(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

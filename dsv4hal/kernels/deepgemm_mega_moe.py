@@ -108,9 +108,9 @@ def quantize_acts_ue8m0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     first group in the low byte), the activation format of fp8_fp4_mega_moe."""
     import torch
 
-    from dsv4hal.formats.fp8_block import _quantize
+    from dsv4hal.formats.fp8_block import act_quant_groups
 
-    q, scale = _quantize(x, 1, FP8_SCALE_GROUP, "e4m3fn", True)
+    q, scale = act_quant_groups(x, FP8_SCALE_GROUP, "e4m3fn", True, op="fp8_fp4_mega_moe")
     exp_bytes = ((scale.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
     return q, exp_bytes.contiguous().view(torch.int32)
 

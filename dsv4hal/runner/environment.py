@@ -1,9 +1,10 @@
 """The environment header of every result file (GPU, driver, CUDA, torch, Triton, Python, the vendor libraries, the
-git commit), and the card a result folder is named by. Read without initialising CUDA: the suites run in processes
-of their own."""
+git commit and a digest of the source files), and the card a result folder is named by. Read without initialising
+CUDA: the suites run in processes of their own."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform as pyplatform
 import shutil
@@ -22,6 +23,23 @@ def _quiet(argv: list[str], cwd: Path | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out or None
+
+
+SOURCE_DIRS = ("dsv4hal", "platforms")  # the code a suite runs
+
+
+def source_digest(repo: Path) -> str | None:
+    """sha256 over the paths and bytes of the .py and C++ files under SOURCE_DIRS, sorted by path: which code ran,
+    where a copied tree's git metadata cannot say (`python3 -c "from dsv4hal.runner.environment import
+    source_digest; print(source_digest(Path('.')))"` on a checkout gives the digest to compare)."""
+    files = sorted(f for d in SOURCE_DIRS for f in (repo / d).rglob("*")
+                   if f.is_file() and f.suffix in (".py", ".cpp", ".h", ".cu") and "__pycache__" not in f.parts)
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(repo).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def card_name(device_name: str, vendor: str) -> str:
@@ -55,7 +73,7 @@ def environment(repo: Path) -> dict[str, Any]:
         "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
         "torch": torch.__version__, "python": pyplatform.python_version(), "dsv4hal": __version__,
         "libraries": dict(info.libraries),
-        "git_commit": commit, "git_dirty": bool(dirty) if commit else None,
+        "git_commit": commit, "git_dirty": bool(dirty) if commit else None, "source_sha256": source_digest(repo),
         "command_line": " ".join(sys.argv),
         # dsv4hal's own settings (a forced kernel, a lock, strict mode): they change what a suite measures
         "dsv4hal_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DSV4HAL_")},

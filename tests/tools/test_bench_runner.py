@@ -152,3 +152,23 @@ def test_bench_readme_lists_every_suite() -> None:
     text = (ROOT / "bench" / "README.md").read_text()
     listed = re.findall(r"^\| `([a-z0-9_-]+)` \|", text, re.M)
     assert listed == [s.name for s in SUITES]
+
+
+def test_source_digest_names_the_code_and_changes_with_it(tmp_path: Path) -> None:
+    """The header's source digest is stable for the same files and changes when a source file's bytes or name do
+    (a copied tree whose git metadata is stale still says which code ran)."""
+    from dsv4hal.runner.environment import source_digest
+
+    (tmp_path / "dsv4hal").mkdir()
+    (tmp_path / "platforms").mkdir()
+    (tmp_path / "dsv4hal" / "a.py").write_text("x = 1\n")
+    (tmp_path / "platforms" / "b.cpp").write_text("int f();\n")
+    first = source_digest(tmp_path)
+    assert first is not None and first == source_digest(tmp_path)
+    (tmp_path / "dsv4hal" / "a.py").write_text("x = 2\n")
+    second = source_digest(tmp_path)
+    assert second != first
+    (tmp_path / "dsv4hal" / "a.py").rename(tmp_path / "dsv4hal" / "c.py")
+    assert source_digest(tmp_path) not in (first, second)
+    (tmp_path / "notes.md").write_text("not code\n")
+    assert source_digest(tmp_path / "missing") is None

@@ -14,10 +14,10 @@ rule of dsv4hal.formats.fp8_block.act_quant_1x128 and of the MoE's activation qu
     FP8_MAX 448 for e4m3fn, 240 for e4m3fnuz); xq[t, k] = fp8(clamp(x[t, k] / sx[t, b], +-FP8_MAX)) (IEEE fp32
     division, round to nearest even). Then, with wq the weight's values and sw its block scales,
     out[t, n] = bf16(sum over k-blocks b of (sum_{k in b} xq[t, k] * wq[n, k]) * sx[t, b] * sw[n // 128, b]).
-The quantization is exact (every kernel makes the same codes and scales); kernels differ from the reference only
-in the order of the fp32 sums and of the two scale products. The conformance bound (dsv4hal.conformance.
-cases_linear.TOLERANCE) is one bf16 rounding of the output, 2^-8 relative, plus 2^-12 of sum_k |term_k| for the sums
-(orders, and Hopper's FP8 MMA, which keeps about 14 bits inside a 128-block).
+The quantization is exact (every kernel makes the same codes and scales); kernels differ from the exact sums only
+in how they add the products (fp32 sums in any order; Hopper's FP8 MMA keeps about 14 bits inside a 128-block).
+The conformance bound (dsv4hal.conformance.cases_linear.TOLERANCE) is one bf16 rounding of the output, 2^-8
+relative, plus 2^-10 of sum_k |term_k| for the sums.
 A non-finite element of x makes its token's output row NaN. Checked mode refuses non-finite x and weight_scale
 (a device sync); nothing is indexed by values, so unchecked mode reads nothing outside the arguments either way.
 """

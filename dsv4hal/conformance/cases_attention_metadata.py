@@ -21,6 +21,8 @@ def _cases() -> list[CaseSpec]:
         CaseSpec(OP, "group-boundaries", {"positions": (3, 7, 127, 255, 1023, 1024, 2047), "pages": 9}),
         CaseSpec(OP, "random-64-rows", {"rows": 64, "max_pos": 4000, "pages": 16}),
         CaseSpec(OP, "topk1024", {"rows": 16, "max_pos": 9000, "pages": 36, "topk": 1024}),
+        # 560 C128 indices a row: several programs a row, the last block partial
+        CaseSpec(OP, "c128-blocks-70k", {"rows": 4, "max_pos": 71000, "pages": 280}),
         CaseSpec(OP, "allocate-output", {"rows": 8, "max_pos": 600, "pages": 3, "allocate": True}, modes=("eager",)),
         CaseSpec(OP, "v4-1024-rows-128k", {"rows": 1024, "max_pos": 131071, "pages": 512}, gpu_only=True),
     ]

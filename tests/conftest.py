@@ -105,3 +105,15 @@ def triton_checked() -> dsv4hal.Platform:
     from op_args import TRITON, forced
 
     return forced(TRITON, checked=True)
+
+
+def collective_error(fn) -> str:  # noqa: ANN001
+    """What a collective call raised, as a multi-rank test compares it: "<error class> <failing ranks> <has a
+    remedy> <message>" for a CollectiveError (ExpertParallelError, TensorParallelError), "no error" otherwise."""
+    from dsv4hal.errors import CollectiveError
+
+    try:
+        fn()
+    except CollectiveError as exc:
+        return f"{type(exc).__name__} {sorted(exc.failures)} {exc.remedy is not None} {exc.message}"
+    return "no error"

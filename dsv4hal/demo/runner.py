@@ -195,8 +195,7 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
         layers.append([t.clone() for t in step_layers])
     step_us = statistics.median(times) if times else float("nan")
     def eager_step() -> Any:  # the step once more at the same position: the same writes (attribution only)
-        with platform.decode_step():
-            return model.forward(x, req, pos, RangeTimer(), decode=True)
+        return _decode_step(model, None)(x, req, pos, RangeTimer())
 
     # an eager step would move the offload pool's counters, which the result reports: no attribution there
     offloaded = any("pool" in w for w in model.layers)

@@ -95,11 +95,15 @@ def validate_dispatch(x: object, topk_ids: object, topk_weights: object, *, hidd
     the caller (agreed on collectively), not raised here."""
     t = _check_routed(DISPATCH_OP, x, topk_ids, topk_weights, hidden, top_k)
     check_choice(DISPATCH_OP, "layout", layout, LAYOUTS)
-    if (decode or layout == "batched") and max_tokens is None:
-        raise InvalidArgumentError(DISPATCH_OP, "max_tokens_per_rank", "a power of two (decode mode and the batched "
-                                   "layout use worst-case buffers)", "None",
-                                   remedy="build ExpertParallel(..., max_tokens_per_rank=N)")
+    _check_worst_case(DISPATCH_OP, max_tokens, decode or layout == "batched")
     return t
+
+
+def _check_worst_case(op: str, max_tokens: int | None, needed: bool) -> None:
+    if needed and max_tokens is None:
+        raise InvalidArgumentError(op, "max_tokens_per_rank", "a power of two (decode mode and the batched layout "
+                                   "use worst-case buffers)", "None",
+                                   remedy="build ExpertParallel(..., max_tokens_per_rank=N)")
 
 
 def validate_combine(expert_out: object, handle: object, hidden: int, e_local: int) -> None:
@@ -138,8 +142,8 @@ def validate_fused_weights(weights: object, *, hidden: int, experts_per_rank: in
 
 
 def validate_fused(x: object, topk_ids: object, topk_weights: object, prepared: object, *, hidden: int, top_k: int,
-                   experts_per_rank: int) -> int:
-    """Local checks of one rank's fused_moe arguments; returns T."""
+                   experts_per_rank: int, max_tokens: int | None = None, decode: bool = False) -> int:
+    """Local checks of one rank's fused_moe arguments (its split path's dispatch included); returns T."""
     if not isinstance(prepared, FusedWeights):
         raise InvalidArgumentError(FUSED_OP, "prepared", "the FusedWeights prepare_fused_weights returned",
                                    type(prepared).__name__, remedy="prepared = ep.prepare_fused_weights(local_weights)")
@@ -147,4 +151,5 @@ def validate_fused(x: object, topk_ids: object, topk_weights: object, prepared: 
         raise InvalidArgumentError(FUSED_OP, "prepared", f"weights of {experts_per_rank} experts of hidden {hidden}",
                                    f"{prepared.experts_per_rank} experts of hidden {prepared.hidden}",
                                    remedy="prepare the weights with the ExpertParallel that runs them")
+    _check_worst_case(FUSED_OP, max_tokens, decode)
     return _check_routed(FUSED_OP, x, topk_ids, topk_weights, hidden, top_k)

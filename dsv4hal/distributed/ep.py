@@ -155,6 +155,12 @@ class ExpertParallel:
         self._agreed(DISPATCH_OP, x, lambda: validate_dispatch(
             x, topk_ids, topk_weights, hidden=self.hidden, top_k=self.top_k, max_tokens=self.max_tokens,
             layout=layout, decode=decode))
+        return self._start_dispatch(x, topk_ids, topk_weights, layout, decode)
+
+    def _start_dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, layout: Layout,
+                        decode: bool) -> Pending[Dispatched]:
+        """The exchange of arguments the group has agreed are valid (dispatch_async, or fused_moe's split path,
+        whose one agreement covers its dispatch)."""
         phys = self.expert_map.physical(topk_ids) if self.expert_map.num_physical else topk_ids.long()
         backend = self._backend(decode, layout, x.device.type)
         pending = backend.dispatch(self.ctx, x, phys, topk_weights, layout, decode)
@@ -246,7 +252,8 @@ class ExpertParallel:
         """The MoE layer over the group: bf16 [T, H], each token's weighted sum of its routed experts' SwiGLU MLPs
         (logical topk_ids, negative: dropped), by the backend that prepared the weights."""
         self._agreed(FUSED_OP, x, lambda: validate_fused(x, topk_ids, topk_weights, prepared, hidden=self.hidden,
-                                                         top_k=self.top_k, experts_per_rank=self.experts_per_rank))
+                                                         top_k=self.top_k, experts_per_rank=self.experts_per_rank,
+                                                         max_tokens=self.max_tokens, decode=decode))
         return self._fused[prepared.backend].run(self, x, topk_ids, topk_weights, prepared.state, decode,
                                                  swiglu_limit)
 

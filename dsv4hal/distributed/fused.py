@@ -53,7 +53,7 @@ class SplitFusedMoE:
             decode: bool, swiglu_limit: float) -> torch.Tensor:
         from dsv4hal.distributed.experts import run_local_experts
 
-        d = ep.dispatch(x, topk_ids, topk_weights, layout="standard", decode=decode)
+        d = ep._start_dispatch(x, topk_ids, topk_weights, "standard", decode).wait()  # fused_moe agreed on them
         return ep.combine(run_local_experts(ep._platform(), d, state, swiglu_limit), d.handle)
 
 

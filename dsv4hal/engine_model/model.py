@@ -12,7 +12,6 @@ import torch
 import dsv4hal
 from dsv4hal.distributed.tp import pad_heads
 from dsv4hal.engine_model.config import C4_TOPK, D_HEAD, PAGE, RATIOS, ROPE, DemoConfig
-from dsv4hal.engine_model.tape import Tape
 from dsv4hal.engine_model.timers import OpTimer
 from dsv4hal.formats.compressor_state import new_state
 from dsv4hal.formats.indexer_cache import INDEX_DIM, IndexerPagedCache
@@ -245,10 +244,7 @@ class DemoModel:
         with timer("sparse_attention_decode"):
             o, _ = ops.sparse_attention_decode(q, w["swa"], meta.swa_indices, meta.swa_lengths, w["sink"],
                                                D_HEAD ** -0.5, **extra)
-        o = o[:, :h]
-        if isinstance(ops, Tape):  # the tape keeps the op's output: rotate a copy
-            o = o.clone()
-        o = _rope_(o, step["cis_back"][:, None])
+        o = _rope_(o[:, :h], step["cis_back"][:, None])
         o = torch.einsum("tgk,gok->tgo", o.reshape(t, self.o_groups, -1), w["wo_a"])
         return self._output(o.reshape(t, -1), w, timer)
 
@@ -256,12 +252,13 @@ class DemoModel:
         """The output projection's second GEMM (a tensor-parallel rank's partial sum, all-reduced, in tp_model)."""
         return self._proj(o, w["wo_b"], timer).bfloat16()
 
-    def _proj(self, x: torch.Tensor, weight: Any, timer: OpTimer) -> torch.Tensor:
-        """x bf16 [T, K] @ weight^T: the fp8_linear op on (FP8 codes, block scales), else a bf16 GEMM."""
+    def _proj(self, x: torch.Tensor, weight: Any, timer: OpTimer, fp32_out: bool = False) -> torch.Tensor:
+        """x bf16 [T, K] @ weight^T: the fp8_linear op on (FP8 codes, block scales), else a bf16 GEMM (with fp32
+        output where the bf16 model computes the product in fp32: _linear_f32)."""
         if isinstance(weight, tuple):
             with timer("fp8_linear"):
                 return self.ops.fp8_linear(x, *weight)
-        return x @ weight.T
+        return _linear_f32(x, weight) if fp32_out else x @ weight.T
 
     def _compress(self, w: dict, a: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, timer: OpTimer,
                   decode: bool) -> None:
@@ -321,9 +318,7 @@ class DemoModel:
     def _indexer(self, w: dict, a: torch.Tensor, q_lora: torch.Tensor, req: torch.Tensor, pos: torch.Tensor,
                  meta: Any, timer: OpTimer) -> torch.Tensor:
         t = a.shape[0]
-        wq = w["wq_idx"]
-        q = (self._proj(q_lora, wq, timer) if isinstance(wq, tuple) else _linear_f32(q_lora, wq))
-        q = q.view(t, INDEX_HEADS, INDEX_DIM)
+        q = self._proj(q_lora, w["wq_idx"], timer, fp32_out=True).view(t, INDEX_HEADS, INDEX_DIM)
         with timer("indexer_q_prep"):  # RoPE, Hadamard, per-head FP8 and the folded weights: one op
             q8, weights = self.ops.indexer_q_prep(q, _linear_f32(a, w["w_proj"]), self.cos, self.sin,
                                                   self.step["pos32"], self.p.info.fp8)

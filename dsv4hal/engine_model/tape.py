@@ -8,6 +8,16 @@ from typing import Any
 import torch
 
 
+def _kept(out: Any) -> Any:
+    """An op's output as the tape keeps it: tensors (also in tuples) copied, since the program may write into what
+    an op returned (the demo rotates the attention output in place); other objects by reference."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, tuple):
+        return tuple(_kept(v) for v in out)
+    return out
+
+
 class Tape:
     """Stands in for platform.ops and records every call (inputs and outputs), so each op of the program
     can later be replayed on another platform or kernel with the program's real inputs."""
@@ -20,7 +30,7 @@ class Tape:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             out = op(*args, **kwargs)
-            self.calls.append((name, args, kwargs, out))
+            self.calls.append((name, args, kwargs, _kept(out)))
             return out
 
         call.prepare_weights = getattr(op, "prepare_weights", None)  # type: ignore[attr-defined]

@@ -54,7 +54,7 @@ from dsv4hal.kernels.triton.fused_moe_swapped import (
 )
 from dsv4hal.kernels.triton.moe_activation import swiglu_limit_args
 from dsv4hal.kernels.triton.mxfp4_decode import MX_NARROW_SCALE_MAX, reorder_mxfp4
-from dsv4hal.ops.moe import DECODE_MAX_TOKENS
+from dsv4hal.ops.moe import token_class
 from dsv4hal.prepared import ExpertTensors
 
 LAYOUT = "triton-moe-v2"
@@ -121,10 +121,11 @@ def prepare_weights(w: ExpertWeights) -> TritonMoeWeights:
 
 
 def tile_class(fmt: str, num_tokens: int, top_k: int, num_experts: int) -> str:
-    """The CONFIGS class of a call: "decode" up to DECODE_MAX_TOKENS tokens, and for MXFP4 while the experts average
-    at most SWAP_ROUTES_PER_EXPERT routes each; "prefill" past that."""
-    few_routes = fmt == "mxfp4" and num_tokens * top_k <= SWAP_ROUTES_PER_EXPERT * num_experts
-    return "decode" if num_tokens <= DECODE_MAX_TOKENS or few_routes else "prefill"
+    """The CONFIGS class of a call: "decode" for the op's few and decode token classes (ops.moe.token_class), and
+    for MXFP4 while the experts average at most SWAP_ROUTES_PER_EXPERT routes each; "prefill" past that."""
+    if fmt == "mxfp4" and num_tokens * top_k <= SWAP_ROUTES_PER_EXPERT * num_experts:
+        return "decode"
+    return "prefill" if token_class(num_tokens) == "prefill" else "decode"
 
 
 def _config(fmt: str, num_tokens: int, top_k: int, num_experts: int, config: dict | None) -> dict:

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import collective_error
 
 import dsv4hal
 from dsv4hal.distributed.spawn import ok_results, run_ranks
-from dsv4hal.errors import TensorParallelError, UnsupportedCaseError
+from dsv4hal.errors import UnsupportedCaseError
 
 H = 32
 
@@ -49,23 +50,15 @@ def test_tp_all_reduce_sums_every_rank_and_mhc_post_follows_on_two_gloo_ranks() 
         assert torch.equal(res["mixed"], expected)
 
 
-def _try(fn: Any) -> str:
-    try:
-        fn()
-    except TensorParallelError as exc:
-        return f"TensorParallelError {sorted(exc.failures)} {exc.remedy is not None} {exc.message}"
-    return "no error"
-
-
 def _errors_worker(rank: int, world: int) -> dict[str, str]:
     import torch.distributed as dist
 
     cpu, g = dsv4hal.select_platform("cpu"), dist.group.WORLD
-    out = {"world": _try(lambda: cpu.tensor_parallel(g, hidden=H, world_size=4 if rank == 1 else 2)),
-           "config": _try(lambda: cpu.tensor_parallel(g, hidden=2 * H if rank == 1 else H))}
+    out = {"world": collective_error(lambda: cpu.tensor_parallel(g, hidden=H, world_size=4 if rank == 1 else 2)),
+           "config": collective_error(lambda: cpu.tensor_parallel(g, hidden=2 * H if rank == 1 else H))}
     tp = cpu.tensor_parallel(g, hidden=H, max_tokens=4)
-    out["shape"] = _try(lambda: tp.all_reduce(torch.zeros(3 if rank == 0 else 2, H, dtype=torch.bfloat16)))
-    out["too_many"] = _try(lambda: tp.all_reduce(torch.zeros(5, H, dtype=torch.bfloat16)))
+    out["shape"] = collective_error(lambda: tp.all_reduce(torch.zeros(3 if rank == 0 else 2, H, dtype=torch.bfloat16)))
+    out["too_many"] = collective_error(lambda: tp.all_reduce(torch.zeros(5, H, dtype=torch.bfloat16)))
     out["after"] = str(tp.all_reduce(torch.ones(2, H, dtype=torch.bfloat16))[0, 0].item())  # the group stays in step
     return out
 

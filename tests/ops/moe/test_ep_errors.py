@@ -5,20 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from conftest import collective_error
 
 from dsv4hal.distributed.spawn import run_ranks
 
 E, H, K = 8, 128, 6
-
-
-def _try(fn: Any) -> str:
-    from dsv4hal.errors import ExpertParallelError
-
-    try:
-        fn()
-    except ExpertParallelError as exc:
-        return f"ExpertParallelError {sorted(exc.failures)} {exc.remedy is not None} {exc.message}"
-    return "no error"
 
 
 def _errors_worker(rank: int, world: int) -> dict[str, str]:
@@ -33,15 +24,15 @@ def _errors_worker(rank: int, world: int) -> dict[str, str]:
         args = {"num_experts": E, "hidden": H, "top_k": K, "group": g, "max_tokens_per_rank": 8, "platform": cpu}
         return ExpertParallel(**{**args, **kw})
 
-    out = {"world": _try(lambda: build(world_size=4 if rank == 1 else 2))}
+    out = {"world": collective_error(lambda: build(world_size=4 if rank == 1 else 2))}
     holes = torch.tensor([[0], [1], [2], [-1], [4], [5], [6], [7]], dtype=torch.int32)
-    out["map"] = _try(lambda: build(expert_map=ExpertMap(holes, 8)))
-    out["config"] = _try(lambda: build(hidden=256 if rank == 1 else H))
+    out["map"] = collective_error(lambda: build(expert_map=ExpertMap(holes, 8)))
+    out["config"] = collective_error(lambda: build(hidden=256 if rank == 1 else H))
     ep = build()
     t = 9 if rank == 0 else 2
     x = torch.randn(t, H).to(torch.bfloat16)
     ids, w = torch.randint(0, E, (t, K), dtype=torch.int32), torch.rand(t, K)
-    out["too_many"] = _try(lambda: ep.dispatch(x, ids, w, decode=True))
+    out["too_many"] = collective_error(lambda: ep.dispatch(x, ids, w, decode=True))
     d = ep.dispatch(x[:2], ids[:2], w[:2], decode=True)  # the group is still in step after a refused call
     out["after"] = str(tuple(ep.combine(torch.zeros(d.handle.out_rows, H, dtype=torch.bfloat16), d.handle).shape))
     return out
@@ -72,8 +63,9 @@ def _late_worker(rank: int, world: int) -> str:
     if rank == 1:  # never joins the setup agreement within the group's timeout
         time.sleep(8)
         return "slept"
-    return _try(lambda: ExpertParallel(num_experts=E, hidden=H, top_k=K, group=torch.distributed.group.WORLD,
-                                       platform=dsv4hal.select_platform("cpu")))
+    return collective_error(lambda: ExpertParallel(num_experts=E, hidden=H, top_k=K,
+                                                   group=torch.distributed.group.WORLD,
+                                                   platform=dsv4hal.select_platform("cpu")))
 
 
 def test_ep_rank_that_never_joins_times_out_into_typed_error() -> None:

@@ -120,6 +120,7 @@ DECLARED: Mapping[str, OpBuckets] = MappingProxyType({b.op: b for b in (
     # the token class orders the GEMMs (decode reads the weight once, prefill is compute); a partial last weight
     # block is a bucket apart, as DeepGEMM's binding refuses it
     OpBuckets("fp8_linear", "linear", ("tokens", "partial_block")),
+    OpBuckets("fp8_grouped_linear", "linear", ("tokens", "partial_block")),  # the same for every group at once
     OpBuckets("mhc_pre", "mhc", ("sinkhorn_iters",)),
     OpBuckets("mhc_post", "mhc", ()),
     OpBuckets("mhc_post_pre", "mhc", ("sinkhorn_iters",)),

@@ -44,6 +44,7 @@ class TypedOps:
         moe_route = _typed(_moe.moe_route)
         moe_experts = _typed(_moe.moe_experts)
         fp8_linear = _typed(_linear.fp8_linear)
+        fp8_grouped_linear = _typed(_linear.fp8_grouped_linear)
         mhc_pre = _typed(_mhc.mhc_pre)
         mhc_post = _typed(_mhc.mhc_post)
         mhc_post_pre = _typed(_mhc.mhc_post_pre)

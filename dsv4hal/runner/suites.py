@@ -23,7 +23,7 @@ DSV4HAL = ("{python}", "-m", "dsv4hal")
 CONFORMANCE_ATTENTION_OPS = "sparse_attention_decode,sparse_attention_prefill,compress,compress_decode,indexer_logits,"\
                             "mhc_post_pre"
 CONFORMANCE_REST_OPS = "pack_store,dequant_gather,indexer_topk,indexer_q_prep,indexer_store,moe_route,mhc_pre,"\
-                       "mhc_post,mhc_head,build_attention_metadata,offload_fetch,fp8_linear"
+                       "mhc_post,mhc_head,build_attention_metadata,offload_fetch,fp8_linear,fp8_grouped_linear"
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from dsv4hal.ops.attention_metadata import AttentionMetadata
 from dsv4hal.ops.catalog import OP_NAMES
 
 # torch's SchemaCheckMode compares inputs with allclose, which has no CPU kernel for float8 tensors: indexer_logits'
-# q and fp8_linear's weight are. Their inputs are checked unchanged below instead.
-NO_SCHEMA_CHECK = {"indexer_logits", "fp8_linear"}
+# q and fp8_linear's and fp8_grouped_linear's weights are. Their inputs are checked unchanged below instead.
+NO_SCHEMA_CHECK = {"indexer_logits", "fp8_linear", "fp8_grouped_linear"}
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from dsv4hal.formats.v4_cache import V4PagedCache
 from dsv4hal.ops.catalog import OP_NAMES
 
 # SchemaCheckMode's allclose has no CPU float8 kernel (as test_custom_ops)
-NO_SCHEMA_CHECK = {"indexer_logits", "fp8_linear"}
+NO_SCHEMA_CHECK = {"indexer_logits", "fp8_linear", "fp8_grouped_linear"}
 
 
 @pytest.fixture(scope="module")

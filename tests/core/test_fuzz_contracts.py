@@ -52,7 +52,7 @@ COUNTS: collections.Counter[str] = collections.Counter()
 FINDINGS: list[str] = []
 TRITON = {"pack_store": "triton_pack_store", "dequant_gather": "triton_dequant_gather",
           "indexer_topk": "triton_radix_topk", "build_attention_metadata": "triton_attention_metadata",
-          "fp8_linear": "triton_fp8_linear"}
+          "fp8_linear": "triton_fp8_linear", "fp8_grouped_linear": "triton_fp8_grouped_linear"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -321,7 +321,7 @@ def _bad_values(op: str, args: dict[str, Any]) -> list[tuple[str, Callable[[int,
         out.append(("full_to_swa", f2s_bad))
     elif op == "moe_route":
         nonfinite("router_logits")
-    elif op == "fp8_linear":
+    elif op in ("fp8_linear", "fp8_grouped_linear"):
         nonfinite("x")
         nonfinite("weight_scale")
     elif op == "moe_experts":

@@ -128,6 +128,11 @@ def register(registry: Registry) -> None:
                                                "FP8 dot, block scales after the dot; split-K (a second, "
                                                "deterministic sum launch) when the column tiles are fewer than the "
                                                "SMs", **common))
+    registry.add_kernel(KernelImpl(op="fp8_grouped_linear", name="triton_fp8_grouped_linear",
+                                   target=f"{_MOD}.fp8_linear:fp8_grouped_linear",
+                                   description="triton_fp8_linear's kernel with the groups on its first grid axis "
+                                               "(a program's group and 128 output columns): one launch for every "
+                                               "group, split-K counting every group's tiles", **common))
     registry.add_kernel(KernelImpl(op="offload_fetch", name="triton_offload_fetch",
                                    target=f"{_MOD}.offload_fetch:offload_fetch", layout="v4-584",
                                    description="device-side plan (no host sync), one program per miss copies "

@@ -38,16 +38,16 @@ LINEAR_COUNTS = ("div.rn.f32", "div.full.f32", "cp.async.cg.shared.global", "wgm
 
 
 def _fp8_linear_checks() -> list[dict]:
-    """fp8_linear's kernel at a decode tile (16 rows: fp16 MMAs) and a 64-row one (wgmma), e4m3fn's FP8 dot and
-    e4m3fnuz's decoded operands; its x quantization's divisions are IEEE (div.rn, no div.full), and the weight
-    arrives by 16-byte asynchronous copies (pipelined)."""
+    """fp8_linear's kernel (fp8_grouped_linear's too) at a decode tile (16 rows: fp16 MMAs) and a 64-row one (wgmma),
+    e4m3fn's FP8 dot and e4m3fnuz's decoded operands; its x quantization's divisions are IEEE (div.rn, no div.full),
+    and the weight arrives by 16-byte asynchronous copies (pipelined)."""
     import triton.language as tl
 
     from dsv4hal.kernels.triton import fp8_linear
 
-    types = {"x_ptr": "*bf16", "stride_x": "i32", "w_ptr": "*u8", "stride_w": "i32", "s_ptr": "*fp32",
-             "stride_sn": "i32", "stride_sk": "i32", "out_ptr": "*bf16", "T": "i32", "N": "i32", "KB": "i32",
-             "blocks_per_split": "i32"}
+    types = {"x_ptr": "*bf16", "stride_xt": "i32", "stride_xg": "i32", "w_ptr": "*u8", "stride_wg": "i32",
+             "stride_wn": "i32", "s_ptr": "*fp32", "stride_sg": "i32", "stride_sn": "i32", "stride_sk": "i32",
+             "out_ptr": "*bf16", "T": "i32", "G": "i32", "N": "i32", "KB": "i32", "blocks_per_split": "i32"}
     out = []
     for block_m in (16, 64):
         for fnuz in (False, True):
@@ -55,7 +55,8 @@ def _fp8_linear_checks() -> list[dict]:
                      "NATIVE": not fnuz, "DOT": tl.float16, "SPLIT": False, "STAGES": fp8_linear.STAGES}
             out.append({"kernel": "fp8_linear", "block_m": block_m, "fnuz": fnuz,
                         **compile_sm90(fp8_linear._fp8_linear_kernel, types, const, num_warps=4, count=LINEAR_COUNTS,
-                                       aligned=("x_ptr", "stride_x", "w_ptr", "stride_w", "s_ptr", "out_ptr"))})
+                                       aligned=("x_ptr", "stride_xt", "stride_xg", "w_ptr", "stride_wg",
+                                                "stride_wn", "s_ptr", "out_ptr"))})
     return out
 
 

@@ -1,20 +1,19 @@
 """fp8_linear: the reference against the contract's math in float64 (and by hand), the Triton kernel (under the
-interpreter on the CPU) against both over drawn shapes, split-K and its launch rule, non-finite inputs, the typed
-errors of bad calls, the CPU conformance cells, torch.compile, and the weight maker quantize_fp8_block."""
+interpreter on the CPU) against both over drawn shapes, split-K and its launch rule, non-finite inputs, the case,
+and the weight maker quantize_fp8_block. The checks it shares with fp8_grouped_linear (typed errors of bad calls,
+checked mode, the CPU conformance cells, torch.compile) are in test_linear_contracts.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TRITON_DEVICE, on_the_cpu
+from conftest import TRITON_DEVICE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dsv4hal
-from dsv4hal import custom_ops
 from dsv4hal.conformance import cases_linear as cases
-from dsv4hal.conformance.runner import run_conformance
-from dsv4hal.errors import Dsv4HalError, InvalidArgumentError
+from dsv4hal.errors import InvalidArgumentError
 from dsv4hal.formats import fp8_block
 from dsv4hal.ops import linear as contract
 from dsv4hal.reference.linear import fp8_linear as reference
@@ -35,21 +34,13 @@ def _inputs(t: int, n: int, k: int, fp8: str = "e4m3fn", kind: str = "random", s
     return x.to(dev), w.to(dev), s.to(dev)
 
 
-def _within_contract(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, fp8: str) -> str:
-    """'' when got is within the conformance bound of the contract's exact result, else why."""
-    want, mag = cases.oracle(x, w, s, fp8)
-    assert got.dtype == torch.bfloat16 and got.shape == want.shape
-    _, ok, detail = cases.compare_close(got, want, cases.TOLERANCE, slack=cases.SUM_SLACK * mag)
-    return "" if ok else detail
-
-
 @pytest.mark.parametrize("fp8", FLAVOURS)
 def test_reference_is_the_contracts_float64_math(fp8: str) -> None:
     """The reference's output is within one bf16 rounding (and the fp32-sum slack) of the contract's exact sums, for
     every activation kind, a partial last weight block included."""
     for kind in cases.KINDS:
         x, w, s = _inputs(9, 200, 384, fp8, kind)
-        assert _within_contract(reference(x, w, s), x, w, s, fp8) == "", kind
+        assert cases.within_bound(reference(x, w, s), x, w, s, fp8) == "", kind
 
 
 @pytest.mark.parametrize(("fp8", "fp8_max"), [("e4m3fn", 448.0), ("e4m3fnuz", 240.0)])
@@ -81,7 +72,7 @@ def test_triton_matches_the_contract_and_the_reference_over_drawn_shapes(t: int,
     conformance bound of the contract's exact sums, and within two bf16 roundings of the reference."""
     x, w, s = _inputs(t, n, 128 * kb, fp8, kind, seed=t * 31 + n + kb)
     got = triton_linear.fp8_linear(x, w, s)
-    assert _within_contract(got, x, w, s, fp8) == ""
+    assert cases.within_bound(got, x, w, s, fp8) == ""
     want, mag = cases.oracle(x, w, s, fp8)
     ref = reference(x, w, s)
     assert bool(((got.double() - ref.double()).abs() <= 2.0**-7 * want.abs() + 2 * cases.SUM_SLACK * mag).all())
@@ -95,7 +86,7 @@ def test_split_k_sums_are_deterministic_and_within_the_contract(splits: int) -> 
     per = -(-5 // splits)
     cfg = triton_linear.Config(block_m=16, splits=-(-5 // per), blocks_per_split=per)
     first = triton_linear.launch(x, w, s, cfg)
-    assert _within_contract(first, x, w, s, "e4m3fn") == ""
+    assert cases.within_bound(first, x, w, s, "e4m3fn") == ""
     assert torch.equal(first, triton_linear.launch(x, w, s, cfg))
 
 
@@ -136,72 +127,6 @@ def test_a_non_finite_x_element_makes_its_row_nan(impl: str, bad: float, fp8: st
     assert torch.equal(got[keep], clean[keep])
 
 
-def _args() -> dict:
-    """A valid call on the CPU (the CPU platform's)."""
-    x, w, s = _inputs(3, 256, 256, dev=CPU)
-    return {"x": x, "weight": w, "weight_scale": s}
-
-
-@pytest.mark.parametrize(("change", "arg", "remedy"), [
-    (lambda a: {**a, "x": a["x"].float()}, "x", ".to(torch.bfloat16)"),
-    (lambda a: {**a, "x": a["x"][:, :200]}, "x", "pad x"),
-    (lambda a: {**a, "x": a["x"][:, :128], "weight": a["weight"][:, :128]}, "weight_scale", "quantize_fp8_block"),
-    (lambda a: {**a, "weight": a["weight"][:, :128]}, "weight", "[out_features, in_features]"),
-    (lambda a: {**a, "weight": a["weight"].view(torch.uint8)}, "weight", "view(torch.float8_e4m3fn)"),
-    (lambda a: {**a, "weight": a["weight"].float()}, "weight", "quantize_fp8_block"),
-    (lambda a: {**a, "weight": a["weight"][:0]}, "weight", "[out_features, in_features]"),
-    (lambda a: {**a, "weight_scale": a["weight_scale"].double()}, "weight_scale", ".to(torch.float32)"),
-    (lambda a: {**a, "weight_scale": a["weight_scale"][:, :1]}, "weight_scale", "quantize_fp8_block"),
-    (lambda a: {**a, "weight_scale": a["weight_scale"].to("meta")}, "weight_scale", None),
-    (lambda a: {**a, "weight": a["weight"].to("meta")}, "weight", None),
-    (lambda a: {**a, "x": torch.cat([a["x"], a["x"]], 1)[:, ::2]}, "x", ".contiguous()"),
-    (lambda a: {**a, "x": a["x"][0]}, "x", None),
-    (lambda a: {**a, "x": a["x"][:1].expand(2**40, 256)}, "x", "smaller batch"),
-])
-def test_bad_calls_raise_typed_errors_naming_the_argument_and_remedy(change, arg: str, remedy: str | None) -> None:  # noqa: ANN001
-    """Wrong dtypes, K not a multiple of 128, mismatched K, scale shapes or devices, a strided K and a huge output
-    raise InvalidArgumentError naming the argument, with the remedy where there is one; nothing else is raised."""
-    p = dsv4hal.select_platform("cpu")
-    with pytest.raises(InvalidArgumentError) as e:
-        p.ops.fp8_linear(**change(_args()))
-    assert f"'{arg}'" in str(e.value)
-    if remedy is not None:
-        assert remedy in (e.value.remedy or ""), e.value.remedy
-
-
-@pytest.mark.parametrize("arg", ["weight", "weight_scale"])
-def test_the_contract_refuses_an_argument_on_another_device(arg: str) -> None:
-    """validate refuses a weight or scale on another device than x, naming it and the move."""
-    args = _args()
-    args[arg] = args[arg].to("meta")
-    with pytest.raises(InvalidArgumentError, match=f"'{arg}'") as e:
-        contract.validate(**args)
-    assert ".to('cpu')" in (e.value.remedy or "")
-
-
-def test_the_contract_refuses_an_output_larger_than_the_device() -> None:
-    """An expand view of x (no memory of its own) whose output would not fit the device is refused by the
-    contract's output-size check."""
-    args = _args()
-    args["x"] = args["x"][:1].expand(2**36, 256)
-    with pytest.raises(InvalidArgumentError, match=r"'x \(output size\)'"):
-        contract.validate(**args)
-
-
-def test_checked_mode_refuses_non_finite_values_and_unchecked_runs() -> None:
-    """Checked mode refuses a NaN in x and an inf in weight_scale (reading values); unchecked mode runs the call."""
-    args = _args()
-    args["x"][1, 5] = float("nan")
-    checked, unchecked = dsv4hal.select_platform("cpu", checked=True), dsv4hal.select_platform("cpu")
-    with pytest.raises(InvalidArgumentError, match="'x'"):
-        checked.ops.fp8_linear(**args)
-    assert bool(torch.isnan(unchecked.ops.fp8_linear(**args)[1]).all())
-    good = _args()
-    good["weight_scale"][0, 1] = float("inf")
-    with pytest.raises(InvalidArgumentError, match="'weight_scale'"):
-        checked.ops.fp8_linear(**good)
-
-
 @pytest.mark.parametrize("t", [0, 1, 5, 8, 70])
 def test_quantize_tokens_gives_act_quant_1x128s_bytes_in_deepgemms_scale_layout(t: int) -> None:
     """The MoE quantizer's token pass (exact divisions) gives the bytes and scales of the reference's
@@ -224,33 +149,6 @@ def test_case_and_key_name_the_flavour_token_class_and_partial_block() -> None:
     assert contract.key(x, w, s) == (torch.float8_e4m3fn, "few", False)
 
 
-@pytest.mark.parametrize("forced", [None, pytest.param("triton_fp8_linear", marks=on_the_cpu)])
-def test_cpu_conformance_cells_pass(forced: str | None) -> None:
-    """Every CPU conformance cell of fp8_linear passes, on the reference and with the Triton kernel forced."""
-    with dsv4hal.overrides(kernels={"fp8_linear": forced} if forced else {}):
-        report = run_conformance("cpu", ops=["fp8_linear"])
-    cells = [c for c in report.cells if c.op == "fp8_linear" and c.status != "not-run"]
-    assert len(cells) == sum(not s.gpu_only for s in cases.CASES)
-    assert all(c.status == "pass" and c.implementation == (forced or "torch_reference") for c in cells), cells
-
-
-def test_compiles_fullgraph_and_passes_opcheck() -> None:
-    """torch.compile(fullgraph=True) of a function calling the op matches eager; its custom op passes opcheck (the
-    schema check is left out: its allclose has no CPU kernel for float8); a bad argument under compile raises the
-    contract's typed error."""
-    p = dsv4hal.select_platform("cpu")
-    x, w, s = _inputs(4, 256, 256, dev=CPU)
-    fn = torch.compile(lambda x, w, s: p.ops.fp8_linear(x, w, s).float() * 2, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(fn(x, w, s), p.ops.fp8_linear(x, w, s).float() * 2)
-    overload, flat = custom_ops.flatten(p.ops.fp8_linear, x, w, s)
-    torch.library.opcheck(overload, flat, test_utils=("test_autograd_registration", "test_faketensor",
-                                                      "test_aot_dispatch_dynamic"))
-    torch._dynamo.reset()
-    bad = torch.compile(lambda x, w, s: p.ops.fp8_linear(x, w, s), fullgraph=True, backend="aot_eager")
-    with pytest.raises(InvalidArgumentError, match="'weight_scale'"):
-        bad(x, w, s[:, :1])
-
-
 def test_quantize_fp8_block_is_exported_and_refuses_bad_input_typed() -> None:
     """dsv4hal.quantize_fp8_block is the formats' function: [N, K] -> (FP8 [N, K], fp32 [ceil(N/128), ceil(K/128)]);
     a non-tensor, an integer or FP8 tensor, a rank-1 tensor, an unknown flavour or block raise typed errors."""
@@ -262,13 +160,3 @@ def test_quantize_fp8_block_is_exported_and_refuses_bad_input_typed() -> None:
                     (torch.ones(4, 4), {"fp8": "e5m2"}), (torch.ones(4, 4), {"block": 0})):
         with pytest.raises(InvalidArgumentError):
             dsv4hal.quantize_fp8_block(bad, **kw)
-
-
-def test_every_error_of_a_drawn_bad_call_is_typed() -> None:
-    """Arguments of the wrong kind entirely (None, lists, scalars) give typed errors only."""
-    p = dsv4hal.select_platform("cpu")
-    a = _args()
-    for name in a:
-        for junk in (None, [1, 2], 3.0):
-            with pytest.raises(Dsv4HalError):
-                p.ops.fp8_linear(**{**a, name: junk})

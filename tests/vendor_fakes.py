@@ -115,6 +115,13 @@ def install_modules(monkeypatch: pytest.MonkeyPatch, modules: Mapping[str, types
             setattr(modules[parent], child, mod)
 
 
+def install_deep_gemm(monkeypatch: pytest.MonkeyPatch, version: str = "2.5.0", **entries: Any) -> types.ModuleType:
+    """A fake `deep_gemm` of `version` holding `entries` (its functions), installed for this test."""
+    module = fake_module("deep_gemm", __version__=version, **entries)
+    install_modules(monkeypatch, {"deep_gemm": module})
+    return module
+
+
 # ---------------------------------------------------------------------------------------------------------
 # sgl-flash-mla 1.0.0
 

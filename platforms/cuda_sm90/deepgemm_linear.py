@@ -37,20 +37,32 @@ MIN_VERSION = (2, 0, 0)
 BLOCK = 128
 
 
-def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
-    """Reasons DeepGEMM's SM90 fp8_gemm_nt cannot serve this fp8_linear case."""
+def operand_reasons(case: Mapping[str, object], name: str, fallback: str) -> list[str]:
+    """Reasons DeepGEMM's SM90 FP8 GEMMs (fp8_gemm_nt, fp8_einsum) cannot take this case's weight, `fallback`
+    being the kernel that takes it instead."""
     reasons = []
     if case.get("fp8") != "e4m3fn":
         reasons.append(f"DeepGEMM's SM90 FP8 GEMM takes e4m3fn weights; this weight is {case.get('fp8')} "
-                       "(triton_fp8_linear takes it)")
+                       f"({fallback} takes it)")
     if case.get("partial_block"):
-        reasons.append(f"{NAME} takes N a multiple of {BLOCK} (whole 128x128 weight blocks, vLLM's rule for DeepGEMM's "
-                       "FP8 linear); pad the weight's rows with zeros, or triton_fp8_linear takes it")
-    version = info.libraries.get(LIBRARY, "")
-    if version_before(version, MIN_VERSION):
-        reasons.append(f"DeepGEMM {version} predates 2.0.0, the first release with fp8_gemm_nt; upgrade DeepGEMM "
-                       "(vLLM 0.24 bundles 2.5.0)")
+        reasons.append(f"{name} takes N a multiple of {BLOCK} (whole 128x128 weight blocks, vLLM's rule for DeepGEMM's "
+                       f"FP8 linear); pad the weight's rows with zeros, or {fallback} takes it")
     return reasons
+
+
+def version_reasons(info: PlatformInfo, minimum: tuple[int, int, int], first: str) -> list[str]:
+    """A reason when the installed DeepGEMM predates `minimum`, the first release `first` (what it brought)."""
+    version = info.libraries.get(LIBRARY, "")
+    if version_before(version, minimum):
+        return [f"DeepGEMM {version} predates {'.'.join(map(str, minimum))}, the first release {first}; upgrade "
+                "DeepGEMM (vLLM 0.24 bundles 2.5.0)"]
+    return []
+
+
+def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
+    """Reasons DeepGEMM's SM90 fp8_gemm_nt cannot serve this fp8_linear case."""
+    return (operand_reasons(case, NAME, "triton_fp8_linear")
+            + version_reasons(info, MIN_VERSION, "with fp8_gemm_nt"))
 
 
 def _entry() -> Any:

@@ -7,7 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from dsv4hal_cuda_sm90 import deepgemm_linear, deepgemm_moe, marlin_moe, oai_triton_moe, vllm_router
+from dsv4hal_cuda_sm90 import (
+    deepgemm_grouped_linear,
+    deepgemm_linear,
+    deepgemm_moe,
+    marlin_moe,
+    oai_triton_moe,
+    vllm_router,
+)
 
 from dsv4hal.hardware import PlatformInfo
 from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mega_moe, deepgemm_mhc, flashinfer_a2a, vendor_bounds
@@ -61,6 +68,9 @@ DEEPGEMM_MHC_PRIORITY = 102
 # fp8_linear through DeepGEMM's fp8_gemm_nt, the GEMM SGLang and vLLM run these projections with on Hopper: above the
 # portable triton_fp8_linear (100); neither is timed on the H200 yet (`dsv4hal tune` orders them per token class)
 DEEPGEMM_LINEAR_PRIORITY = 300
+# fp8_grouped_linear through DeepGEMM's fp8_einsum, what SGLang runs V4's wo_a with on Hopper: above the portable
+# triton_fp8_grouped_linear (100) for the same reason; neither is timed yet (`dsv4hal bench linear` times both)
+DEEPGEMM_GROUPED_LINEAR_PRIORITY = 300
 
 FLASHMLA_H_Q = QueryHeads(counts=(64, 128))  # the legacy kernels are instantiated for 64 and 128 heads
 PREFILL_TOPK_ALIGN = 128  # SM90 sparse prefill asserts topk % 128 == 0 for h64 and h128
@@ -149,6 +159,13 @@ def register(registry: Registry) -> None:
         requires=(deepgemm_linear.LIBRARY, "triton"), supports=deepgemm_linear.supports,
         description="the MoE's Triton 1x128 quantizer (TMA-aligned MN-major scales), then DeepGEMM fp8_gemm_nt "
                     "(SM90 1D2D kernel, fp32 scales)"))
+    registry.add_kernel(KernelImpl(
+        op="fp8_grouped_linear", name=deepgemm_grouped_linear.NAME,
+        target="dsv4hal_cuda_sm90.deepgemm_grouped_linear:fp8_grouped_linear", platforms=(PLATFORM,),
+        priority=DEEPGEMM_GROUPED_LINEAR_PRIORITY, tier="vendor", requires=(deepgemm_linear.LIBRARY, "triton"),
+        supports=deepgemm_grouped_linear.supports,
+        description="the MoE's Triton 1x128 quantizer over x's T*G rows, then DeepGEMM fp8_einsum('bhr,hdr->bhd') "
+                    "(its scale layout copy, then the SM90 batched 1D2D kernel, every group in one launch)"))
     registry.add_kernel(deepep.kernel(PLATFORM, "sm90"))  # expert_parallel
     registry.add_kernel(flashinfer_a2a.kernel(PLATFORM, "sm90"))  # expert_parallel
     registry.add_kernel(deepgemm_mega_moe.kernel(PLATFORM, "sm90"))  # ep_fused_moe

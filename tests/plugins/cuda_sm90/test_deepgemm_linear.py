@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import on_the_cpu
 from dsv4hal_cuda_sm90 import deepgemm_linear
-from vendor_fakes import fake_module, install_modules, simulated_info
+from vendor_fakes import install_deep_gemm, simulated_info
 
 import dsv4hal
 from dsv4hal.conformance import cases_linear as cases
@@ -44,8 +44,7 @@ class FakeDeepGemm:
 @pytest.fixture
 def fake_dg(monkeypatch: pytest.MonkeyPatch) -> FakeDeepGemm:
     fake = FakeDeepGemm()
-    install_modules(monkeypatch, {"deep_gemm": fake_module("deep_gemm", __version__="2.5.0",
-                                                           fp8_gemm_nt=fake.fp8_gemm_nt)})
+    install_deep_gemm(monkeypatch, fp8_gemm_nt=fake.fp8_gemm_nt)
     return fake
 
 

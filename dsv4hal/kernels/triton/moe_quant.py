@@ -37,6 +37,9 @@ TILE = 16  # (row, group) pairs a program quantizes at once: 2048 elements, 16 a
 # instructions (libdevice expf and an IEEE division an element, torch's roundings), not by bandwidth (0.62 of copy).
 MAX_BLOCK_R = 4
 DENSE_STAGES = 3  # the pipeline stages of tiles of several rows; a decode tile (one row) keeps one
+# The DIRECT pass splits each row's 128-groups over grid axis 1 until about this many programs run: at T = 64 one
+# program per 4 rows made 16 programs, each stepping through the whole row in turn (latency-bound).
+DIRECT_PROGRAMS = 256
 # From this many tokens the GATHER source is quantized a token, then copied to its routes' rows (two launches);
 # fewer tokens quantize each route's row directly (one launch). H200, V4-Flash, top-6, CUDA graphs, 3 rounds
 # (sweep-moe-quant.json, "per_token_few", "per_token"): one launch -> two, us: T = 1 3.6 -> 5.9-6.4, 8 6.0-6.1
@@ -95,12 +98,15 @@ def _group_codes(v, POW2: tl.constexpr, HW_FP8: tl.constexpr, FNUZ: tl.constexpr
 # sizes that change with T are not specialised on (K and the strides are: their divisibility vectorises accesses)
 @triton.jit(do_not_specialize=["rows", "num_routes"])
 def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, layout_ptr, block_expert_ptr,
-                       rows, num_routes, top_k, K, align, limit, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
+                       rows, num_routes, top_k, K, align, limit, groups_per_program, BLOCK_R: tl.constexpr,
+                       BLOCK_G: tl.constexpr,
                        GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr,
                        LAYOUT: tl.constexpr, HW_FP8: tl.constexpr, STAGES: tl.constexpr, DIRECT: tl.constexpr,
                        FAST: tl.constexpr, EXACT: tl.constexpr):
-    # pair i of the tile: row r0 + i // BLOCK_G, group g0 + i % BLOCK_G (a row's BLOCK_G pairs share its loads)
+    # pair i of the tile: row r0 + i // BLOCK_G, group g0 + i % BLOCK_G (a row's BLOCK_G pairs share its loads);
+    # grid axis 1 splits a row's groups into runs of groups_per_program (a multiple of BLOCK_G)
     i = tl.arange(0, BLOCK_R * BLOCK_G)
+    g_first = tl.program_id(1) * groups_per_program
     r = tl.program_id(0) * BLOCK_R + i // BLOCK_G
     lane = i % BLOCK_G
     in_rows = r < rows
@@ -111,7 +117,7 @@ def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf
         route = tl.load(sorted_ptr + r, mask=in_rows, other=num_routes)
         valid = route < num_routes
     if LAYOUT:  # every row, tail included: DeepGEMM reads the expert of a block's first row, skips -1 sub-blocks
-        first = in_rows & (lane == 0)
+        first = in_rows & (lane + g_first == 0)  # one store a row: its first program, first lane
         expert = tl.load(block_expert_ptr + r // align, mask=first & valid, other=-1)
         tl.store(layout_ptr + r, tl.where(valid, expert, -1), mask=first)
     # POW2: padding rows get zero codes and scale 1, as the GEMM may read (and pack) every row
@@ -123,9 +129,10 @@ def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf
     q_row = q_ptr + r.to(tl.int64) * K
     cols = tl.arange(0, 128)
     num_groups = K // 128
-    for g0 in tl.range(0, num_groups, BLOCK_G, num_stages=STAGES):  # STAGES > 1: the next groups load meanwhile
+    g_last = tl.minimum(g_first + groups_per_program, num_groups)
+    for g0 in tl.range(g_first, g_last, BLOCK_G, num_stages=STAGES):  # STAGES > 1: the next groups load meanwhile
         g = g0 + lane
-        load = valid & (g < num_groups)
+        load = valid & (g < g_last)
         c = (g * 128)[:, None] + cols[None, :]
         if SWIGLU:  # bf16 activations, as the other paths
             gate = tl.load(base[:, None] + c, mask=load[:, None], other=0.0).to(tl.float32)
@@ -139,7 +146,7 @@ def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf
         q, scale = _group_codes(v, POW2, HW_FP8, False, EXACT)
         if POW2:
             scale = tl.where(valid, scale, 1.0)  # padding rows loaded zeros: codes 0 with scale 1
-        store = write & (g < num_groups)
+        store = write & (g < g_last)
         tl.store(q_row[:, None] + c, q, mask=store[:, None])
         tl.store(sf_ptr + g * stride_sf_g + r, scale, mask=store)
 
@@ -271,7 +278,8 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
         _quant_rows_kernel[(triton.cdiv(rows, block_r),)](
             src, src.stride(0), sorted_routes, q, sf, sf.stride(0), layout if has_layout else sorted_routes,
             block_expert if has_layout else sorted_routes, rows, num_routes, top_k, k_dim, align, limit,
-            BLOCK_R=block_r, BLOCK_G=block_g, GATHER=gather, SWIGLU=swiglu_limit is not None, CLAMP=clamp,
+            k_dim // GROUP, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=gather, SWIGLU=swiglu_limit is not None,
+            CLAMP=clamp,
             POW2=pow2_scales, LAYOUT=has_layout, HW_FP8=hardware_fp8(src.device), STAGES=stages, num_warps=warps,
             DIRECT=False, FAST=swiglu_limit is not None and (FAST_SWIGLU if fast is None else fast), EXACT=False)
     return q, sf.t()
@@ -302,9 +310,12 @@ def _quantize_tokens(x: torch.Tensor, k_dim: int, pow2_scales: bool, exact: bool
     if tokens:
         unused = qt.view(torch.int32)  # the route and layout pointers: DIRECT reads none of them
         block_r, block_g = row_tile(tokens, tokens, k_dim, GROUP)  # every row dense
-        _quant_rows_kernel[(triton.cdiv(tokens, block_r),)](
+        row_programs = triton.cdiv(tokens, block_r)
+        steps = triton.cdiv(k_dim // GROUP, block_g)  # BLOCK_G-group steps a row takes
+        per_program = triton.cdiv(steps, max(1, min(steps, triton.cdiv(DIRECT_PROGRAMS, row_programs)))) * block_g
+        _quant_rows_kernel[(row_programs, triton.cdiv(k_dim // GROUP, per_program))](
             x, x.stride(0), unused, qt, sft, sft.stride(0), unused, unused, tokens, tokens, 1,
-            k_dim, GROUP, 0.0, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=False, SWIGLU=False, CLAMP=False,
+            k_dim, GROUP, 0.0, per_program, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=False, SWIGLU=False, CLAMP=False,
             POW2=pow2_scales, LAYOUT=False, HW_FP8=hardware_fp8(dev), STAGES=DENSE_STAGES if block_r > 1 else 1,
             num_warps=warps, DIRECT=True, FAST=False, EXACT=exact)
     return qt, sft

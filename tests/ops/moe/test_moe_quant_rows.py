@@ -294,6 +294,21 @@ def test_row_tile() -> None:
     assert mq.row_tile(0, 0, 256) == (1, 2)
 
 
+@pytest.mark.parametrize(("t", "k", "programs"), [(3, 1280, 256), (9, 2048, 256), (5, 1536, 4), (1, 128, 256)])
+def test_direct_pass_split_over_groups_gives_the_exact_codes(monkeypatch: pytest.MonkeyPatch, t: int, k: int,
+                                                              programs: int) -> None:
+    """quantize_tokens splits a row's 128-groups over programs (grid axis 1, runs that end inside a BLOCK_G step
+    included) and still writes act_quant_1x128's codes and scales, every group once."""
+    from dsv4hal.formats.fp8_block import act_quant_1x128
+
+    monkeypatch.setattr(mq, "DIRECT_PROGRAMS", programs)
+    x = (torch.randn(t, k, generator=torch.Generator().manual_seed(t * k)).bfloat16() * 3).to(DEV)
+    codes, scales = mq.quantize_tokens(x)
+    want_q, want_s = act_quant_1x128(x.cpu())
+    assert torch.equal(codes.cpu(), want_q.view(torch.uint8))
+    assert torch.equal(scales.cpu(), want_s)
+
+
 # ---------------------------------------------------------------- launches of one DeepGEMM MoE call
 
 class _Launches:

@@ -20,7 +20,8 @@ from dsv4hal.rope import make_rope_table
 from dsv4hal.speculative import compress_ring
 
 INDEX_HEADS = 64  # the lightning indexer's query heads (each INDEX_DIM wide)
-FP8_LINEARS = ("wq_a", "wq_b", "wkv", "wo_b", "wq_idx")  # V4's FP8 block-scaled projections (spec 5.1)
+# V4's FP8 block-scaled projections (spec 5.1); wo_a [G, o_lora, H/G*512] is the grouped one (fp8_grouped_linear)
+FP8_LINEARS = ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "wq_idx")
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -136,7 +137,10 @@ class DemoModel:
                 if ratio == 4:
                     w["idx_state"] = new_state(batch, 4, w["idx_gate"].shape[0], dev, ring=ring)
             if cfg.fp8_linears:  # (FP8 codes, block scales) in place of the bf16 weight
-                for name in FP8_LINEARS:
+                # wq_a and wkv read the same input: as an engine fuses them, one GEMM (and one quantization of the
+                # input) makes both; their row counts are whole 128-row blocks, so the block scales are the same
+                w["wqkv_a"] = torch.cat([w.pop("wq_a"), w.pop("wkv")])
+                for name in (*FP8_LINEARS, "wqkv_a"):
                     if name in w:
                         w[name] = dsv4hal.quantize_fp8_block(w[name], platform.info.fp8)
             self.layers.append(w)
@@ -222,9 +226,10 @@ class DemoModel:
                    timer: OpTimer, decode: bool) -> torch.Tensor:
         ops, t, h, step = self.ops, a.shape[0], self.q_heads, self.step
         cis = step["cis"]
-        q_lora = _rms_bf16(self._proj(a, w["wq_a"], timer))
+        q_a, kv_a = self._q_kv_a(a, w, timer)
+        q_lora = _rms_bf16(q_a)
         q = _rope_(_rms_bf16(self._proj(q_lora, w["wq_b"], timer).view(t, h, D_HEAD)), cis[:, None])
-        kv = _rope_(_rms(self._proj(a, w["wkv"], timer), w["kv_norm"]), cis).bfloat16()
+        kv = _rope_(_rms(kv_a, w["kv_norm"]), cis).bfloat16()
         with timer("pack_store"):
             ops.pack_store(kv, step["swa_loc"], w["swa"])
         extra: dict[str, Any] = {}
@@ -245,12 +250,24 @@ class DemoModel:
             o, _ = ops.sparse_attention_decode(q, w["swa"], meta.swa_indices, meta.swa_lengths, w["sink"],
                                                D_HEAD ** -0.5, **extra)
         o = _rope_(o[:, :h], step["cis_back"][:, None])
-        o = torch.einsum("tgk,gok->tgo", o.reshape(t, self.o_groups, -1), w["wo_a"])
+        o = o.reshape(t, self.o_groups, -1)
+        if isinstance(w["wo_a"], tuple):
+            with timer("fp8_grouped_linear"):
+                o = self.ops.fp8_grouped_linear(o, *w["wo_a"])
+        else:
+            o = torch.einsum("tgk,gok->tgo", o, w["wo_a"])
         return self._output(o.reshape(t, -1), w, timer)
 
     def _output(self, o: torch.Tensor, w: dict, timer: OpTimer) -> torch.Tensor:
         """The output projection's second GEMM (a tensor-parallel rank's partial sum, all-reduced, in tp_model)."""
         return self._proj(o, w["wo_b"], timer).bfloat16()
+
+    def _q_kv_a(self, a: torch.Tensor, w: dict, timer: OpTimer) -> tuple[torch.Tensor, torch.Tensor]:
+        """The query's and the KV's first projections of the normed input: one GEMM through the fused weight
+        (wqkv_a) where the layer has it, else two."""
+        if "wqkv_a" in w:
+            return self._proj(a, w["wqkv_a"], timer).split((self.cfg.q_lora, D_HEAD), dim=1)
+        return self._proj(a, w["wq_a"], timer), self._proj(a, w["wkv"], timer)
 
     def _proj(self, x: torch.Tensor, weight: Any, timer: OpTimer, fp32_out: bool = False) -> torch.Tensor:
         """x bf16 [T, K] @ weight^T: the fp8_linear op on (FP8 codes, block scales), else a bf16 GEMM (with fp32

@@ -156,9 +156,10 @@ def test_compiled_decode_step_is_one_graph_and_matches_eager() -> None:
 
 
 def test_fp8_projections_run_through_the_fp8_linear_op_and_track_the_bf16_model() -> None:
-    """With fp8_linears the five dense projections of each layer go through fp8_linear (13 calls a decode step: four
-    in each layer, the indexer's wq_b in the C4 one) and the outputs stay near the bf16-projection model's (FP8
-    weights and activations perturb each projection by a few percent; a wrong layout would not be near)."""
+    """With fp8_linears the five dense projections of each layer go through fp8_linear, wq_a and wkv fused into one
+    (10 calls a decode step: three in each layer, the indexer's wq_b in the C4 one), wo_a through fp8_grouped_linear
+    (one a layer), and the outputs stay near the bf16-projection model's (FP8 weights and activations perturb each
+    projection by a few percent; a wrong layout or a swapped split of the fused output would not be near)."""
     from dataclasses import replace
 
     from dsv4hal.engine_model.config import DemoConfig
@@ -166,7 +167,9 @@ def test_fp8_projections_run_through_the_fp8_linear_op_and_track_the_bf16_model(
     platform = dsv4hal.select_platform("cpu")
     cfg = replace(DemoConfig(), q_lora=128)
     runs = {f: run_demo(platform, batch=2, context=300, steps=2, cfg=replace(cfg, fp8_linears=f)) for f in (0, 1)}
-    assert runs[1]["decode_calls"]["fp8_linear"] == 13 * 2 and "fp8_linear" not in runs[0]["decode_calls"]
+    calls = {f: runs[f]["decode_calls"] for f in (0, 1)}
+    assert calls[1]["fp8_grouped_linear"] == 3 * 2 and "fp8_grouped_linear" not in calls[0]
+    assert calls[1]["fp8_linear"] == 10 * 2 and "fp8_linear" not in calls[0]
     for bf16, fp8 in zip(runs[0]["outputs"], runs[1]["outputs"]):
         assert bool(torch.isfinite(fp8).all())
         assert float((fp8 - bf16).norm() / bf16.norm()) < 0.25

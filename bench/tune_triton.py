@@ -31,9 +31,13 @@ from dsv4hal.reference.pack_store import dequant_gather as ref_gather
 from dsv4hal.reference.pack_store import pack_store as ref_store
 from dsv4hal.reference.sparse_attention import sparse_attention_decode as ref_decode
 
-ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st)
-                for bh, bk, w, st in ((32, 32, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2),
-                                      (32, 64, 4, 2), (64, 32, 4, 3), (16, 32, 4, 2), (64, 16, 4, 2))]
+ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st, programs=p, dv_split=dv)
+                for bh, bk, w, st, p, dv in ((64, 32, 8, 2, 264, 1), (64, 32, 8, 2, 132, 1), (64, 32, 8, 2, 64, 1),
+                                             (64, 32, 8, 2, 264, 2), (64, 32, 8, 2, 132, 2), (64, 32, 8, 2, 528, 2),
+                                             (64, 32, 4, 2, 264, 2), (64, 64, 8, 2, 264, 2), (64, 16, 8, 2, 264, 2),
+                                             (64, 32, 8, 3, 264, 2), (32, 32, 4, 2, 264, 2), (32, 32, 8, 2, 264, 2),
+                                             (32, 32, 4, 2, 528, 1), (16, 32, 4, 2, 264, 1), (16, 32, 4, 2, 528, 1),
+                                             (16, 64, 4, 2, 264, 1), (16, 32, 4, 2, 264, 2), (64, 32, 8, 1, 132, 2))]
 # the sampled top-k (the static kernel for rows wider than 16384): samples, the bisections from the keys' common high
 # bits, the sample threshold's resolution, the filter's chunk a program, each also timed pass by pass (cumulative).
 # H200 results, one entry each in bench/results/h200/tune-triton-topk.json: the launch shape ("launch_shape"; the
@@ -52,7 +56,9 @@ ROW_CONFIGS = [dict(num_warps=w) for w in (4, 8, 16)]
 # 8256: the demo's 129 pages x 64 at 32K context (a 64-key tail); 9216, 10240, 12288: tails of 1/8, 1/4, 1/2 of 8192
 ROW_SHAPES = [(64, 8192, 512), (1, 8192, 512), (64, 16384, 512), (64, 8256, 512), (1, 8256, 512), (64, 9216, 512),
               (64, 10240, 512), (64, 12288, 512)]
-ATTN_SHAPES = [(attn_bench.CONFIGS[0], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
+# the decode step's three layers at batch 64 (SWA alone; C4; C128 at 8K), then wider batches and contexts
+ATTN_SHAPES = [(attn_bench.AttnConfig("flash-swa (SWA 128)", 64, 0, 0), 64), (attn_bench.CONFIGS[0], 64),
+               (attn_bench.CONFIGS[1], 64), (attn_bench.CONFIGS[0], 256), (attn_bench.CONFIGS[0], 1024),
                (attn_bench.CONFIGS[2], 256), (attn_bench.CONFIGS[4], 256)]
 TOPK_SHAPES = [(1, 262144, 512), (8, 262144, 512), (16, 262144, 512), (64, 262144, 512), (64, 65536, 1024)]
 # the exact fallback inside the select launch, every row forced onto it (cap = k and a margin past
@@ -171,7 +177,7 @@ def main() -> None:
         small = {k: (v[:8] if k in rows else v) for k, v in a.items()}
         want = ref_decode(**small)[0].float()
         for c in ATTN_CONFIGS:
-            name = "bh{block_h}-bk{bk}-w{num_warps}-s{num_stages}".format(**c)
+            name = "bh{block_h}-bk{bk}-w{num_warps}-s{num_stages}-p{programs}-dv{dv_split}".format(**c)
             try:
                 got = tattn._launch(small["q"], small["sink"], small["softmax_scale"], small["swa_cache"],
                                     small["swa_indices"], small["swa_lengths"], small.get("extra_cache"),

@@ -145,7 +145,7 @@ def one_split(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under the interpreter, the attention kernel's single-split launch (a third of the split-K launch's time);
     a GPU runs the tuned split-K launch with its combine kernel."""
     if DEV.type == "cpu":
-        monkeypatch.setattr(triton_attention, "TARGET_PROGRAMS", 1)
+        monkeypatch.setitem(triton_attention.CONFIG, "programs", 1)
 
 
 def _decode_inputs() -> dict[str, object]:

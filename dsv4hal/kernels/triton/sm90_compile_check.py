@@ -87,7 +87,8 @@ def checks() -> list[dict]:
 
     m_types = {"src_ptr": "*bf16", "stride_src": "i32", "sorted_ptr": "*i32", "q_ptr": "*u8", "sf_ptr": "*fp32",
                "stride_sf_g": "i32", "layout_ptr": "*i32", "block_expert_ptr": "*i32", "rows": "i32",
-               "num_routes": "i32", "top_k": "i32", "K": "i32", "align": "i32", "limit": "fp32"}
+               "num_routes": "i32", "top_k": "i32", "K": "i32", "align": "i32", "limit": "fp32",
+               "groups_per_program": "i32"}
     for fast in (False, True):  # the FP8 MoE's SwiGLU pass, torch's roundings and the approximate form
         const = {"BLOCK_R": 4, "BLOCK_G": 4, "GATHER": False, "SWIGLU": True, "CLAMP": True, "POW2": False,
                  "LAYOUT": False, "HW_FP8": True, "STAGES": moe_quant.DENSE_STAGES, "DIRECT": False, "FAST": fast,
@@ -104,7 +105,31 @@ def checks() -> list[dict]:
     const = {"BLOCK_E": 256, "NCP": moe_align.MAX_PROGRAMS, "SE": moe_align.SCAN_ELEMENTS // moe_align.MAX_PROGRAMS}
     out.append({"kernel": "moe_align (scan)",  # E = 256 over the most programs: T = 4096's launch
                 **compile_sm90(moe_align._scan_kernel, {"hist_ptr": "*i32", "NC": "i32"}, const, num_warps=4)})
-    return out + _fp8_linear_checks()
+    return out + _fp8_linear_checks() + _sparse_attention_checks()
+
+
+ATTENTION_COUNTS = ("mul.bf16x2", "wgmma.mma_async", "mma.sync")
+
+
+def _sparse_attention_checks() -> list[dict]:
+    """The sparse attention kernel (split-K, a C4 extra list) at 64 heads a program (wgmma) with the output in one
+    program or split over two, and at 16 (mma.sync): the keys are dequantized by bf16 products."""
+    from dsv4hal.kernels.triton import sparse_attention
+
+    types = {"q_ptr": "*bf16", "sink_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
+             "part_ml_ptr": "*fp32", "a_ptr": "*u8", "a_idx_ptr": "*i32", "a_len_ptr": "*i32", "a_page_bytes": "i64",
+             "a_stride_idx": "i32", "W_A": "i32", "b_ptr": "*u8", "b_idx_ptr": "*i32", "b_len_ptr": "*i32",
+             "b_page_bytes": "i64", "b_stride_idx": "i32", "W_B": "i32", "H": "i32", "n_kv": "i32", "n_kv_b": "i32",
+             "qk_scale": "fp32", "keys_per_split": "i32"}
+    aligned = (*(n for n in types if n.endswith("_ptr")), "a_page_bytes", "b_page_bytes", "H")
+    out = []
+    for block_h, warps, dv_split in ((64, 8, 1), (64, 8, 2), (16, 4, 1)):
+        const = {"P_A": 256, "P_B": 64, "FP8": True, "FNUZ": False, "HAS_B": True, "BLOCK_H": block_h, "BK": 32,
+                 "DIRECT": False, "DOT_F32": False, "DV_SPLIT": dv_split}
+        out.append({"kernel": "sparse_attention", "block_h": block_h, "dv_split": dv_split,
+                    **compile_sm90(sparse_attention._sparse_attn_kernel, types, const, aligned=aligned,
+                                   count=ATTENTION_COUNTS, num_warps=warps, num_stages=2)})
+    return out
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from dsv4hal.reference.moe import dequantize_expert, expert_nbytes, per_expert_s
 
 SHAPE = "flash"
 TOKENS = (1, 8, 16, 32, 64, 512, 4096)  # 16 and 32: where MXFP4 decode crosses from Marlin to triton_kernels
-QUICK_TOKENS = (1, 64, 4096)
+QUICK_TOKENS = (1, 8, 16, 32, 64, 4096)  # every decode size of TOKENS (the MXFP4 kernels change there), one prefill
 EP_TOKENS = (64, 4096)  # expert-parallel inputs: these token counts again with a share of routes dropped
 EP_DROPPED = (0.5, 0.9)
 BASELINE = "torch_bf16_loop"

@@ -98,7 +98,8 @@ def _group_codes(v, POW2: tl.constexpr, HW_FP8: tl.constexpr, FNUZ: tl.constexpr
 # sizes that change with T are not specialised on (K and the strides are: their divisibility vectorises accesses)
 @triton.jit(do_not_specialize=["rows", "num_routes"])
 def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, layout_ptr, block_expert_ptr,
-                       rows, num_routes, top_k, K, align, limit, groups_per_program, BLOCK_R: tl.constexpr,
+                       rows, num_routes, top_k, K, align, limit, groups_per_program, row_groups, group_stride,
+                       BLOCK_R: tl.constexpr,
                        BLOCK_G: tl.constexpr,
                        GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr,
                        LAYOUT: tl.constexpr, HW_FP8: tl.constexpr, STAGES: tl.constexpr, DIRECT: tl.constexpr,
@@ -148,7 +149,8 @@ def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf
             scale = tl.where(valid, scale, 1.0)  # padding rows loaded zeros: codes 0 with scale 1
         store = write & (g < g_last)
         tl.store(q_row[:, None] + c, q, mask=store[:, None])
-        tl.store(sf_ptr + g * stride_sf_g + r, scale, mask=store)
+        # row r = (t, j) of row_groups rows a token keeps its scales in block j of group_stride: r's column t
+        tl.store(sf_ptr + g * stride_sf_g + (r % row_groups) * group_stride + r // row_groups, scale, mask=store)
 
 
 @triton.jit(do_not_specialize=["rows", "num_routes", "tokens"])
@@ -278,7 +280,7 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
         _quant_rows_kernel[(triton.cdiv(rows, block_r),)](
             src, src.stride(0), sorted_routes, q, sf, sf.stride(0), layout if has_layout else sorted_routes,
             block_expert if has_layout else sorted_routes, rows, num_routes, top_k, k_dim, align, limit,
-            k_dim // GROUP, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=gather, SWIGLU=swiglu_limit is not None,
+            k_dim // GROUP, 1, 0, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=gather, SWIGLU=swiglu_limit is not None,
             CLAMP=clamp,
             POW2=pow2_scales, LAYOUT=has_layout, HW_FP8=hardware_fp8(src.device), STAGES=stages, num_warps=warps,
             DIRECT=False, FAST=swiglu_limit is not None and (FAST_SWIGLU if fast is None else fast), EXACT=False)
@@ -300,24 +302,26 @@ def _scatter_from_tokens(x: torch.Tensor, row_of_route: torch.Tensor, rows: int,
     return q, sf.t()
 
 
-def _quantize_tokens(x: torch.Tensor, k_dim: int, pow2_scales: bool, exact: bool, pitch: int, warps: int
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x's T rows quantized 1x128 in one launch (DIRECT): (codes uint8 [T, K], scales fp32 [K/128, pitch], MN-major,
-    row t's scales in column t; columns past T unwritten)."""
+def _quantize_tokens(x: torch.Tensor, k_dim: int, pow2_scales: bool, exact: bool, pitch: int, warps: int,
+                     groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's rows quantized 1x128 in one launch (DIRECT): (codes uint8 [rows, K], scales fp32 [groups, K/128, pitch],
+    MN-major: row r = t * groups + j keeps its scales in column t of block j; columns past rows / groups
+    unwritten)."""
     tokens, dev = x.shape[0], x.device
+    kb = k_dim // GROUP
     qt = torch.empty(tokens, k_dim, dtype=torch.uint8, device=dev)
-    sft = torch.empty(k_dim // GROUP, pitch, dtype=torch.float32, device=dev)
+    sft = torch.empty(groups, kb, pitch, dtype=torch.float32, device=dev)
     if tokens:
         unused = qt.view(torch.int32)  # the route and layout pointers: DIRECT reads none of them
         block_r, block_g = row_tile(tokens, tokens, k_dim, GROUP)  # every row dense
         row_programs = triton.cdiv(tokens, block_r)
-        steps = triton.cdiv(k_dim // GROUP, block_g)  # BLOCK_G-group steps a row takes
+        steps = triton.cdiv(kb, block_g)  # BLOCK_G-group steps a row takes
         per_program = triton.cdiv(steps, max(1, min(steps, triton.cdiv(DIRECT_PROGRAMS, row_programs)))) * block_g
-        _quant_rows_kernel[(row_programs, triton.cdiv(k_dim // GROUP, per_program))](
-            x, x.stride(0), unused, qt, sft, sft.stride(0), unused, unused, tokens, tokens, 1,
-            k_dim, GROUP, 0.0, per_program, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=False, SWIGLU=False, CLAMP=False,
-            POW2=pow2_scales, LAYOUT=False, HW_FP8=hardware_fp8(dev), STAGES=DENSE_STAGES if block_r > 1 else 1,
-            num_warps=warps, DIRECT=True, FAST=False, EXACT=exact)
+        _quant_rows_kernel[(row_programs, triton.cdiv(kb, per_program))](
+            x, x.stride(0), unused, qt, sft, pitch, unused, unused, tokens, tokens, 1,
+            k_dim, GROUP, 0.0, per_program, groups, kb * pitch, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=False,
+            SWIGLU=False, CLAMP=False, POW2=pow2_scales, LAYOUT=False, HW_FP8=hardware_fp8(dev),
+            STAGES=DENSE_STAGES if block_r > 1 else 1, num_warps=warps, DIRECT=True, FAST=False, EXACT=exact)
     return qt, sft
 
 
@@ -332,7 +336,20 @@ def quantize_tokens(x: torch.Tensor, *, pow2_scales: bool = False, exact: bool =
         raise ValueError(f"quantize_tokens: K={x.shape[1]} is not a multiple of {GROUP}")
     tokens = x.shape[0]
     q, sft = _quantize_tokens(x, x.shape[1], pow2_scales, exact, -(-tokens // 4) * 4, warps)
-    return q, sft[:, :tokens].t()
+    return q, sft[0, :, :tokens].t()
+
+
+def quantize_grouped_tokens(x: torch.Tensor, *, warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, G, K] (K a multiple of 128; x.reshape(T * G, K) a view with unit stride along K) -> (codes uint8
+    [T, G, K], scales fp32 [T, G, K/128]): quantize_tokens' exact 1x128 rule on every (token, group) row in one
+    launch, the scales laid out per group MN-major with a pitch of T rounded up to 4 (strides (1, K/128 * pitch,
+    pitch)): the [G, T, K/128] TMA-aligned layout DeepGEMM's SM90 fp8_einsum takes without a per-call transform."""
+    t, g, k = x.shape
+    if k % GROUP:
+        raise ValueError(f"quantize_grouped_tokens: K={k} is not a multiple of {GROUP}")
+    pitch = -(-t // 4) * 4
+    q, sft = _quantize_tokens(x.reshape(t * g, k), k, False, True, pitch, warps, groups=g)
+    return q.view(t, g, k), sft.permute(2, 0, 1)[:t]
 
 
 def _per_token_then_copy(x: torch.Tensor, sorted_routes: torch.Tensor, num_routes: int, top_k: int, k_dim: int,
@@ -341,6 +358,7 @@ def _per_token_then_copy(x: torch.Tensor, sorted_routes: torch.Tensor, num_route
     """The gather pass in two launches: x's T rows quantized (DIRECT), then each sorted row copies its token's."""
     tokens, rows, dev = x.shape[0], sorted_routes.numel(), x.device
     qt, sft = _quantize_tokens(x, k_dim, pow2_scales, False, tokens, warps)
+    sft = sft.view(k_dim // GROUP, tokens)  # one group of rows
     q = torch.empty(rows, k_dim, dtype=torch.uint8, device=dev)
     sf = torch.empty(k_dim // GROUP, rows, dtype=torch.float32, device=dev)
     has_layout = layout is not None

@@ -88,7 +88,7 @@ def checks() -> list[dict]:
     m_types = {"src_ptr": "*bf16", "stride_src": "i32", "sorted_ptr": "*i32", "q_ptr": "*u8", "sf_ptr": "*fp32",
                "stride_sf_g": "i32", "layout_ptr": "*i32", "block_expert_ptr": "*i32", "rows": "i32",
                "num_routes": "i32", "top_k": "i32", "K": "i32", "align": "i32", "limit": "fp32",
-               "groups_per_program": "i32"}
+               "groups_per_program": "i32", "row_groups": "i32", "group_stride": "i32"}
     for fast in (False, True):  # the FP8 MoE's SwiGLU pass, torch's roundings and the approximate form
         const = {"BLOCK_R": 4, "BLOCK_G": 4, "GATHER": False, "SWIGLU": True, "CLAMP": True, "POW2": False,
                  "LAYOUT": False, "HW_FP8": True, "STAGES": moe_quant.DENSE_STAGES, "DIRECT": False, "FAST": fast,

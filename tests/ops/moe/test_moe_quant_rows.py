@@ -309,6 +309,21 @@ def test_direct_pass_split_over_groups_gives_the_exact_codes(monkeypatch: pytest
     assert torch.equal(scales.cpu(), want_s)
 
 
+@pytest.mark.parametrize(("t", "g", "k"), [(1, 8, 512), (5, 8, 256), (9, 2, 1280)])
+def test_grouped_tokens_keep_the_exact_codes_in_the_per_group_layout(t: int, g: int, k: int) -> None:
+    """quantize_grouped_tokens gives each (token, group) row act_quant_1x128's codes and scales, the scales in
+    [G, T, K/128] MN-major blocks of pitch align(T, 4)."""
+    from dsv4hal.formats.fp8_block import act_quant_1x128
+
+    x = (torch.randn(t, g, k, generator=torch.Generator().manual_seed(t * g + k)).bfloat16() * 3).to(DEV)
+    codes, scales = mq.quantize_grouped_tokens(x)
+    want_q, want_s = act_quant_1x128(x.cpu().reshape(t * g, k))
+    assert torch.equal(codes.cpu(), want_q.view(torch.uint8).view(t, g, k))
+    assert torch.equal(scales.cpu(), want_s.view(t, g, k // 128))
+    pitch = -(-t // 4) * 4
+    assert scales.permute(1, 0, 2).stride() == (k // 128 * pitch, 1, pitch)
+
+
 # ---------------------------------------------------------------- launches of one DeepGEMM MoE call
 
 class _Launches:

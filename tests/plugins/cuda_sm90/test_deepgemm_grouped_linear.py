@@ -35,6 +35,8 @@ class FakeDeepGemm:
         assert aq.stride(2) == 1 and bq.stride(2) == 1, "SM90 takes K-major operands only"
         assert c is None and tuple(recipe) == (1, 128, 128), "no accumulation, the fp32 recipe"
         assert sfa.dtype == sfb.dtype == torch.float32 and sfa.shape == (t, g, kb)
+        pitch = -(-t // 4) * 4  # [G, T, K/128] MN-major and TMA-aligned: fp8_einsum takes it without a copy
+        assert sfa.permute(1, 0, 2).stride() == (kb * pitch, 1, pitch), sfa.stride()
         assert sfb.shape == (g, -(-n // 128), kb) and sfb.is_contiguous()
         assert d.shape == (t, g, n) and d.dtype == torch.bfloat16 and d.stride(2) == 1
         self.calls.append({"t": t, "g": g, "n": n, "k": k})
@@ -86,13 +88,13 @@ def test_one_quantizer_launch_reads_a_dense_x_as_t_times_g_rows(fake_dg: FakeDee
     from dsv4hal.kernels.triton import moe_quant
 
     seen = []
-    real = moe_quant.quantize_tokens
+    real = moe_quant._quantize_tokens
 
-    def spy(rows: torch.Tensor, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
+    def spy(rows: torch.Tensor, *args: object, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
         seen.append((tuple(rows.shape), rows.data_ptr()))
-        return real(rows, **kw)
+        return real(rows, *args, **kw)
 
-    monkeypatch.setattr(moe_quant, "quantize_tokens", spy)
+    monkeypatch.setattr(moe_quant, "_quantize_tokens", spy)
     fx = _fixture(5, 8, 256, 256)
     o = fx.args["x"].reshape(5, 16, 128)  # [T, H, head_dim]-like: two heads a group
     binding.fp8_grouped_linear(**{**fx.args, "x": o.view(5, 8, 256)})

@@ -109,16 +109,19 @@ def _catalog() -> list[CaseSpec]:
     # a decode bucket without a sample would leave a lock unable to decide real calls of that class
     pro = {"h_q": 128, "topk": 1024}
     at_1m = tuple((1048575 - 9 * i, 1) for i in range(8))  # C128 width 8192 ("long")
+    at_1m_wide = tuple((1048575 - 9 * i, 1) for i in range(72))  # more rows than the "batch" class holds
     for name, ratio, reqs, extra in (
             ("v4-flash/c4-8k-T1", 4, ((8191, 1),), {}),
             ("v4-pro/c4-8k-T1", 4, ((8191, 1),), pro),
             ("v4-flash/c128-128k-T1", 128, ((131071, 1),), {}),
             ("v4-flash/c128-1m-T1", 128, ((1048575, 1),), {}),
             ("v4-flash/c128-1m-T8", 128, at_1m, {}),
+            ("v4-flash/c128-1m-T72", 128, at_1m_wide, {}),
             ("v4-pro/c128-128k-T1", 128, ((131071, 1),), pro),
             ("v4-pro/c128-128k-T64", 128, tuple((131071 - 5 * i, 1) for i in range(64)), pro),
             ("v4-pro/c128-1m-T1", 128, ((1048575, 1),), pro),
             ("v4-pro/c128-1m-T8", 128, at_1m, pro),
+            ("v4-pro/c128-1m-T72", 128, at_1m_wide, pro),
             ("v4-pro/swa-T1", 0, ((8191, 1),), pro),
             ("v4-pro/swa-T64", 0, flash8k, pro)):
         c += _spec(name, ratio, reqs, decode_only=True, gpu_only=True, **extra)

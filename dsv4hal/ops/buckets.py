@@ -27,9 +27,10 @@ from typing import Any
 
 FP8 = "$fp8"  # replaced by the machine's FP8 flavour when the sample is built
 # The token classes of the case features named "tokens" (here, torch-free, for the CLI's --case parsing): the MoE
-# ops' (dsv4hal.ops.moe.token_class) and sparse_attention_decode's, one query row or more (decode_token_class)
+# ops' (dsv4hal.ops.moe.token_class) and sparse_attention_decode's: one query row, up to 64, more
+# (dsv4hal.ops.sparse_attention.decode_token_class)
 MOE_TOKEN_CLASSES = ("few", "decode", "prefill")
-DECODE_TOKEN_CLASSES = ("single", "batch")
+DECODE_TOKEN_CLASSES = ("single", "batch", "wide")
 
 
 @dataclass(frozen=True)

@@ -124,14 +124,22 @@ def validate_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale,
 
 
 # Decode shape classes, the buckets `dsv4hal tune` measures (dsv4hal.ops.buckets). On the H200 the portable
-# Triton decode beats FlashMLA at T = 1 up to 1024 extra entries and loses at 8192, and at T >= 64 always
-# (bench/results/h200/bench-attention.json): the classes split there. Exact widths would not do: a C128 width
-# grows with the context (ceil(L / 128), padded to 64), so a lock keyed on it would miss most real calls.
+# Triton decode beats FlashMLA at T = 1 up to 1024 extra entries and loses at 8192
+# (bench/results/h200/bench-attention.json): the extra-width classes split there. Exact widths would not do: a C128
+# width grows with the context (ceil(L / 128), padded to 64), so a lock keyed on it would miss most real calls.
 EXTRA_SHORT_MAX = 1024
+# The token classes split at this many query rows: on the H100 the Triton decode beats FlashMLA at 64 rows over the
+# SWA window and short extra lists and loses at 256 with top-512 C4 lists
+# (bench/results/h100/tune-triton-attention.json).
+DECODE_BATCH_MAX = 64
+
+
+def _token_class_index(num_tokens: int) -> int:
+    return (num_tokens > 1) + (num_tokens > DECODE_BATCH_MAX)
 
 
 def decode_token_class(num_tokens: int) -> str:
-    return DECODE_TOKEN_CLASSES[num_tokens != 1]
+    return DECODE_TOKEN_CLASSES[_token_class_index(num_tokens)]
 
 
 def extra_width_class(width: int | None) -> str | None:
@@ -143,17 +151,17 @@ def key_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale, extr
     """Everything the case reads, as one flat tuple: a bound call without validation finds its kernel by it
     (~1 us less than building the case and its key). The case is computed from it, so they cannot disagree."""
     shape = q.shape
-    return (shape[0] != 1, shape[1], swa_cache.fp8, swa_cache.page_size,
+    return (_token_class_index(shape[0]), shape[1], swa_cache.fp8, swa_cache.page_size,
             None if extra_cache is None else extra_cache.page_size,
             None if extra_indices is None else extra_indices.shape[1])
 
 
 def _case_of_key(key: tuple) -> dict[str, object]:
-    many, h_q, fp8, swa_page, extra_page, width = key
+    tokens, h_q, fp8, swa_page, extra_page, width = key
     width = None if width is None else int(width)
     return {"h_q": int(h_q), "compress_ratio": 0 if extra_page is None else RATIO_BY_EXTRA_PAGE.get(extra_page, -1),
             "fp8": fp8, "swa_page_size": swa_page, "extra_page_size": extra_page,
-            "extra_width": width, "extra_class": extra_width_class(width), "tokens": DECODE_TOKEN_CLASSES[many]}
+            "extra_width": width, "extra_class": extra_width_class(width), "tokens": DECODE_TOKEN_CLASSES[tokens]}
 
 
 def case_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale, extra_cache=None,  # noqa: ANN001

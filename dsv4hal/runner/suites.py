@@ -107,11 +107,11 @@ SUITES: tuple[Suite, ...] = (
           "each op alone against its floor",
           (*DSV4HAL, "demo", "--size", "flash", "--batch", "64", "--context", "32768", "--steps", "8", "--fill",
            "random", "--json", "{json}", "--plot", "{dir}/{name}.png"), 600, ("figures",)),
-    Suite("demo-flash-fp8-deepgemm", "the V4-Flash decode step of demo-flash with DeepGEMM's fp8_gemm_nt forced for "
-          "the FP8 projections (fp8_linear=deepgemm_fp8_linear_sm90), against demo-flash",
+    Suite("demo-flash-flashmla", "the V4-Flash decode step of demo-flash with FlashMLA forced for the sparse "
+          "attention (sparse_attention_decode=flashmla_sm90_sgl), against demo-flash",
           (*DSV4HAL, "demo", "--size", "flash", "--batch", "64", "--context", "32768", "--steps", "8", "--fill",
            "random", "--json", "{json}"), 600, ("figures",),
-          env={"DSV4HAL_KERNELS": "fp8_linear=deepgemm_fp8_linear_sm90"}),
+          env={"DSV4HAL_KERNELS": "sparse_attention_decode=flashmla_sm90_sgl"}),
     Suite("demo-flash-compiled", "the V4-Flash decode step torch.compiled (Inductor) in one CUDA graph",
           (*DSV4HAL, "demo", "--size", "flash", "--batch", "64", "--context", "32768", "--steps", "8", "--fill",
            "random", "--compile", "--json", "{json}"), 600, ("figures",)),

@@ -241,12 +241,13 @@ def test_decode_buckets_are_classes_that_real_calls_fall_in() -> None:
     assert at[32768] == at[131072] == "compress_ratio=128,extra_class=short,h_q=64,tokens=single"
     assert at[1048576] == "compress_ratio=128,extra_class=long,h_q=64,tokens=single"
     assert bucket_of("sparse_attention_decode", _decode_case(64, 64, 4, 512)).endswith("tokens=batch")
+    assert bucket_of("sparse_attention_decode", _decode_case(65, 64, 4, 512)).endswith("tokens=wide")
 
 
 def test_every_decode_bucket_has_a_conformance_sample() -> None:
     """tune measures a bucket only from the conformance cases that fall in it; a bucket without one leaves a lock
     unable to decide real calls of that class (refused loudly). The model's shapes: SWA, C4 at its top-k and C128
-    at short and long contexts, for V4-Flash (h_q 64) and V4-Pro (h_q 128), one row and a batch."""
+    at short and long contexts, for V4-Flash (h_q 64) and V4-Pro (h_q 128), one row, a batch and a wider batch."""
     from dsv4hal.conformance.cases_sparse_attention import CASES
 
     seen = set()
@@ -263,7 +264,7 @@ def test_every_decode_bucket_has_a_conformance_sample() -> None:
                 seen.add(bucket_of("sparse_attention_decode", _decode_case(t, spec.params.get("h_q", 64), ratio,
                                                                             width)))
     want = {bucket_of("sparse_attention_decode", _decode_case(t, h, r, w))
-            for t in (1, 64) for h in (64, 128) for r, w in ((0, None), (4, 512 if h == 64 else 1024),
+            for t in (1, 64, 72) for h in (64, 128) for r, w in ((0, None), (4, 512 if h == 64 else 1024),
                                                               (128, 1024), (128, 8192))}
     assert want <= seen, sorted(want - seen)
 

@@ -43,7 +43,7 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     (("explain", "indexer_topk", "--case", "k=-1"), "non-negative integer"),
     (("explain", "indexer_topk", "--case", "page_transform=maybe"), "true or false"),
     (("explain", "indexer_topk", "--case", "k"), "is not key=value"),
-    (("explain", "sparse_attention_decode", "--case", "tokens=few"), "tokens takes single, batch"),
+    (("explain", "sparse_attention_decode", "--case", "tokens=few"), "tokens takes single, batch, wide"),
     (("explain", "moe_experts", "--case", "tokens=single"), "tokens takes few, decode, prefill"),
     (("explain", "sparse_attention_decode", "--case", "extra_class=Short"), "extra_class takes short, long, None"),
     (("explain", "sparse_attention_prefill", "--case", "width=None"), "its calls always have a width"),
@@ -86,7 +86,7 @@ def test_the_closed_case_sets_are_what_the_case_functions_return() -> None:
     from dsv4hal.ops.moe import DECODE_MAX_TOKENS, FEW_MAX_TOKENS, token_class
     from dsv4hal.ops.sparse_attention import decode_token_class
 
-    assert set(case_choices("sparse_attention_decode", "tokens")) == {decode_token_class(t) for t in range(1, 9)}
+    assert set(case_choices("sparse_attention_decode", "tokens")) == {decode_token_class(t) for t in range(1, 130)}
     counts = range(1, 2 * DECODE_MAX_TOKENS)
     assert FEW_MAX_TOKENS < DECODE_MAX_TOKENS
     for op in ("moe_route", "moe_experts"):

@@ -1,16 +1,14 @@
 """Portable Triton sparse attention over the V4 cache (decode) and over a bf16 workspace (prefill).
 
-Each program takes one query row, a block of heads and one split of the row's key list, which is the
-SWA indices followed by the extra (C4/C128) indices. Keys are gathered by index and dequantized in
-registers as two 256-column halves (FP8 e4m3fn or e4m3fnuz times the tile's UE8M0 scale, a bf16 product
-on NVIDIA; rope as bf16), scores (the sum of the halves' dots) go through an online softmax in the log2
-domain, and V is K: with dv_split 2 two programs share a head block, each accumulating one half of the
-output (half the accumulator registers, the scores computed twice). With several splits a combine kernel merges the partial
-results; the sink is folded in at the end (o *= 1 / (1 + exp(sink - lse))). -1 and entries past the
-row's length are skipped, and so are indices that are not slots of their cache (other negatives, indices
-past the end: invalid, refused in checked mode), so no input reads outside the buffers; a row with no key
-gives 0 and lse = +inf. Fixed grids and buffers, no host
-sync: CUDA-graph safe."""
+Each program takes one query row, a block of heads and one split of the row's key list, which is the SWA indices
+followed by the extra (C4/C128) indices. Keys are gathered by index and dequantized in registers as two 256-column
+halves (FP8 e4m3fn or e4m3fnuz times the tile's UE8M0 scale, a bf16 product on NVIDIA; rope as bf16), scores (the
+sum of the halves' dots) go through an online softmax in the log2 domain, and V is K: with dv_split 2 two programs
+share a head block, each accumulating one half of the output (half the accumulator registers, the scores computed
+twice). With several splits a combine kernel merges the partial results; the sink is folded in at the end (o *= 1 /
+(1 + exp(sink - lse))). -1 and entries past the row's length are skipped, and so are indices that are not slots of
+their cache (other negatives, indices past the end: invalid, refused in checked mode), so no input reads outside the
+buffers; a row with no key gives 0 and lse = +inf. Fixed grids and buffers, no host sync: CUDA-graph safe."""
 
 from __future__ import annotations
 
@@ -190,15 +188,20 @@ def _combine_kernel(part_o_ptr, part_ml_ptr, sink_ptr, out_ptr, lse_ptr, H, NSPL
     tl.store(lse_ptr + row, tl.where(empty, float("inf"), lse2 * 0.6931471805599453))
 
 
-# Launch configuration (heads per program, keys per block, warps, pipeline stages); see bench/tune_triton.py
-# tuned on the H200 (bench/results/h200/tune-triton.json): 64 heads a program, 8 warps, 2x faster than 32/4
-# programs: the split count aims at this many programs (two waves of the H200's 132 SMs)
-CONFIG = {"block_h": 64, "bk": 32, "num_warps": 8, "num_stages": 2, "programs": 264, "dv_split": 1}
+# Launch configurations (heads per program, keys per block, warps, pipeline stages, the program count the split-K
+# count aims at, programs sharing a head block), from `python3 bench/tune_triton.py --ops attention` on the H100
+# (bench/results/h100/tune-triton-attention.json, random keys over a 4M-slot pool, us at 64 query rows): key lists of
+# up to SHORT_KEYS take SHORT_CONFIG (SWA alone 20.1 where CONFIG takes 26.4 and FlashMLA 38.5; SWA + 64 C128 keys
+# 27.9 / 30.9 / 42.3), longer lists CONFIG (SWA + top-512: 68.4, FlashMLA 75.1; at 256 rows 217.1, FlashMLA 138.9).
+CONFIG = {"block_h": 64, "bk": 32, "num_warps": 8, "num_stages": 2, "programs": 132, "dv_split": 1}
+SHORT_CONFIG = {"block_h": 16, "bk": 64, "num_warps": 4, "num_stages": 2, "programs": 264, "dv_split": 1}
+SHORT_KEYS = 256
 
 
 def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=None, *, fp8_source: bool,  # noqa: ANN001, ANN202
             config: dict | None = None):
-    cfg = {**CONFIG, **(config or {})}
+    width = a_idx.shape[1] + (0 if b_idx is None else b_idx.shape[1])
+    cfg = {**(SHORT_CONFIG if width <= SHORT_KEYS else CONFIG), **(config or {})}
     BLOCK_H, BK = cfg["block_h"], cfg["bk"]  # noqa: N806
     t, h, _ = q.shape
     dev = q.device

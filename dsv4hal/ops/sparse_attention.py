@@ -128,9 +128,10 @@ def validate_decode(q, swa_cache, swa_indices, swa_lengths, sink, softmax_scale,
 # (bench/results/h200/bench-attention.json): the extra-width classes split there. Exact widths would not do: a C128
 # width grows with the context (ceil(L / 128), padded to 64), so a lock keyed on it would miss most real calls.
 EXTRA_SHORT_MAX = 1024
-# The token classes split at this many query rows: on the H100 the Triton decode beats FlashMLA at 64 rows over the
-# SWA window and short extra lists and loses at 256 with top-512 C4 lists
-# (bench/results/h100/tune-triton-attention.json).
+# The token classes split at this many query rows, so a lock can choose for small batches apart: on the H100 at 64
+# rows the Triton decode beats FlashMLA over the SWA window alone (20.1 against 38.5 us, random keys;
+# bench/results/h100/tune-triton-attention.json) and loses over 1024 extra keys; at 1024 rows it loses everywhere
+# (bench/results/h100/bench-attention.json).
 DECODE_BATCH_MAX = 64
 
 

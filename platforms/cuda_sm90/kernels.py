@@ -33,15 +33,14 @@ FLASHMLA_VLLM_PRIORITY = 290  # vLLM's bundled FlashMLA: the same kernels, used 
 # These are GPU times (graph replays: how engines run decode). Launched eagerly, the Triton kernel's host time is
 # 81-90 us a call against 48-51 for the bound FlashMLA call (bench-attention.json, host_us), so an eager
 # single-row call is host-bound either way and waits ~30-40 us longer: force FlashMLA for eager single-row serving.
-# Up to 64 query rows (the "batch" class) over the same lists, on the H100 at 64 rows with random keys over a 4M-slot
-# pool (bench/results/h100/tune-triton-attention.json): SWA alone 20.1 against 38.5 us, SWA + 64 C128 keys 27.9 against
-# 42.3, SWA + top-512 C4 68.4 against 75.1; in the V4-Flash decode step at batch 64 see bench/results/README.md.
+# Up to 64 rows (the "batch" class) FlashMLA stays first: in the V4-Flash decode step at batch 64 the three layers'
+# attention takes 112.0 us alone through FlashMLA against 144.2 through Triton (bench/results/h100/
+# demo-flash-flashmla.json, demo-flash.json), and at 64 rows over 1024 extra keys Triton is slower
+# (bench/results/h100/bench-attention.json).
 FLASHMLA_SINGLE_ROW_PRIORITY = {"sgl": 95, "vllm": 94}
-FLASHMLA_SINGLE_ROW_CASES = tuple({"tokens": tokens, "extra_class": extra} for tokens in ("single", "batch")
-                                  for extra in (None, "short"))
-FLASHMLA_SINGLE_ROW_WHY = ("H200 graph replays: triton_sparse_decode 1.7-2.8x faster for one query row, H100 1.1-1.9x "
-                           "at 64 rows; launched eagerly its host time is ~30 us longer: force FlashMLA to serve "
-                           "small batches eagerly")
+FLASHMLA_SINGLE_ROW_CASES = ({"tokens": "single", "extra_class": None}, {"tokens": "single", "extra_class": "short"})
+FLASHMLA_SINGLE_ROW_WHY = ("H200 graph replays: triton_sparse_decode 1.7-2.8x faster for one query row; launched "
+                           "eagerly its host time is ~30 us longer: force FlashMLA to serve single rows eagerly")
 MARLIN_PRIORITY = 300  # MXFP4 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
 DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
 # the same FP8 experts with DeepGEMM's psum layout (the GEMMs skip the padding tail of every expert): above the

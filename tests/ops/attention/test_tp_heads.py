@@ -16,8 +16,8 @@ ATTN = ("sparse_attention_decode", "sparse_attention_prefill")
 
 
 @pytest.mark.parametrize(("arch", "libs", "heads", "padded", "kernel"), [
-    ("sm90", {"flash_mla": "1.0.0", "triton": "3"}, 8, 64, "triton_sparse_decode"),  # a small batch (catalog case)
-    ("sm90", {"flash_mla": "1.0.0", "triton": "3"}, 100, 128, "triton_sparse_decode"),
+    ("sm90", {"flash_mla": "1.0.0", "triton": "3"}, 8, 64, "flashmla_sm90_sgl"),
+    ("sm90", {"flash_mla": "1.0.0", "triton": "3"}, 100, 128, "flashmla_sm90_sgl"),
     ("sm100", {"flash_mla": "1.0.0", "triton": "3"}, 16, 64, "flashmla_sm100_sgl"),
     ("sm100", {"flash_mla": "1.0.0", "triton": "3"}, 65, 128, "flashmla_sm100_sgl"),
     ("gfx950", {"aiter": "1", "triton": "3"}, 8, 64, "aiter_pa_decode_sparse"),

@@ -99,11 +99,9 @@ def _group_codes(v, POW2: tl.constexpr, HW_FP8: tl.constexpr, FNUZ: tl.constexpr
 @triton.jit(do_not_specialize=["rows", "num_routes"])
 def _quant_rows_kernel(src_ptr, stride_src, sorted_ptr, q_ptr, sf_ptr, stride_sf_g, layout_ptr, block_expert_ptr,
                        rows, num_routes, top_k, K, align, limit, groups_per_program, row_groups, group_stride,
-                       BLOCK_R: tl.constexpr,
-                       BLOCK_G: tl.constexpr,
-                       GATHER: tl.constexpr, SWIGLU: tl.constexpr, CLAMP: tl.constexpr, POW2: tl.constexpr,
-                       LAYOUT: tl.constexpr, HW_FP8: tl.constexpr, STAGES: tl.constexpr, DIRECT: tl.constexpr,
-                       FAST: tl.constexpr, EXACT: tl.constexpr):
+                       BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, GATHER: tl.constexpr, SWIGLU: tl.constexpr,
+                       CLAMP: tl.constexpr, POW2: tl.constexpr, LAYOUT: tl.constexpr, HW_FP8: tl.constexpr,
+                       STAGES: tl.constexpr, DIRECT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr):
     # pair i of the tile: row r0 + i // BLOCK_G, group g0 + i % BLOCK_G (a row's BLOCK_G pairs share its loads);
     # grid axis 1 splits a row's groups into runs of groups_per_program (a multiple of BLOCK_G)
     i = tl.arange(0, BLOCK_R * BLOCK_G)
@@ -281,9 +279,9 @@ def quantize_routed_rows(src: torch.Tensor, sorted_routes: torch.Tensor, num_rou
             src, src.stride(0), sorted_routes, q, sf, sf.stride(0), layout if has_layout else sorted_routes,
             block_expert if has_layout else sorted_routes, rows, num_routes, top_k, k_dim, align, limit,
             k_dim // GROUP, 1, 0, BLOCK_R=block_r, BLOCK_G=block_g, GATHER=gather, SWIGLU=swiglu_limit is not None,
-            CLAMP=clamp,
-            POW2=pow2_scales, LAYOUT=has_layout, HW_FP8=hardware_fp8(src.device), STAGES=stages, num_warps=warps,
-            DIRECT=False, FAST=swiglu_limit is not None and (FAST_SWIGLU if fast is None else fast), EXACT=False)
+            CLAMP=clamp, POW2=pow2_scales, LAYOUT=has_layout, HW_FP8=hardware_fp8(src.device), STAGES=stages,
+            num_warps=warps, DIRECT=False, FAST=swiglu_limit is not None and (FAST_SWIGLU if fast is None else fast),
+            EXACT=False)
     return q, sf.t()
 
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from dsv4hal.collectives import COLLECTIVES_BY_NAME, CollectiveSpec
 from dsv4hal.errors import RegistryError
-from dsv4hal.hardware import PlatformInfo
+from dsv4hal.hardware import PlatformInfo, version_before
 from dsv4hal.ops.catalog import OPS_BY_NAME, OpSpec
 
 Case = Mapping[str, object]
@@ -66,6 +66,27 @@ class QueryHeads:
 
 
 @dataclass(frozen=True)
+class MinVersion:
+    """The oldest release of a library a kernel requires that it runs with: `release`, the first release `brings`
+    (what the kernel calls; named in the refusal, with `remedy` after "upgrade <label>"). Selection refuses an
+    older installed version; an unknown or unparsable one is not judged older (hardware.version_before)."""
+
+    library: str  # as PlatformInfo.libraries names it (and KernelImpl.requires)
+    release: tuple[int, int, int]
+    brings: str
+    label: str = ""  # the library's name in the message (default: `library`)
+    remedy: str = ""
+
+    def reasons(self, info: PlatformInfo) -> list[str]:
+        version = info.libraries.get(self.library, "")
+        if not version_before(version, self.release):
+            return []
+        label = self.label or self.library
+        return [f"{label} {version} predates {'.'.join(map(str, self.release))}, the first release {self.brings}; "
+                f"upgrade {label}{self.remedy}"]
+
+
+@dataclass(frozen=True)
 class KernelImpl:
     """One implementation of one op.
 
@@ -107,6 +128,8 @@ class KernelImpl:
     bounds_note: str = ""
     # attention kernels: the query head counts the kernel runs (None: any count)
     query_heads: QueryHeads | None = None
+    # the oldest releases of required libraries the kernel runs with (checked by selection before `supports`)
+    min_versions: tuple[MinVersion, ...] = ()
 
     def priority_on(self, platform: str) -> int:
         return _resolve_priority(self.priority, platform)
@@ -231,6 +254,10 @@ class Registry:
                                 f"{impl.op!r}", remedy=f"use one of: {', '.join((*self.ops, *self.collectives))}")
         if ":" not in impl.target:
             raise RegistryError(f"kernel {impl.name!r}: target {impl.target!r} is not 'module:function'")
+        unrequired = [m.library for m in impl.min_versions if m.library not in impl.requires]
+        if unrequired:
+            raise RegistryError(f"kernel {impl.name!r}: min_versions names {', '.join(unrequired)}, which it does not "
+                                "require", remedy="add the library to `requires`, or drop its minimum version")
         by_name = self.kernels.setdefault(impl.op, {})
         if impl.name in by_name:
             raise RegistryError(

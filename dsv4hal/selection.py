@@ -89,6 +89,9 @@ def kernel_reasons(impl: KernelImpl, case: Mapping[str, object], info: PlatformI
     missing = [r for r in impl.requires if not info.has(r)]
     if missing:
         reasons.append("missing " + ", ".join(missing))
+    if not missing:
+        for minimum in impl.min_versions:
+            reasons.extend(minimum.reasons(info))
     if impl.supports is not None and not missing:
         reasons.extend(impl.supports(case, info))
     if overrides.strict and impl.tier == "reference" and info.is_gpu:

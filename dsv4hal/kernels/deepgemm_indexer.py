@@ -33,8 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from dsv4hal.hardware import version_before
-from dsv4hal.kernels import vendor_bounds
+from dsv4hal.kernels import vendor_bounds, vendor_versions
 from dsv4hal.registry import KernelImpl
 
 if TYPE_CHECKING:
@@ -53,14 +52,6 @@ MAX_TOKENS = ((SMEM_CAPACITY // 4 - 1) // 3) // 32 * 32  # 19360 query tokens pe
 TMA_ALIGN = 16  # bytes: TMA descriptors need 16-byte aligned base addresses
 
 
-def version_reasons(info: PlatformInfo) -> list[str]:
-    version = info.libraries.get(LIBRARY, "")
-    if version_before(version, MIN_VERSION):
-        return [f"DeepGEMM {version} predates 2.2.0, the first release whose paged MQA logits take 2-D "
-                "context lengths [B, next_n]; upgrade DeepGEMM (vLLM 0.24 bundles 2.5.0)"]
-    return []
-
-
 def supports(case: Mapping[str, object], info: PlatformInfo, *, arch: str, block_kvs: tuple[int, ...]) -> list[str]:
     """Reasons DeepGEMM's paged MQA logits on `arch` (taking blocks of `block_kvs`) cannot run this case."""
     from dsv4hal.formats.indexer_cache import INDEX_DIM, PAGE_SIZE
@@ -76,7 +67,7 @@ def supports(case: Mapping[str, object], info: PlatformInfo, *, arch: str, block
         reasons.append(f"DeepGEMM's FP8 paged MQA logits take head dim 32/64/128, not {INDEX_DIM}")
     if PAGE_SIZE not in block_kvs:
         reasons.append(f"DeepGEMM {arch} paged MQA logits take blocks of {block_kvs}, not {PAGE_SIZE}")
-    return reasons + version_reasons(info)
+    return reasons
 
 
 def kernel(platform: str, name: str, priority: int,
@@ -87,6 +78,8 @@ def kernel(platform: str, name: str, priority: int,
         op="indexer_logits", name=name, target="dsv4hal.kernels.deepgemm_indexer:indexer_logits",
         platforms=(platform,), priority=priority, tier="vendor", requires=(LIBRARY, "triton"),
         supports=supports_fn, layout="indexer-132-e4m3fn", bounds_checked=False,
+        min_versions=(vendor_versions.deep_gemm(MIN_VERSION, "whose paged MQA logits take 2-D context lengths "
+                                                             "[B, next_n]"),),
         bounds_note=vendor_bounds.DEEPGEMM_PAGED_MQA_LOGITS,
         description=f"DeepGEMM fp8_paged_mqa_logits ({arch} kernel) over a zero-copy view of the 132-byte cache "
                     "(next_n 1), Triton -inf tail")

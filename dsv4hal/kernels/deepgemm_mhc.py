@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from dsv4hal.hardware import version_before
+from dsv4hal.kernels import vendor_versions
 from dsv4hal.registry import KernelImpl
 
 if TYPE_CHECKING:
@@ -52,10 +52,6 @@ def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     hidden = case.get("hidden")
     if isinstance(hidden, int) and (4 * hidden) % K_BLOCK:
         reasons.append(f"tf32_hc_prenorm_gemm needs K = 4 * hidden a multiple of {K_BLOCK}; got hidden={hidden}")
-    version = info.libraries.get(LIBRARY, "")
-    if version_before(version, MIN_VERSION):
-        reasons.append(f"DeepGEMM {version} predates 2.5.0, the release whose tf32_hc_prenorm_gemm was checked; "
-                       "upgrade DeepGEMM (vLLM 0.24 bundles 2.5.0)")
     return reasons
 
 
@@ -67,6 +63,7 @@ def kernel(platform: str, name: str, priority: int, arch: str, op: str = "mhc_pr
     return KernelImpl(
         op=op, name=name, target=f"dsv4hal.kernels.deepgemm_mhc:{op}", platforms=(platform,),
         priority=priority, tier="vendor", requires=(LIBRARY, "triton"), supports=supports_fn,
+        min_versions=(vendor_versions.deep_gemm(MIN_VERSION, "whose tf32_hc_prenorm_gemm dsv4hal checked"),),
         description=f"{then}DeepGEMM tf32_hc_prenorm_gemm ({arch}; split-K partials, one wave) and the Triton "
                     "gates, Sinkhorn and weighted sum of triton_mhc_pre")
 

@@ -38,7 +38,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dsv4hal.collectives import EXPERT_PARALLEL
-from dsv4hal.hardware import PlatformInfo, version_before
+from dsv4hal.hardware import PlatformInfo
+from dsv4hal.kernels import vendor_versions
 from dsv4hal.registry import KernelImpl
 
 if TYPE_CHECKING:
@@ -72,10 +73,6 @@ def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
         out.append(f"top_k {case['top_k']} is not one of the kernels' {TOP_KS}")
     if int(case["hidden"]) % VECTOR:  # type: ignore[call-overload]
         out.append(f"hidden {case['hidden']} is not a multiple of {VECTOR} (16-byte rows)")
-    version = info.libraries.get(LIBRARY, "")
-    if version_before(version, MIN_VERSION):
-        out.append(f"flashinfer {version} predates 0.6.16, the first release whose all-to-all runs on one node "
-                   "without multi-node NVLink; upgrade flashinfer")
     return out
 
 
@@ -83,6 +80,8 @@ def kernel(platform: str, arch: str) -> KernelImpl:
     """FlashInfer's all-to-all as the expert_parallel backend `flashinfer_a2a_<arch>` of `platform`."""
     return KernelImpl(EXPERT_PARALLEL, f"flashinfer_a2a_{arch}", "dsv4hal.kernels.flashinfer_a2a:make", (platform,),
                       FLASHINFER_A2A_PRIORITY, tier="vendor", requires=(LIBRARY,), supports=supports,
+                      min_versions=(vendor_versions.flashinfer(MIN_VERSION, "whose all-to-all runs on one node "
+                                                                            "without multi-node NVLink"),),
                       description="FlashInfer MoeAlltoAll (NVLink workspace, decode mode, standard layout)")
 
 

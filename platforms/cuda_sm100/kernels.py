@@ -31,8 +31,16 @@ from collections.abc import Mapping
 
 from dsv4hal_cuda_sm100 import deepgemm_moe, flashinfer_moe
 
-from dsv4hal.hardware import PlatformInfo, version_before
-from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mega_moe, deepgemm_mhc, flashinfer_a2a, vendor_bounds
+from dsv4hal.hardware import PlatformInfo
+from dsv4hal.kernels import (
+    deepep,
+    deepgemm_indexer,
+    deepgemm_mega_moe,
+    deepgemm_mhc,
+    flashinfer_a2a,
+    vendor_bounds,
+    vendor_versions,
+)
 from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, QueryHeads, Registry
 
@@ -51,7 +59,8 @@ DEEPGEMM_INDEXER = "deepgemm_paged_mqa_logits_sm100"
 DEEPGEMM_BLOCK_KVS = (32, 64)  # SM100 fp8_paged_mqa_logits: block_kv == 32 or 64
 
 H_Q = QueryHeads(counts=(64, 128))  # the head64 and head128 kernels
-MIN_VERSION = (1, 0, 0)  # first sgl-flash-mla with the use_legacy switch (pyproject pins >= 1.0.0)
+# the first sgl-flash-mla with the use_legacy switch (pyproject pins >= 1.0.0)
+MINIMUM = vendor_versions.sgl_flash_mla((1, 0, 0), "with use_legacy (the V4 format lives in its legacy library)")
 DECODE_TOPK_ALIGN = 64  # SM100 head64 and small-topk head128 kernels: B_TOPK = 64
 PREFILL_SMALL_TOPK_MAX = 1280  # h_q=128 takes the small-topk kernel up to this index width
 PREFILL_TOPK_ALIGN_SMALL = 64  # h_q=64 kernel and the h_q=128 small-topk kernel
@@ -63,14 +72,6 @@ def prefill_topk_align(h_q: int, width: int) -> int:
     if h_q == 128 and width > PREFILL_SMALL_TOPK_MAX:
         return PREFILL_TOPK_ALIGN_LARGE
     return PREFILL_TOPK_ALIGN_SMALL
-
-
-def _version_reasons(info: PlatformInfo) -> list[str]:
-    version = info.libraries.get(LIBRARY, "")
-    if version_before(version, MIN_VERSION):
-        return [f"sgl-flash-mla {version} predates 1.0.0, the first release with use_legacy (the V4 "
-                "format lives in its legacy library); upgrade sgl-flash-mla"]
-    return []
 
 
 def _fp8_reasons(case: Mapping[str, object]) -> list[str]:
@@ -85,7 +86,7 @@ def _h_q_reasons(case: Mapping[str, object], what: str) -> list[str]:
 
 
 def decode_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
-    reasons = _fp8_reasons(case) + _h_q_reasons(case, "decode") + _version_reasons(info)
+    reasons = _fp8_reasons(case) + _h_q_reasons(case, "decode")
     width = case.get("extra_width")
     if isinstance(width, int) and width % DECODE_TOPK_ALIGN:
         reasons.append(f"FlashMLA SM100 decode needs an extra index width that is a multiple of "
@@ -94,7 +95,7 @@ def decode_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]
 
 
 def prefill_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
-    reasons = _h_q_reasons(case, "sparse prefill") + _version_reasons(info)
+    reasons = _h_q_reasons(case, "sparse prefill")
     h_q, width = case.get("h_q"), case.get("width")
     if h_q in H_Q.counts and isinstance(width, int):
         align = prefill_topk_align(int(h_q), width)  # type: ignore[arg-type]
@@ -111,7 +112,8 @@ def deepgemm_indexer_supports(case: Mapping[str, object], info: PlatformInfo) ->
 
 
 def register(registry: Registry) -> None:
-    common = dict(platforms=(PLATFORM,), priority=PRIORITY, tier="vendor", requires=(LIBRARY,), query_heads=H_Q)
+    common = dict(platforms=(PLATFORM,), priority=PRIORITY, tier="vendor", requires=(LIBRARY,), query_heads=H_Q,
+                  min_versions=(MINIMUM,))
     registry.add_kernel(KernelImpl(
         op="sparse_attention_decode", name="flashmla_sm100_sgl", target=f"{_MOD}:sparse_attention_decode",
         supports=decode_supports, layout="v4-584-e4m3fn",

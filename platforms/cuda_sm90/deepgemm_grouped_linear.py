@@ -26,7 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from dsv4hal_cuda_sm90.deepgemm_linear import operand_reasons, version_reasons
+from dsv4hal_cuda_sm90.deepgemm_linear import operand_reasons
+
+from dsv4hal.kernels import vendor_versions
 
 if TYPE_CHECKING:
     import torch
@@ -34,14 +36,13 @@ if TYPE_CHECKING:
     from dsv4hal.hardware import PlatformInfo
 
 NAME = "deepgemm_fp8_grouped_linear_sm90"
-MIN_VERSION = (2, 3, 0)
 EXPR = "bhr,hdr->bhd"  # x [T, G, K] . weight [G, N, K] -> [T, G, N]; the one expression fp8_einsum runs on SM90
+MINIMUM = vendor_versions.deep_gemm((2, 3, 0), f'whose fp8_einsum("{EXPR}") runs on SM90')
 
 
 def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     """Reasons DeepGEMM's SM90 fp8_einsum cannot serve this fp8_grouped_linear case."""
-    return (operand_reasons(case, NAME, "triton_fp8_grouped_linear")
-            + version_reasons(info, MIN_VERSION, f'whose fp8_einsum("{EXPR}") runs on SM90'))
+    return operand_reasons(case, NAME, "triton_fp8_grouped_linear")
 
 
 def _entry() -> Any:

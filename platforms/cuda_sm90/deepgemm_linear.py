@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from dsv4hal.hardware import version_before
+from dsv4hal.kernels import vendor_versions
 
 if TYPE_CHECKING:
     import torch
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 NAME = "deepgemm_fp8_linear_sm90"
 LIBRARY = "deep_gemm"
-MIN_VERSION = (2, 0, 0)
+MINIMUM = vendor_versions.deep_gemm((2, 0, 0), "with fp8_gemm_nt")
 BLOCK = 128
 
 
@@ -50,19 +50,9 @@ def operand_reasons(case: Mapping[str, object], name: str, fallback: str) -> lis
     return reasons
 
 
-def version_reasons(info: PlatformInfo, minimum: tuple[int, int, int], first: str) -> list[str]:
-    """A reason when the installed DeepGEMM predates `minimum`, the first release `first` (what it brought)."""
-    version = info.libraries.get(LIBRARY, "")
-    if version_before(version, minimum):
-        return [f"DeepGEMM {version} predates {'.'.join(map(str, minimum))}, the first release {first}; upgrade "
-                "DeepGEMM (vLLM 0.24 bundles 2.5.0)"]
-    return []
-
-
 def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
     """Reasons DeepGEMM's SM90 fp8_gemm_nt cannot serve this fp8_linear case."""
-    return (operand_reasons(case, NAME, "triton_fp8_linear")
-            + version_reasons(info, MIN_VERSION, "with fp8_gemm_nt"))
+    return operand_reasons(case, NAME, "triton_fp8_linear")
 
 
 def _entry() -> Any:

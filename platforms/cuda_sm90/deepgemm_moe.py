@@ -83,17 +83,6 @@ def supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
                                           "SM100-only)")
 
 
-def psum_supports(case: Mapping[str, object], info: PlatformInfo) -> list[str]:
-    from dsv4hal.hardware import version_before
-
-    reasons = supports(case, info)
-    version = info.libraries.get(LIBRARY, "")
-    if version_before(version, PSUM_MIN_VERSION):
-        reasons.append(f"DeepGEMM {version} is older than 2.5.0, the release checked to take use_psum_layout on "
-                       f"SM90; {NAME} runs the per-row layout (vLLM 0.24 bundles 2.5.0)")
-    return reasons
-
-
 def _deep_gemm() -> Any:
     import deep_gemm
 

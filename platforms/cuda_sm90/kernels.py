@@ -17,7 +17,15 @@ from dsv4hal_cuda_sm90 import (
 )
 
 from dsv4hal.hardware import PlatformInfo
-from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mega_moe, deepgemm_mhc, flashinfer_a2a, vendor_bounds
+from dsv4hal.kernels import (
+    deepep,
+    deepgemm_indexer,
+    deepgemm_mega_moe,
+    deepgemm_mhc,
+    flashinfer_a2a,
+    vendor_bounds,
+    vendor_versions,
+)
 from dsv4hal.kernels.moe_support import moe_kernel
 from dsv4hal.registry import KernelImpl, QueryHeads, Registry
 
@@ -135,10 +143,12 @@ def register(registry: Registry) -> None:
         "gather+quant and clamped SwiGLU+quant between the GEMMs"))
     registry.add_kernel(replace(
         moe_kernel(deepgemm_moe.PSUM_NAME, "dsv4hal_cuda_sm90.deepgemm_moe", PLATFORM, DEEPGEMM_MOE_PSUM_PRIORITY,
-                   (deepgemm_moe.LIBRARY,), deepgemm_moe.LAYOUT, deepgemm_moe.psum_supports,
+                   (deepgemm_moe.LIBRARY,), deepgemm_moe.LAYOUT, deepgemm_moe.supports,
                    f"{deepgemm_moe.NAME} with DeepGEMM's psum layout (use_psum_layout=True, grouped_layout = each "
                    "expert's unaligned end): the GEMMs visit only the blocks that hold routes"),
-        target="dsv4hal_cuda_sm90.deepgemm_moe:moe_experts_psum"))
+        target="dsv4hal_cuda_sm90.deepgemm_moe:moe_experts_psum",
+        min_versions=(vendor_versions.deep_gemm(deepgemm_moe.PSUM_MIN_VERSION,
+                                                "checked to take use_psum_layout on SM90"),)))
     registry.add_kernel(moe_kernel(
         oai_triton_moe.NAME, "dsv4hal_cuda_sm90.oai_triton_moe", PLATFORM, OAI_TRITON_MOE_PRIORITY,
         (oai_triton_moe.LIBRARY,), oai_triton_moe.LAYOUT, oai_triton_moe.supports,
@@ -161,15 +171,17 @@ def register(registry: Registry) -> None:
         op="fp8_linear", name=deepgemm_linear.NAME, target="dsv4hal_cuda_sm90.deepgemm_linear:fp8_linear",
         platforms=(PLATFORM,), priority=DEEPGEMM_LINEAR_PRIORITY, tier="vendor",
         requires=(deepgemm_linear.LIBRARY, "triton"), supports=deepgemm_linear.supports,
+        min_versions=(deepgemm_linear.MINIMUM,),
         description="the MoE's Triton 1x128 quantizer (TMA-aligned MN-major scales), then DeepGEMM fp8_gemm_nt "
                     "(SM90 1D2D kernel, fp32 scales)"))
     registry.add_kernel(KernelImpl(
         op="fp8_grouped_linear", name=deepgemm_grouped_linear.NAME,
         target="dsv4hal_cuda_sm90.deepgemm_grouped_linear:fp8_grouped_linear", platforms=(PLATFORM,),
         priority=DEEPGEMM_GROUPED_LINEAR_PRIORITY, tier="vendor", requires=(deepgemm_linear.LIBRARY, "triton"),
-        supports=deepgemm_grouped_linear.supports,
-        description="the MoE's Triton 1x128 quantizer over x's T*G rows, then DeepGEMM fp8_einsum('bhr,hdr->bhd') "
-                    "(its scale layout copy, then the SM90 batched 1D2D kernel, every group in one launch)"))
+        supports=deepgemm_grouped_linear.supports, min_versions=(deepgemm_grouped_linear.MINIMUM,),
+        description="the MoE's Triton 1x128 quantizer over x's T*G rows (scales in the per-group TMA-aligned layout), "
+                    "then DeepGEMM fp8_einsum('bhr,hdr->bhd') (the SM90 batched 1D2D kernel, every group in one "
+                    "launch)"))
     registry.add_kernel(deepep.kernel(PLATFORM, "sm90"))  # expert_parallel
     registry.add_kernel(flashinfer_a2a.kernel(PLATFORM, "sm90"))  # expert_parallel
     registry.add_kernel(deepgemm_mega_moe.kernel(PLATFORM, "sm90"))  # ep_fused_moe

@@ -17,7 +17,7 @@ from dsv4hal.errors import (
     UnsupportedCaseError,
 )
 from dsv4hal.plugins import PluginWarning
-from dsv4hal.registry import KernelImpl, PlatformSpec
+from dsv4hal.registry import KernelImpl, MinVersion, PlatformSpec
 from dsv4hal.selection import select_kernel, select_platform_spec
 
 OP = "sparse_attention_decode"
@@ -332,3 +332,36 @@ def test_explain_says_flashmla_decode_is_not_bounds_checked() -> None:
     assert d.to_json()["bounds_checked"] is False
     portable = select_kernel(reg, OP, case, fake("sm90", triton="3"), "cuda_sm90", ov.Overrides())
     assert portable.chosen.name == "triton_sparse_decode" and "bounds-checked" not in portable.explain()
+
+
+def test_a_library_older_than_the_kernels_minimum_refuses_it_with_the_release() -> None:
+    """KernelImpl.min_versions: an installed release older than the minimum refuses the kernel, naming both versions
+    and what the minimum release brings; an unknown or newer version does not; the next kernel serves."""
+    minimum = MinVersion("flash_mla", (1, 2, 0), "with the fake entry point", label="sgl-flash-mla",
+                         remedy=" (pip install sgl-flash-mla)")
+
+    def plugin(registry):  # noqa: ANN001, ANN202
+        registry.add_kernel(KernelImpl(op=OP, name="versioned", target="builtins:len", platforms=("cuda_sm90",),
+                                       priority=1000, tier="vendor", requires=("flash_mla",), min_versions=(minimum,)))
+        registry.add_kernel(KernelImpl(op=OP, name="portable", target="builtins:len", platforms=("cuda_sm90",),
+                                       priority=900))
+
+    reg = registry_with(("p", plugin_module("p", plugin)))
+    for version, chosen in (("1.1.9", "portable"), ("1.2.0", "versioned"), ("2.0", "versioned"),
+                            ("unknown", "versioned")):
+        d = select_kernel(reg, OP, CASE, fake("sm90", flash_mla=version), "cuda_sm90", ov.Overrides())
+        assert d.chosen.name == chosen, version
+    d = select_kernel(reg, OP, CASE, fake("sm90", flash_mla="1.1.9"), "cuda_sm90", ov.Overrides())
+    why = list(next(c for c in d.candidates if c.name == "versioned").reasons)
+    assert why == ["sgl-flash-mla 1.1.9 predates 1.2.0, the first release with the fake entry point; upgrade "
+                   "sgl-flash-mla (pip install sgl-flash-mla)"]
+
+
+def test_a_minimum_version_of_a_library_the_kernel_does_not_require_is_refused() -> None:
+    """A min_versions entry for a library outside `requires` is a registration error naming the library."""
+    def plugin(registry):  # noqa: ANN001, ANN202
+        registry.add_kernel(KernelImpl(op=OP, name="k", target="builtins:len", platforms=("cuda_sm90",), priority=1,
+                                       min_versions=(MinVersion("deep_gemm", (2, 0, 0), "with x"),)))
+
+    with pytest.raises(PluginLoadError, match="min_versions names deep_gemm, which it does not require"):
+        registry_with(("p", plugin_module("p", plugin)), strict=True)

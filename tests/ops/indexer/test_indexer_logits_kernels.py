@@ -216,13 +216,15 @@ def test_empty_shapes_need_no_library() -> None:
 
 
 def test_supports_reasons() -> None:
-    """The DeepGEMM indexer's supports() names the fp8 format or version it lacks."""
+    """The DeepGEMM indexer's supports() names the fp8 format it lacks, selection the version."""
     info = simulated_info("sm90", **LIBS)
     supports = sm90_kernels.deepgemm_indexer_supports
     assert supports({"fp8": "e4m3fn"}, info) == []
     assert "e4m3fn" in supports({"fp8": "e4m3fnuz"}, info)[0]
-    old = simulated_info("sm90", deep_gemm="2.1.0")
-    assert "2.2.0" in supports({"fp8": "e4m3fn"}, old)[0]
+    old = dsv4hal.select_platform(info=simulated_info("sm90", **{**LIBS, "deep_gemm": "2.1.0"}))
+    decision = old.ops.indexer_logits.decide({"fp8": "e4m3fn"})
+    why = next(c for c in decision.candidates if c.name == sm90_kernels.DEEPGEMM_INDEXER).reasons
+    assert any("2.1.0 predates 2.2.0" in r for r in why), why
     assert sm100_kernels.deepgemm_indexer_supports({"fp8": "e4m3fn"}, simulated_info("sm100", **LIBS)) == []
     for arch, name in (("sm90", sm90_kernels.DEEPGEMM_INDEXER), ("sm100", sm100_kernels.DEEPGEMM_INDEXER)):
         p = dsv4hal.select_platform(info=simulated_info(arch, **LIBS))

@@ -32,16 +32,9 @@ from collections.abc import Mapping
 from dsv4hal_cuda_sm100 import deepgemm_moe, flashinfer_moe
 
 from dsv4hal.hardware import PlatformInfo
-from dsv4hal.kernels import (
-    deepep,
-    deepgemm_indexer,
-    deepgemm_mega_moe,
-    deepgemm_mhc,
-    flashinfer_a2a,
-    vendor_bounds,
-    vendor_versions,
-)
+from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mega_moe, deepgemm_mhc, flashinfer_a2a, vendor_bounds
 from dsv4hal.kernels.moe_support import moe_kernel
+from dsv4hal.kernels.vendor_versions import sgl_flash_mla
 from dsv4hal.registry import KernelImpl, QueryHeads, Registry
 
 PLATFORM = "cuda_sm100"
@@ -60,7 +53,7 @@ DEEPGEMM_BLOCK_KVS = (32, 64)  # SM100 fp8_paged_mqa_logits: block_kv == 32 or 6
 
 H_Q = QueryHeads(counts=(64, 128))  # the head64 and head128 kernels
 # the first sgl-flash-mla with the use_legacy switch (pyproject pins >= 1.0.0)
-MINIMUM = vendor_versions.sgl_flash_mla((1, 0, 0), "with use_legacy (the V4 format lives in its legacy library)")
+MINIMUM = sgl_flash_mla((1, 0, 0), "with use_legacy (the V4 format lives in its legacy library)")
 DECODE_TOPK_ALIGN = 64  # SM100 head64 and small-topk head128 kernels: B_TOPK = 64
 PREFILL_SMALL_TOPK_MAX = 1280  # h_q=128 takes the small-topk kernel up to this index width
 PREFILL_TOPK_ALIGN_SMALL = 64  # h_q=64 kernel and the h_q=128 small-topk kernel

@@ -17,16 +17,9 @@ from dsv4hal_cuda_sm90 import (
 )
 
 from dsv4hal.hardware import PlatformInfo
-from dsv4hal.kernels import (
-    deepep,
-    deepgemm_indexer,
-    deepgemm_mega_moe,
-    deepgemm_mhc,
-    flashinfer_a2a,
-    vendor_bounds,
-    vendor_versions,
-)
+from dsv4hal.kernels import deepep, deepgemm_indexer, deepgemm_mega_moe, deepgemm_mhc, flashinfer_a2a, vendor_bounds
 from dsv4hal.kernels.moe_support import moe_kernel
+from dsv4hal.kernels.vendor_versions import deep_gemm as deep_gemm_minimum
 from dsv4hal.registry import KernelImpl, QueryHeads, Registry
 
 PLATFORM = "cuda_sm90"
@@ -147,8 +140,7 @@ def register(registry: Registry) -> None:
                    f"{deepgemm_moe.NAME} with DeepGEMM's psum layout (use_psum_layout=True, grouped_layout = each "
                    "expert's unaligned end): the GEMMs visit only the blocks that hold routes"),
         target="dsv4hal_cuda_sm90.deepgemm_moe:moe_experts_psum",
-        min_versions=(vendor_versions.deep_gemm(deepgemm_moe.PSUM_MIN_VERSION,
-                                                "checked to take use_psum_layout on SM90"),)))
+        min_versions=(deep_gemm_minimum(deepgemm_moe.PSUM_MIN_VERSION, "checked to take use_psum_layout on SM90"),)))
     registry.add_kernel(moe_kernel(
         oai_triton_moe.NAME, "dsv4hal_cuda_sm90.oai_triton_moe", PLATFORM, OAI_TRITON_MOE_PRIORITY,
         (oai_triton_moe.LIBRARY,), oai_triton_moe.LAYOUT, oai_triton_moe.supports,

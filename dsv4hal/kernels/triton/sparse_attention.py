@@ -191,8 +191,9 @@ def _combine_kernel(part_o_ptr, part_ml_ptr, sink_ptr, out_ptr, lse_ptr, H, NSPL
 # Launch configurations (heads per program, keys per block, warps, pipeline stages, the program count the split-K
 # count aims at, programs sharing a head block), from `python3 bench/tune_triton.py --ops attention` on the H100
 # (bench/results/h100/tune-triton-attention.json, random keys over a 4M-slot pool, us at 64 query rows): key lists of
-# up to SHORT_KEYS take SHORT_CONFIG (SWA alone 20.1 where CONFIG takes 26.4 and FlashMLA 38.5; SWA + 64 C128 keys
-# 27.9 / 30.9 / 42.3), longer lists CONFIG (SWA + top-512: 68.4, FlashMLA 75.1; at 256 rows 217.1, FlashMLA 138.9).
+# up to SHORT_KEYS take SHORT_CONFIG (SWA alone 20.1 where CONFIG takes 30.3 and FlashMLA 38.5; SWA + 64 C128 keys
+# 27.9 / 34.2 / 42.3), longer lists CONFIG (SWA + top-512: 68.4 where SHORT_CONFIG takes 92.1 and FlashMLA 75.1; at
+# 256 rows 217.1, FlashMLA 138.9).
 CONFIG = {"block_h": 64, "bk": 32, "num_warps": 8, "num_stages": 2, "programs": 132, "dv_split": 1}
 SHORT_CONFIG = {"block_h": 16, "bk": 64, "num_warps": 4, "num_stages": 2, "programs": 264, "dv_split": 1}
 SHORT_KEYS = 256

@@ -39,8 +39,7 @@ def _time_impls(platform: Any, op: str, args: tuple[torch.Tensor, ...]) -> dict[
 
 def _direct_einsum(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> tuple[float | None, str]:
     """(microseconds of deep_gemm.fp8_einsum alone, ''), or (None, why it was not timed). x is quantized before the
-    timing by the MoE's quantizer and its scales copied into the layout DeepGEMM's SM90 path takes without a transform
-    (get_mn_major_tma_aligned_tensor's: [G, T, K/128] of strides (K/128 * align(T, 4), 1, align(T, 4)))."""
+    timing (quantize_grouped_tokens: the scale layout DeepGEMM's SM90 path takes without a transform)."""
     try:
         import deep_gemm
     except Exception as exc:  # its import also sets up the JIT (CUDA home): any failure means no DeepGEMM
@@ -50,16 +49,12 @@ def _direct_einsum(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -
         return None, f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no fp8_einsum"
     if torch.cuda.get_device_capability()[0] != 9 or weight.dtype != torch.float8_e4m3fn:
         return None, "timed on SM90 with e4m3fn weights only (the (1, 128, 128) fp32-scale recipe)"
-    from dsv4hal.kernels.triton.moe_quant import quantize_tokens
+    from dsv4hal.kernels.triton.moe_quant import quantize_grouped_tokens
 
-    t, g, k = x.shape
-    kb, pitch = k // 128, -(-t // 4) * 4
-    codes, sx = quantize_tokens(x.reshape(t, g * k))
-    sfa = torch.empty_strided((g, t, kb), (kb * pitch, 1, pitch), dtype=torch.float32, device=x.device)
-    sfa.copy_(sx.reshape(t, g, kb).transpose(0, 1))
-    a = (codes.view(torch.float8_e4m3fn).view(t, g, k), sfa.transpose(0, 1))
+    codes, sfa = quantize_grouped_tokens(x)
+    a = (codes.view(torch.float8_e4m3fn), sfa)
     b = (weight, scale.contiguous())
-    out = torch.empty(t, g, weight.shape[1], dtype=torch.bfloat16, device=x.device)
+    out = torch.empty(*x.shape[:2], weight.shape[1], dtype=torch.bfloat16, device=x.device)
     return graph_us(lambda: entry(EINSUM, a, b, out)), ""
 
 

@@ -20,8 +20,9 @@ from dsv4hal.rope import make_rope_table
 from dsv4hal.speculative import compress_ring
 
 INDEX_HEADS = 64  # the lightning indexer's query heads (each INDEX_DIM wide)
-# V4's FP8 block-scaled projections (spec 5.1); wo_a [G, o_lora, H/G*512] is the grouped one (fp8_grouped_linear)
-FP8_LINEARS = ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "wq_idx")
+# V4's FP8 block-scaled projections (spec 5.1), wq_a and wkv as the one fused wqkv_a; wo_a [G, o_lora, H/G*512] is
+# the grouped one (fp8_grouped_linear)
+FP8_LINEARS = ("wqkv_a", "wq_b", "wo_a", "wo_b", "wq_idx")
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -140,7 +141,7 @@ class DemoModel:
                 # wq_a and wkv read the same input: as an engine fuses them, one GEMM (and one quantization of the
                 # input) makes both; their row counts are whole 128-row blocks, so the block scales are the same
                 w["wqkv_a"] = torch.cat([w.pop("wq_a"), w.pop("wkv")])
-                for name in (*FP8_LINEARS, "wqkv_a"):
+                for name in FP8_LINEARS:
                     if name in w:
                         w[name] = dsv4hal.quantize_fp8_block(w[name], platform.info.fp8)
             self.layers.append(w)

@@ -323,31 +323,27 @@ def _quantize_tokens(x: torch.Tensor, k_dim: int, pow2_scales: bool, exact: bool
     return qt, sft
 
 
-def quantize_tokens(x: torch.Tensor, *, pow2_scales: bool = False, exact: bool = True, warps: int = 4
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, K] (K a multiple of 128, unit stride along K) -> (codes uint8 [T, K] (view as float8_e4m3fn), scales
-    fp32 [T, K/128]): the 1x128 activation quantization of quantize_routed_rows, one row a token. The scales are
-    MN-major with a pitch of T rounded up to 4 (strides (1, pitch)): the TMA-aligned layout DeepGEMM's SM90
-    fp8_gemm_nt takes without a per-call transform. exact (the default): IEEE divisions, the bytes of
-    dsv4hal.formats.fp8_block.act_quant_1x128."""
-    if x.shape[1] % GROUP:
-        raise ValueError(f"quantize_tokens: K={x.shape[1]} is not a multiple of {GROUP}")
-    tokens = x.shape[0]
-    q, sft = _quantize_tokens(x, x.shape[1], pow2_scales, exact, -(-tokens // 4) * 4, warps)
-    return q, sft[0, :, :tokens].t()
-
-
-def quantize_grouped_tokens(x: torch.Tensor, *, warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_grouped_tokens(x: torch.Tensor, *, pow2_scales: bool = False, exact: bool = True, warps: int = 4
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, G, K] (K a multiple of 128; x.reshape(T * G, K) a view with unit stride along K) -> (codes uint8
-    [T, G, K], scales fp32 [T, G, K/128]): quantize_tokens' exact 1x128 rule on every (token, group) row in one
-    launch, the scales laid out per group MN-major with a pitch of T rounded up to 4 (strides (1, K/128 * pitch,
-    pitch)): the [G, T, K/128] TMA-aligned layout DeepGEMM's SM90 fp8_einsum takes without a per-call transform."""
+    [T, G, K] (view as float8_e4m3fn), scales fp32 [T, G, K/128]): the 1x128 activation quantization of
+    quantize_routed_rows on every (token, group) row in one launch, the scales laid out per group MN-major with a
+    pitch of T rounded up to 4 (strides (1, K/128 * pitch, pitch)): the [G, T, K/128] TMA-aligned layout DeepGEMM's
+    SM90 fp8_einsum (and for G = 1 its fp8_gemm_nt) takes without a per-call transform. exact (the default): IEEE
+    divisions, the bytes of dsv4hal.formats.fp8_block.act_quant_1x128."""
     t, g, k = x.shape
     if k % GROUP:
         raise ValueError(f"quantize_grouped_tokens: K={k} is not a multiple of {GROUP}")
-    pitch = -(-t // 4) * 4
-    q, sft = _quantize_tokens(x.reshape(t * g, k), k, False, True, pitch, warps, groups=g)
+    q, sft = _quantize_tokens(x.reshape(t * g, k), k, pow2_scales, exact, -(-t // 4) * 4, warps, groups=g)
     return q.view(t, g, k), sft.permute(2, 0, 1)[:t]
+
+
+def quantize_tokens(x: torch.Tensor, *, pow2_scales: bool = False, exact: bool = True, warps: int = 4
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] -> (codes uint8 [T, K], scales fp32 [T, K/128] of strides (1, pitch)): quantize_grouped_tokens with
+    one group, the TMA-aligned layout DeepGEMM's SM90 fp8_gemm_nt takes."""
+    q, sx = quantize_grouped_tokens(x.unsqueeze(1), pow2_scales=pow2_scales, exact=exact, warps=warps)
+    return q.view(x.shape), sx[:, 0]
 
 
 def _per_token_then_copy(x: torch.Tensor, sorted_routes: torch.Tensor, num_routes: int, top_k: int, k_dim: int,

@@ -201,8 +201,9 @@ SHORT_KEYS = 256
 
 def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=None, *, fp8_source: bool,  # noqa: ANN001, ANN202
             config: dict | None = None):
-    width = a_idx.shape[1] + (0 if b_idx is None else b_idx.shape[1])
-    cfg = {**(SHORT_CONFIG if width <= SHORT_KEYS else CONFIG), **(config or {})}
+    w_a = a_idx.shape[1]
+    w_b = 0 if b_idx is None else b_idx.shape[1]
+    cfg = {**(SHORT_CONFIG if w_a + w_b <= SHORT_KEYS else CONFIG), **(config or {})}
     BLOCK_H, BK = cfg["block_h"], cfg["bk"]  # noqa: N806
     t, h, _ = q.shape
     dev = q.device
@@ -210,8 +211,6 @@ def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=N
     lse = torch.empty(t, h, dtype=torch.float32, device=dev)
     if t == 0:
         return out, lse
-    w_a = a_idx.shape[1]
-    w_b = 0 if b_idx is None else b_idx.shape[1]
     total_blocks = max(1, triton.cdiv(w_a + w_b, BK))  # width 0: one split whose loop is empty
     heads = triton.cdiv(h, BLOCK_H)
     dv_split = cfg["dv_split"]

@@ -50,6 +50,11 @@ GRIDS["v4"] = [(64, 256, 4, 3, True, 8, more) for more in ({}, {"direct": False}
 GRIDS["v5"] = [(64, 256, 4, 3, True, 8, {"down": dict(zip(("block_n", "block_k", "num_warps", "num_stages"), d))})
                for d in ((64, 256, 4, 3), (32, 256, 4, 3), (32, 512, 4, 3), (64, 512, 4, 3), (128, 256, 4, 3),
                          (64, 256, 4, 4), (64, 128, 4, 4), (32, 256, 4, 4), (128, 512, 8, 3), (64, 1024, 4, 2))]
+# one token: the down weights prefetched into L2 by the gate-up kernel and x read as it is (the defaults), each
+# undone, and the down and gate-up tiles around them
+GRIDS["l2"] = [(64, 256, 4, 3, True, 8, more) for more in (
+    {"prefetch": False, "split_x": True}, {"prefetch": False}, {"split_x": True}, {}, {"down": {"block_n": 32}},
+    {"down": {"block_n": 128}}, {"pair": False})] + [(128, 256, 4, 3, True, 8), (64, 512, 4, 3, True, 8)]
 # (sweep-mx-moe-decode-v2b.json ran at commit e90747d with a grid "v2b" that also tried x split in the kernel's
 # registers, since removed: 1.07-1.19x slower than the split copy)
 

@@ -140,9 +140,11 @@ def _config(fmt: str, num_tokens: int, top_k: int, num_experts: int, config: dic
         raise ValueError(f"block_k must be a power of two in [32, {FP8_BLOCK}] (it divides the 128 FP8 block), for "
                          f"MXFP4 in [64, {FP8_BLOCK}] (four dots of K >= 16 a step); got {bk}")
     min_m = 8 if fmt == "mxfp4" and cfg.get("swap") else 16  # the swapped kernels' tokens are the dot's N
-    if cfg.get("pair") not in (None, True, False):
-        raise ValueError(f"pair (the swapped gate-up kernel's gate and up rows in one tile) must be True, False or "
-                         f"None (auto); got {cfg['pair']!r}")
+    for key, what in (("pair", "the swapped gate-up kernel's gate and up rows in one tile"),
+                      ("prefetch", "the swapped gate-up kernel fetching the down weights into L2"),
+                      ("split_x", "x split by k mod 4 by a launch before the swapped kernels")):
+        if cfg.get(key) is not None and type(cfg[key]) is not bool:
+            raise ValueError(f"{key} ({what}) must be True, False or None (auto); got {cfg[key]!r}")
     if bn & (bn - 1) or bn < 16 or bm & (bm - 1) or bm < min_m:
         raise ValueError(f"block_m and block_n must be powers of two >= {min_m} and 16; got {bm}, {bn}")
     down = cfg.get("down") or {}
@@ -186,7 +188,11 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
     if mx:  # 16-bit elements of four codes each; the activations split by k mod 4: [T, 4, H / 4]
         w13, w2 = w13.view(torch.int16), w2.view(torch.int16)
-        x = x.view(t, hid // 4, 4).transpose(1, 2).contiguous()
+        # "split_x" (swapped kernels): split x by a launch first (the default from two tokens), else the gate-up
+        # kernel reads it as it is (the default for one token: one launch fewer)
+        split_x = cfg.get("split_x")
+        if not swapped or (not direct if split_x is None else split_x):
+            x = x.view(t, hid // 4, 4).transpose(1, 2).contiguous()
     # "ptx": False runs the plain Triton decode on an NVIDIA GPU too (to measure what ROCm runs)
     asm = dict(ASM=mx and _MX_ASM and cfg.get("ptx", True), NARROW=weights.narrow_scales)
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, DOT_F32=_DOT_F32, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

@@ -62,15 +62,32 @@ def test_unchecked_invalid_negatives_stay_inside(value) -> None:  # noqa: ANN001
     {"block_h": 16, "bk": 32, "dv_split": 2, "programs": 1},  # one split: the output written directly
     {"block_h": 16, "bk": 32, "dv_split": 2, "programs": 64},  # split-K: partials and the combine kernel
     {"block_h": 32, "bk": 64, "dv_split": 1, "programs": 64},
+    {"block_h": 16, "bk": 32, "dv_split": 2, "programs": 64, "prefetch": True},  # keys loaded a block ahead
+    {"block_h": 32, "bk": 32, "dv_split": 1, "programs": 1, "prefetch": True},
 ])
 def test_every_launch_shape_gives_the_reference_result(launch: dict) -> None:
     """The decode kernel's launch shapes (two programs sharing a head block's output, split-K or not, other head
-    blocks and key blocks) each give the reference's output and lse, NaN-free."""
-    args = op_args.decode(t=3, extra=True)
+    blocks and key blocks, each block's keys loaded during the block before) each give the reference's output and
+    lse, NaN-free, on rows whose lengths end inside a block or leave no SWA key, with -1 entries."""
+    args = op_args.decode(t=3, w=96, extra=True)
+    dev = args["q"].device
+    args["swa_lengths"] = torch.tensor([96, 27, 0], dtype=torch.int32, device=dev)  # a block ends mid-way, or none
+    args["extra_lengths"] = torch.tensor([64, 5, 40], dtype=torch.int32, device=dev)
+    args["swa_indices"][0, 3] = args["extra_indices"][2, 7] = -1
     want = ref_attn.sparse_attention_decode(**args)
     got = tri_attn._launch(args["q"], args["sink"], args["softmax_scale"], args["swa_cache"], args["swa_indices"],
                            args["swa_lengths"], args["extra_cache"], args["extra_indices"], args["extra_lengths"],
                            fp8_source=True, config=launch)
     assert not got[0].isnan().any()
+    torch.testing.assert_close(got[0].float(), want[0].float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got[1], want[1], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("w", [1, 40, 96, 100])
+def test_swa_widths_off_the_key_block_keep_the_extra_keys_apart(w: int) -> None:
+    """SWA index rows whose width is not a multiple of the kernel's key block, followed by extra keys: the default
+    launch gives the reference's output and lse (the extra list starts at the next block, never inside one)."""
+    args = op_args.decode(t=2, w=w, extra=True)
+    want, got = ref_attn.sparse_attention_decode(**args), tri_attn.sparse_attention_decode(**args)
     torch.testing.assert_close(got[0].float(), want[0].float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(got[1], want[1], atol=1e-3, rtol=1e-3)

@@ -292,6 +292,35 @@ def test_one_token_runs_without_alignment(monkeypatch: pytest.MonkeyPatch) -> No
     assert torch.equal(got, aligned) and torch.equal(got, unfused)
 
 
+@pytest.mark.parametrize("t", [1, 2])
+def test_x_split_by_a_launch_from_two_tokens_and_read_as_it_is_for_one(monkeypatch: pytest.MonkeyPatch,
+                                                                      t: int) -> None:
+    """The swapped gate-up kernel reads x [T, H] as it is at T = 1 (no split launch) and split [T, 4, H / 4] from
+    T = 2, unless split_x says otherwise: either way the same bits. The down weights prefetched into L2 or not
+    (prefetch True / False; it runs with the PTX decode only) change no bit either; split_x and prefetch that are
+    not a bool or None are refused."""
+    from dsv4hal.kernels.triton import fused_moe as tmoe
+    from dsv4hal.kernels.triton import fused_moe_swapped as sw
+
+    x, ids, tw, w = _case("mxfp4", e=6, h=256, i=128, t=t, k=3, gain=20.0, seed=21)
+    ids[0] = torch.tensor([2, -1, 2], dtype=torch.int32)
+    wd = dataclasses.replace(w, **{f: getattr(w, f).to(DEV) for f in ("w13", "w13_scale", "w2", "w2_scale")})
+    args = (x.to(DEV), ids.to(DEV), tw.to(DEV), tmoe.prepare_weights(wd))
+    calls: list = []
+    real = sw._mx_gate_up_swapped
+    monkeypatch.setattr(sw, "_mx_gate_up_swapped", _Recorder(real, calls, kwargs=True))
+    outs = [tmoe.fused_moe(*args, config=cfg) for cfg in (
+        {}, {"split_x": t == 1}, {"prefetch": True}, {"prefetch": False, "split_x": t != 1})]
+    monkeypatch.setattr(sw, "_mx_gate_up_swapped", real)
+    assert [kw["X_SPLIT"] for _, kw in calls] == [t > 1, t == 1, t > 1, t > 1]
+    assert [kw["PREFETCH"] for _, kw in calls][2:] == [calls[2][1]["ASM"], False]
+    _check(outs[0].cpu(), moe_experts(x, ids, tw, w))
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    for key in ("split_x", "prefetch"):
+        with pytest.raises(ValueError, match=key):
+            tmoe.fused_moe(*args, config={key: 1})
+
+
 @pytest.mark.parametrize("t", [1, 6])
 def test_fused_cast_equals_the_cast_after(t: int) -> None:
     """The down kernel's last program of each column tile writes bf16 out (counters zeroed by the gate-up kernel

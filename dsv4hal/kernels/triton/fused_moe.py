@@ -71,9 +71,12 @@ _MX_ASM = not _DOT_F32 and torch.version.hip is None
 # row kernels. "pair" (swapped kernels): gate and up rows of the same outputs in one tile, twice the gate-up programs;
 # None (the default) pairs when the unpaired grid would give each SM fewer than two programs: on the H200 V4-Flash
 # at T = 1 (192 programs for 132 SMs) 47.1 -> 42.8 us, and slower from T = 2 (sweep-mx-moe-decode.json, "grid_v3").
+# "split_x" (swapped kernels): x split by k mod 4 by a launch before them (True), or read as it is by the gate-up
+# kernel at one token (None: auto, split from two tokens). "prefetch" (swapped kernels): the gate-up kernel fetching
+# its blocks' down weights into L2 (True, None: auto, where they fit fused_moe_swapped.PREFETCH_L2_SHARE of L2).
 CONFIGS = {
     ("mxfp4", "decode"): {"block_m": 8, "block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3,
-                          "swap": True},
+                          "swap": True, "split_x": True, "prefetch": False},
     ("mxfp4", "prefill"): {"block_m": 64, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3},
     ("fp8_block", "decode"): {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 3},
     ("fp8_block", "prefill"): {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
@@ -188,9 +191,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
     if mx:  # 16-bit elements of four codes each; the activations split by k mod 4: [T, 4, H / 4]
         w13, w2 = w13.view(torch.int16), w2.view(torch.int16)
-        # "split_x" (swapped kernels): split x by a launch first (the default from two tokens), else the gate-up
-        # kernel reads it as it is (the default for one token: one launch fewer)
-        split_x = cfg.get("split_x")
+        split_x = cfg.get("split_x")  # None: split from two tokens; one token is read as it is (one launch fewer)
         if not swapped or (not direct if split_x is None else split_x):
             x = x.view(t, hid // 4, 4).transpose(1, 2).contiguous()
     # "ptx": False runs the plain Triton decode on an NVIDIA GPU too (to measure what ROCm runs)

@@ -293,12 +293,12 @@ def test_one_token_runs_without_alignment(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.parametrize("t", [1, 2])
-def test_x_split_by_a_launch_from_two_tokens_and_read_as_it_is_for_one(monkeypatch: pytest.MonkeyPatch,
-                                                                      t: int) -> None:
-    """The swapped gate-up kernel reads x [T, H] as it is at T = 1 (no split launch) and split [T, 4, H / 4] from
-    T = 2, unless split_x says otherwise: either way the same bits. The down weights prefetched into L2 or not
-    (prefetch True / False; it runs with the PTX decode only) change no bit either; split_x and prefetch that are
-    not a bool or None are refused."""
+def test_x_split_or_read_as_it_is_and_down_weights_prefetched_or_not_give_the_same_bits(
+        monkeypatch: pytest.MonkeyPatch, t: int) -> None:
+    """split_x True splits x [T, H] into [T, 4, H / 4] by a launch before the swapped kernels, False has the gate-up
+    kernel read it as it is, None (auto) splits from two tokens; the down weights prefetched into L2 or not
+    (prefetch True / False / None; it runs with the PTX decode only) change no bit either; the defaults are
+    CONFIGS'; split_x and prefetch that are not a bool or None are refused."""
     from dsv4hal.kernels.triton import fused_moe as tmoe
     from dsv4hal.kernels.triton import fused_moe_swapped as sw
 
@@ -306,14 +306,19 @@ def test_x_split_by_a_launch_from_two_tokens_and_read_as_it_is_for_one(monkeypat
     ids[0] = torch.tensor([2, -1, 2], dtype=torch.int32)
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(DEV) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     args = (x.to(DEV), ids.to(DEV), tw.to(DEV), tmoe.prepare_weights(wd))
+    configs = [{}, {"split_x": None}, {"split_x": False}, {"split_x": True}, {"prefetch": True},
+               {"prefetch": None}, {"prefetch": False}]
     calls: list = []
     real = sw._mx_gate_up_swapped
     monkeypatch.setattr(sw, "_mx_gate_up_swapped", _Recorder(real, calls, kwargs=True))
-    outs = [tmoe.fused_moe(*args, config=cfg) for cfg in (
-        {}, {"split_x": t == 1}, {"prefetch": True}, {"prefetch": False, "split_x": t != 1})]
+    outs = [tmoe.fused_moe(*args, config=cfg) for cfg in configs]
     monkeypatch.setattr(sw, "_mx_gate_up_swapped", real)
-    assert [kw["X_SPLIT"] for _, kw in calls] == [t > 1, t == 1, t > 1, t > 1]
-    assert [kw["PREFETCH"] for _, kw in calls][2:] == [calls[2][1]["ASM"], False]
+    default = tmoe.CONFIGS[("mxfp4", "decode")]["split_x"]
+    auto = t > 1
+    assert [kw["X_SPLIT"] for _, kw in calls] == [auto if default is None else default, auto, False, True,
+                                                  *[auto if default is None else default] * 3]
+    asm = calls[0][1]["ASM"]
+    assert [kw["PREFETCH"] for _, kw in calls][4:] == [asm, asm, False]  # None: these few bytes fit any L2
     _check(outs[0].cpu(), moe_experts(x, ids, tw, w))
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
     for key in ("split_x", "prefetch"):

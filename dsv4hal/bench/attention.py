@@ -3,6 +3,7 @@ other implementation registered for the platform) on the same inputs, V4-Flash a
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +53,13 @@ def _inputs(cfg: AttnConfig, t: int, pools: dict[int, Any], gen: torch.Generator
     return args
 
 
-def _direct_flashmla(args: dict[str, Any], views_per_call: bool = False):  # noqa: ANN202
+def _direct_flashmla(args: dict[str, Any], views_per_call: bool = False,  # noqa: ANN202
+                     shared_plan: bool = False):
     """The vendor call written by hand, as an engine would without dsv4hal. FlashMLA takes [T, 1, ...] query and
     index tensors: with views_per_call they are made in each call (an engine's q and top-k indices are new
-    tensors every layer), otherwise once, outside the timed call (the cheapest direct call there is)."""
+    tensors every layer), otherwise once, outside the timed call (the cheapest direct call there is).
+    shared_plan: one scheduler metadata object for every call (planned by the first), as an engine shares one
+    plan a layer type in a decode step; else a plan a call."""
     import flash_mla.flash_mla_interface as fm
 
     swa = args["swa_cache"].flashmla_view()  # a cache's view lives as long as the cache, in an engine too
@@ -70,12 +74,25 @@ def _direct_flashmla(args: dict[str, Any], views_per_call: bool = False):  # noq
 
     hoisted = views()
 
+    shared = fm.get_mla_metadata()[0]
+
     def run():  # noqa: ANN202
         q, idx, extra = views() if views_per_call else hoisted
-        return fm.flash_mla_with_kvcache(q, swa, None, None, 512, fm.get_mla_metadata()[0], softmax_scale=SCALE,
+        meta = shared if shared_plan else fm.get_mla_metadata()[0]
+        return fm.flash_mla_with_kvcache(q, swa, None, None, 512, meta, softmax_scale=SCALE,
                                          is_fp8_kvcache=True, indices=idx, attn_sink=args["sink"],
                                          topk_length=args["swa_lengths"], use_legacy=True, **extra)
     return run
+
+
+def _in_decode_step() -> contextvars.Context:
+    """A context inside its own declared decode step (dsv4hal.step), entered once: calls run in it (Context.run)
+    share that step's plans, as the calls of an engine's step do, while other calls stay outside it."""
+    from dsv4hal.step import decode_step
+
+    ctx = contextvars.copy_context()
+    ctx.run(decode_step().__enter__)
+    return ctx
 
 
 def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[dict[str, Any]]:
@@ -90,7 +107,8 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
             row: dict[str, Any] = {"config": cfg.name, "h_q": cfg.h_q, "compress_ratio": cfg.ratio, "T": t,
                                    "attended_per_query": attended, "us": {}, "host_us": {}}
             timed = {"direct_flashmla": _direct_flashmla(args)} if platform.info.has("flash_mla") else {}
-            raw = {"direct_flashmla (views per call)": _direct_flashmla(args, True)} if timed else {}
+            raw = {"direct_flashmla (views per call)": _direct_flashmla(args, True),
+                   "direct_flashmla (plan shared)": _direct_flashmla(args, shared_plan=True)} if timed else {}
             for impl in impls:
                 op = bound_op(platform, "sparse_attention_decode", impl)
                 timed[f"dsv4hal[{impl}]"] = lambda op=op, args=args: op(**args)
@@ -98,6 +116,8 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
                 raw[f"dsv4hal[{impl}] no validation"] = lambda op=fast, args=args: op(**args)
                 kernel = fast.kernel(fast.case_of(**args))
                 raw[f"{impl} kernel (hoisted dispatch)"] = lambda k=kernel, args=args: k(**args)
+                step = _in_decode_step()  # the bound call inside one declared step: one plan shared by the calls
+                raw[f"dsv4hal[{impl}] in a decode step"] = lambda op=op, args=args, step=step: step.run(op, **args)
                 if impl.startswith("flashmla") and impl.endswith("_sgl"):  # the same call with the Python glue
                     from dsv4hal.kernels.flashmla_glue import _decoder
 
@@ -118,6 +138,9 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
                 if "direct_flashmla" in row["host_us"]:
                     base = row["host_us"]["direct_flashmla"]
                     row["host_ratio_vs_direct"] = {k: v / base for k, v in row["host_us"].items()}
+                    shared = row["host_us"]["direct_flashmla (plan shared)"]  # the in-step calls' direct twin
+                    row["host_ratio_in_step_vs_direct_plan_shared"] = {
+                        k: v / shared for k, v in row["host_us"].items() if k.endswith("in a decode step")}
             best = min(row["us"].values())
             tok_s = t * attended / (best * 1e-6)
             flop_per_tok = 2 * cfg.h_q * 1024

@@ -7,10 +7,10 @@ SM90 and SM100) or vLLM's bundled copy (`vllm.third_party.flashmla.flash_mla_int
 use_legacy argument). sgl-flash-mla's decode is called through its torch op when the op's schema is the one read
 (decode_op: the Python entry's per-call work skipped, the same kernel). Scheduler metadata is planned per call
 unless the engine declares a decode step (dsv4hal.step), inside which one plan per (compress ratio, shapes) is
-shared, as vLLM and SGLang share one per layer type. Inside a step on SM90 that plan is made by
-dsv4hal.kernels.flashmla_sched (the same bytes as the op's own, from one parallel program instead of one warp's walk)
-and handed to the torch op. Outside a step the op plans per call, as a direct call does: there a Triton launch would
-add its host time to a call that is host-bound anyway.
+shared, as vLLM and SGLang share one per layer type, with the lengths clamped for it. Inside a step on SM90 that
+plan is made by dsv4hal.kernels.flashmla_sched (the same bytes as the op's own, from one parallel program instead of
+one warp's walk) and handed to the torch op. Outside a step the op plans per call, as a direct call does: there a
+Triton launch would add its host time to a call that is host-bound anyway.
 
 Indices follow dsv4hal's one rule: FlashMLA skips -1 and reads any other negative as a slot (-2 reads slot
 0), so other negatives are invalid and checked mode refuses them in the contract, before this binding runs;
@@ -108,13 +108,6 @@ def parallel_planner() -> Callable[..., Any] | None:
     return flashmla_sched.plan
 
 
-def _shared_plan(iface: ModuleType, plans: dict[Any, Any], key: tuple) -> Any:
-    meta = plans.get(key)
-    if meta is None:
-        meta = plans[key] = iface.get_mla_metadata()[0]
-    return meta
-
-
 def _plan_key(entry: str, q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
               extra_cache: V4PagedCache | None, extra_indices: torch.Tensor | None) -> tuple:
     """What a shared plan depends on (FlashMLA's scheduler config: batch, heads, page sizes, top-k widths); the
@@ -199,15 +192,17 @@ def _decoder(flavour: Flavour, use_native: bool = True) -> Callable[..., tuple[t
                 plans[key] = (md, splits, swa_lengths, extra_lengths)
             return out, lse
         iface, extra_kw = interface(flavour)
-        swa_lengths = within_widths(swa_lengths, swa_indices.shape[-1])
-        if extra_indices is not None:
-            extra_lengths = within_widths(extra_lengths, extra_indices.shape[-1])
         plans = step_plans()
-        if plans is None:  # no declared step: plan per call, as a direct call does
-            meta = iface.get_mla_metadata()[0]
-        else:  # the key is built only inside a step, where it names the plan shared by layers of one shape
-            meta = _shared_plan(iface, plans, _plan_key("entry", q, swa_cache, swa_indices, extra_cache,
-                                                        extra_indices))
+        key = kept = None
+        if plans is not None:  # the key is built only inside a step, where it names what layers of one shape share
+            key = _plan_key("entry", q, swa_cache, swa_indices, extra_cache, extra_indices)
+            kept = plans.get(key)
+        if kept is None:  # a plan (filled by the call) and the lengths clamped, once a step or once a call
+            kept = (iface.get_mla_metadata()[0], within_widths(swa_lengths, swa_indices.shape[-1]),
+                    extra_lengths if extra_indices is None else within_widths(extra_lengths, extra_indices.shape[-1]))
+            if plans is not None:
+                plans[key] = kept
+        meta, swa_lengths, extra_lengths = kept
         if extra_cache is None:
             out, lse = iface.flash_mla_with_kvcache(
                 q.unsqueeze(1), swa_cache.flashmla_view(), None, None, head_dim_v=HEAD_DIM_V,

@@ -169,5 +169,25 @@ def test_the_bound_op_adds_no_op_to_the_kernel(monkeypatch: pytest.MonkeyPatch, 
     for path, fn in paths.items():
         assert ops_of(fn) == kernel, path
     platform = dsv4hal.select_platform(info=simulated_info(arch, **{library: "1.0.0"}))
-    with platform.decode_step():
-        assert ops_of(lambda: platform.ops.sparse_attention_decode(**args)) == kernel
+    with platform.decode_step():  # the step's later calls reuse its clamped lengths
+        assert ops_of(lambda: platform.ops.sparse_attention_decode(**args)) == [o for o in kernel if o != CLAMP]
+
+
+@pytest.mark.parametrize(("arch", "library"), sorted(IMPLS))
+@pytest.mark.parametrize("ratio", [0, 4])
+def test_inside_a_step_later_calls_clamp_nothing(monkeypatch: pytest.MonkeyPatch, arch: str, library: str,
+                                                 ratio: int) -> None:
+    """Inside a declared decode step the calls after the first reuse its plan and its clamped lengths: they add
+    only the layout views, as `bench attention`'s in-step row calls them (bench.attention._in_decode_step); outside
+    the step the same call still clamps each lengths tensor."""
+    from dsv4hal.bench.attention import _in_decode_step
+
+    outs: dict[tuple, tuple] = {}
+    _install(monkeypatch, library, outs)
+    args = _args(3, 64, ratio, outs)
+    op = dsv4hal.select_platform(info=simulated_info(arch, **{library: "1.0.0"})).ops.sparse_attention_decode
+    step = _in_decode_step()
+    later = ops_of(lambda: step.run(op, **args))
+    assert CLAMP not in later and set(later) <= VIEW_OPS, later
+    assert ops_of(lambda: op(**args)).count(CLAMP) == (2 if ratio else 1)
+    assert ops_of(_direct_flashmla(args, shared_plan=True)) == []  # the benchmark's direct twin of the in-step row

@@ -42,8 +42,8 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st, programs=p, 
 # launches it would change (the defaults, CONFIG and SHORT_CONFIG, and their neighbours): --attn-grid prefetch
 ATTN_GRIDS = {"all": ATTN_CONFIGS, "prefetch": [
     dict(block_h=bh, bk=bk, num_warps=w, num_stages=st, programs=p, dv_split=dv, prefetch=pf)
-    for bh, bk, w, st, p, dv in ((64, 32, 8, 2, 132, 1), (64, 32, 8, 2, 132, 2), (64, 32, 8, 2, 264, 2),
-                                 (16, 64, 4, 2, 264, 1)) for pf in (False, True)]}
+    for bh, bk, w, st, p, dv in ((64, 32, 8, 2, 132, 1), (64, 32, 8, 2, 132, 2), (16, 64, 4, 2, 264, 1))
+    for pf in (False, True)]}
 # the sampled top-k (the static kernel for rows wider than 16384): samples, the bisections from the keys' common high
 # bits, the sample threshold's resolution, the filter's chunk a program, each also timed pass by pass (cumulative).
 # H200 results, one entry each in bench/results/h200/tune-triton-topk.json: the launch shape ("launch_shape"; the

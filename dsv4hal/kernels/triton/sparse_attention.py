@@ -70,29 +70,39 @@ def _fp8_decode(raw, s, FNUZ: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr)
 def _list_idx(start, t, lo_hi, a_idx_ptr, a_stride_idx, W_A, b_idx_ptr, b_stride_idx, W_B, BK: tl.constexpr):
     """The indices of the block of BK listed keys at position start of the row's list (the SWA indices padded to a
     multiple of BK, then the extra ones: a block never straddles the two): -1 at and past lo_hi (the end of the
-    program's split) and in the padding."""
+    program's split) and in the padding. Both lists' loads are masked, no branch (Triton 3.6 fails to compile a
+    branch yielding them into the loop)."""
     pos = start + tl.arange(0, BK)
     wa_pad = tl.cdiv(W_A, BK) * BK
-    if start < wa_pad:
-        idx = tl.load(a_idx_ptr + t * a_stride_idx + pos, mask=(pos < W_A) & (pos < lo_hi), other=-1)
-    else:
-        pb = pos - wa_pad
-        idx = tl.load(b_idx_ptr + t * b_stride_idx + pb, mask=(pb < W_B) & (pos < lo_hi), other=-1)
-    return idx
+    live = pos < lo_hi
+    idx_a = tl.load(a_idx_ptr + t * a_stride_idx + pos, mask=live & (pos < W_A), other=-1)
+    pb = pos - wa_pad
+    idx_b = tl.load(b_idx_ptr + t * b_stride_idx + pb, mask=live & (pb >= 0) & (pb < W_B), other=-1)
+    return tl.where(pos < wa_pad, idx_a, idx_b)
 
 
 @triton.jit
-def _hint_slots(idx, ptr, page_bytes, n_kv, P: tl.constexpr):
-    """Ask L2 for the lines of the listed slots idx [BK] of one cache: each slot's 576-byte record (up to six lines)
-    and its scale bytes. A listed slot past the row's length is fetched too (it is inside the cache); an index that
-    is no slot asks for the cache's first line."""
+def _slot_lines(idx, ptr, page_bytes, n_kv, P: tl.constexpr):
+    """[BK, 8] addresses covering the listed slots idx [BK] of one cache: each slot's 576-byte record (up to six
+    128-byte lines) and its scale bytes; an index that is no slot gives the cache's first byte."""
     k = tl.arange(0, 8)[None, :]
     ok = (idx >= 0) & (idx < n_kv)
     safe = tl.where(ok, idx, 0).to(tl.int64)
     off = (safe % P)[:, None]
     line = tl.where(k < 5, off * RECORD + k * 128,
                     tl.where(k == 5, off * RECORD + (RECORD - 1), P * RECORD + off * SCALES))
-    prefetch_l2(tl.where(ok[:, None], (ptr + (safe // P) * page_bytes)[:, None] + line, ptr))
+    return tl.where(ok[:, None], (ptr + (safe // P) * page_bytes)[:, None] + line, ptr)
+
+
+@triton.jit
+def _hint_keys(start, idx, a_ptr, a_page_bytes, W_A, n_kv, b_ptr, b_page_bytes, n_kv_b, P_A: tl.constexpr,
+               P_B: tl.constexpr, HAS_B: tl.constexpr, BK: tl.constexpr):
+    """Ask L2 for the lines of the block at position start (its indices idx, _list_idx's). A listed slot past the
+    row's length is fetched too: it is inside the cache."""
+    lines = _slot_lines(idx, a_ptr, a_page_bytes, n_kv, P_A)
+    if HAS_B:
+        lines = tl.where(start < tl.cdiv(W_A, BK) * BK, lines, _slot_lines(idx, b_ptr, b_page_bytes, n_kv_b, P_B))
+    prefetch_l2(lines)
 
 
 @triton.jit
@@ -166,24 +176,27 @@ def _sparse_attn_kernel(
         idx_next = _list_idx(lo, t, hi, a_idx_ptr, a_stride_idx, W_A, b_idx_ptr, b_stride_idx, W_B, BK)
         idx_after = _list_idx(lo + BK, t, hi, a_idx_ptr, a_stride_idx, W_A, b_idx_ptr, b_stride_idx, W_B, BK)
     for start in range(lo, hi, BK):
+        pos = start + j
         if PREFETCH:  # indices loaded two blocks ahead; the next block's keys asked of L2 before this block's math
             idx = idx_next
             idx_next = idx_after
             if L2_HINT:
-                if start + BK < wa_pad:
-                    _hint_slots(idx_next, a_ptr, a_page_bytes, n_kv, P_A)
-                elif HAS_B:
-                    _hint_slots(idx_next, b_ptr, b_page_bytes, n_kv_b, P_B)
+                _hint_keys(start + BK, idx_next, a_ptr, a_page_bytes, W_A, n_kv, b_ptr, b_page_bytes, n_kv_b, P_A,
+                           P_B, HAS_B, BK)
             idx_after = _list_idx(start + 2 * BK, t, hi, a_idx_ptr, a_stride_idx, W_A, b_idx_ptr, b_stride_idx, W_B,
                                   BK)
-        else:
-            idx = _list_idx(start, t, hi, a_idx_ptr, a_stride_idx, W_A, b_idx_ptr, b_stride_idx, W_B, BK)
-        pos = start + j
-        if start < wa_pad:
+            if start < wa_pad:
+                valid, k0, k1 = _keys(idx, pos, a_len, a_ptr, a_page_bytes, n_kv, P_A, FP8, FNUZ, BK, DOT_F32)
+            else:
+                valid, k0, k1 = _keys(idx, pos - wa_pad, b_len, b_ptr, b_page_bytes, n_kv_b, P_B, True, FNUZ, BK,
+                                      DOT_F32)
+        elif start < wa_pad:
+            idx = tl.load(a_idx_ptr + t * a_stride_idx + pos, mask=pos < W_A, other=-1)
             valid, k0, k1 = _keys(idx, pos, a_len, a_ptr, a_page_bytes, n_kv, P_A, FP8, FNUZ, BK, DOT_F32)
         else:
-            valid, k0, k1 = _keys(idx, pos - wa_pad, b_len, b_ptr, b_page_bytes, n_kv_b, P_B, True, FNUZ, BK,
-                                  DOT_F32)
+            pb = pos - wa_pad
+            idx = tl.load(b_idx_ptr + t * b_stride_idx + pb, mask=pb < W_B, other=-1)
+            valid, k0, k1 = _keys(idx, pb, b_len, b_ptr, b_page_bytes, n_kv_b, P_B, True, FNUZ, BK, DOT_F32)
         s = _dot(q0, tl.trans(k0), DOT_F32) + _dot(q1, tl.trans(k1), DOT_F32)
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))

@@ -62,4 +62,8 @@ def run_bench(args: argparse.Namespace) -> int:
         from dsv4hal.bench.plot import plot
 
         plot(result, args.plot)
+    if result.get("errors"):  # the other benchmarks' results are written, but a run with a failure has failed
+        print(f"dsv4hal bench: {len(result['errors'])} of {len(names)} benchmarks failed: "
+              f"{', '.join(result['errors'])}", file=sys.stderr, flush=True)
+        return 1
     return 0

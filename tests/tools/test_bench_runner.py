@@ -172,3 +172,25 @@ def test_source_digest_names_the_code_and_changes_with_it(tmp_path: Path) -> Non
     assert source_digest(tmp_path) not in (first, second)
     (tmp_path / "notes.md").write_text("not code\n")
     assert source_digest(tmp_path / "missing") is None
+
+
+def test_a_failed_benchmark_fails_the_bench_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dsv4hal bench` keeps the other benchmarks' results but exits 1 when one of them raised, so a suite that runs
+    it is not recorded as passed; the JSON names the failure."""
+    import argparse
+    import types
+
+    from dsv4hal.bench import main as bench_main
+
+    def fails(*_args: object, **_kwargs: object) -> list:
+        raise RuntimeError("PassManager::run failed")
+
+    broken = types.ModuleType("dsv4hal_test_broken_bench")
+    broken.run = fails  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, broken.__name__, broken)
+    monkeypatch.setitem(bench_main.BENCHES, "broken", broken.__name__)
+    monkeypatch.setattr(bench_main, "CPU_BENCHES", {*bench_main.CPU_BENCHES, "broken"})
+    out = tmp_path / "bench.json"
+    rc = bench_main.run_bench(argparse.Namespace(op="broken", quick=True, json=str(out), plot=None))
+    assert rc == 1
+    assert json.loads(out.read_text())["errors"] == {"broken": "RuntimeError: PassManager::run failed"}

@@ -51,12 +51,9 @@ GRIDS["v5"] = [(64, 256, 4, 3, True, 8, {"down": dict(zip(("block_n", "block_k",
                for d in ((64, 256, 4, 3), (32, 256, 4, 3), (32, 512, 4, 3), (64, 512, 4, 3), (128, 256, 4, 3),
                          (64, 256, 4, 4), (64, 128, 4, 4), (32, 256, 4, 4), (128, 512, 8, 3), (64, 1024, 4, 2))]
 # one token: the gate-up kernel reading x as it is ("split_x": None) and prefetching the down weights into L2
-# ("prefetch": None where they fit, True), each and both, and the down and gate-up tiles around both
-GRIDS["l2"] = [(64, 256, 4, 3, True, 8, more) for more in (
-    {}, {"split_x": None}, {"prefetch": None}, {"prefetch": True}, {"split_x": None, "prefetch": None})] + [
-    (bn, bk, 4, 3, True, 8, {"split_x": None, "prefetch": None, **more}) for bn, bk, more in (
-        (64, 256, {"down": {"block_n": 32}}), (64, 256, {"down": {"block_n": 128}}), (64, 256, {"pair": False}),
-        (128, 256, {}), (64, 512, {}))]
+# ("prefetch"), each and both, and the down and gate-up tiles around both; h100/sweep-mx-moe-decode-l2.json ran at
+# commit 3d56e11 with the prefetch, since removed (slower: 42.0 against 40.7 us)
+GRIDS["l2"] = [(64, 256, 4, 3, True, 8, more) for more in ({}, {"split_x": None}, {"split_x": False})]
 # (sweep-mx-moe-decode-v2b.json ran at commit e90747d with a grid "v2b" that also tried x split in the kernel's
 # registers, since removed: 1.07-1.19x slower than the split copy)
 

@@ -15,10 +15,3 @@ def sm_count(device: torch.device) -> int:
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
 
-
-@functools.lru_cache(maxsize=8)
-def l2_bytes(device: torch.device) -> int:
-    """The device's L2 cache size in bytes, asked once per device (what a kernel may keep there); 0 off a GPU."""
-    if device.type == "cuda":
-        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
-    return 0

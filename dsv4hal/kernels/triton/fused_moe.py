@@ -71,12 +71,12 @@ _MX_ASM = not _DOT_F32 and torch.version.hip is None
 # row kernels. "pair" (swapped kernels): gate and up rows of the same outputs in one tile, twice the gate-up programs;
 # None (the default) pairs when the unpaired grid would give each SM fewer than two programs: on the H200 V4-Flash
 # at T = 1 (192 programs for 132 SMs) 47.1 -> 42.8 us, and slower from T = 2 (sweep-mx-moe-decode.json, "grid_v3").
-# "split_x" (swapped kernels): x split by k mod 4 by a launch before them (True), or read as it is by the gate-up
-# kernel at one token (None: auto, split from two tokens). "prefetch" (swapped kernels): the gate-up kernel fetching
-# its blocks' down weights into L2 (True, None: auto, where they fit fused_moe_swapped.PREFETCH_L2_SHARE of L2).
+# "split_x" (swapped kernels): x split by k mod 4 by a launch before them (True), or (None, the default) read as it
+# is by the gate-up kernel at one token, one launch fewer (on the H100 V4-Flash at T = 1 40.1 against 40.7 us,
+# h100/sweep-mx-moe-decode-l2.json), split from two tokens.
 CONFIGS = {
     ("mxfp4", "decode"): {"block_m": 8, "block_n": 64, "block_k": 256, "num_warps": 4, "num_stages": 3,
-                          "swap": True, "split_x": True, "prefetch": False},
+                          "swap": True},
     ("mxfp4", "prefill"): {"block_m": 64, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3},
     ("fp8_block", "decode"): {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 3},
     ("fp8_block", "prefill"): {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
@@ -144,7 +144,6 @@ def _config(fmt: str, num_tokens: int, top_k: int, num_experts: int, config: dic
                          f"MXFP4 in [64, {FP8_BLOCK}] (four dots of K >= 16 a step); got {bk}")
     min_m = 8 if fmt == "mxfp4" and cfg.get("swap") else 16  # the swapped kernels' tokens are the dot's N
     for key, what in (("pair", "the swapped gate-up kernel's gate and up rows in one tile"),
-                      ("prefetch", "the swapped gate-up kernel fetching the down weights into L2"),
                       ("split_x", "x split by k mod 4 by a launch before the swapped kernels")):
         if cfg.get(key) is not None and type(cfg[key]) is not bool:
             raise ValueError(f"{key} ({what}) must be True, False or None (auto); got {cfg[key]!r}")

@@ -13,9 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4hal.kernels.triton.device import l2_bytes, sm_count
+from dsv4hal.kernels.triton.device import sm_count
 from dsv4hal.kernels.triton.fused_moe_rows import _block_routes
-from dsv4hal.kernels.triton.l2_prefetch import prefetch_l2
 from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16
 from dsv4hal.kernels.triton.mxfp4_decode import _dot_quarters, _mx_quarters, _mx_scale_operand
 
@@ -27,29 +26,21 @@ DOWN_KEYS = ("block_n", "block_k", "num_warps", "num_stages")  # config "down": 
 # ab-mx-moe-decode.json) 1-5% faster at T = 2 .. 16, and slower at T = 1 (by 2-3 us) and T = 64 (by 1-7%).
 DOWN_WIDE = {"block_n": 128}
 DOWN_WIDE_TOKENS = range(2, 17)
-# "prefetch" (None: auto) has the gate-up kernel fetch the down weights of its blocks' experts into L2 while its own
-# weights stream past them, where those down weights take at most this share of L2 and the decode is the PTX one
-# (NVIDIA). V4-Flash at one token: six experts' 26.7 MB of the H100's 50 MB.
-PREFETCH_L2_SHARE = 0.6
 
 
 @triton.jit
 def _mx_row_tile(w_base, s_base, n, e0, nmask, stride_wn, stride_sn, BKE: tl.constexpr, EVEN: tl.constexpr,
-                 ASM: tl.constexpr, NARROW: tl.constexpr, DTYPE: tl.constexpr, STREAM: tl.constexpr = False):
-    """Weight rows n, 16-bit elements e0 .. e0 + BKE (8 to a 32-group) -> the four operands [BN, BKE]. STREAM: the
-    loads leave L2 first (evict_first), to keep what was prefetched there."""
+                 ASM: tl.constexpr, NARROW: tl.constexpr, DTYPE: tl.constexpr):
+    """Weight rows n, 16-bit elements e0 .. e0 + BKE (8 to a 32-group) -> the four operands [BN, BKE]."""
     BN: tl.constexpr = n.shape[0]
     e = e0 + tl.arange(0, BKE)
     g = e0 // 8 + tl.arange(0, BKE // 8)
-    POLICY: tl.constexpr = "evict_first" if STREAM else ""
     if EVEN:
-        q = tl.load(w_base + n[:, None] * stride_wn + e[None, :], eviction_policy=POLICY)
-        s = tl.load(s_base + n[:, None] * stride_sn + g[None, :], eviction_policy=POLICY)
+        q = tl.load(w_base + n[:, None] * stride_wn + e[None, :])
+        s = tl.load(s_base + n[:, None] * stride_sn + g[None, :])
     else:
-        q = tl.load(w_base + n[:, None] * stride_wn + e[None, :], mask=nmask[:, None], other=0,
-                    eviction_policy=POLICY)
-        s = tl.load(s_base + n[:, None] * stride_sn + g[None, :], mask=nmask[:, None], other=127,
-                    eviction_policy=POLICY)
+        q = tl.load(w_base + n[:, None] * stride_wn + e[None, :], mask=nmask[:, None], other=0)
+        s = tl.load(s_base + n[:, None] * stride_sn + g[None, :], mask=nmask[:, None], other=127)
     m = _mx_scale_operand(s, ASM, NARROW)  # once a group, then broadcast to its 8 elements
     m = tl.reshape(tl.broadcast_to(m[:, :, None], [BN, BKE // 8, 8]), [BN, BKE])
     return _mx_quarters(q, m, ASM, NARROW, DTYPE)
@@ -69,25 +60,6 @@ def _mx_act_quarters(base, e0, quarter, BKE: tl.constexpr, DTYPE: tl.constexpr, 
 
 
 @triton.jit
-def _prefetch_expert(w_base, s_base, R, row_elems, row_bytes, stride_wn, stride_sn, RB: tl.constexpr):
-    """Prefetch into L2 this program's share (rows grid-strided over the programs of axis 1, RB at a time) of one
-    expert's weight rows (R rows of row_elems 16-bit elements, stride_wn apart) and their scale rows (row_bytes
-    bytes, stride_sn apart). Every address is inside a row: masked lanes ask for the row's first line again."""
-    LINES: tl.constexpr = 16  # 128-byte lines a row a step: 1024 elements
-    c = tl.arange(0, LINES)
-    for r0 in range(tl.program_id(1) * RB, R, tl.num_programs(1) * RB):
-        r = r0 + tl.arange(0, RB)
-        rok = r < R
-        r = tl.where(rok, r, r0).to(tl.int64)
-        for c0 in range(0, row_elems, 64 * LINES):
-            at = c0 + c * 64
-            prefetch_l2(w_base + r[:, None] * stride_wn + tl.where(at < row_elems, at, 0)[None, :])
-        for b0 in range(0, row_bytes, 128 * LINES):
-            at = b0 + c * 128
-            prefetch_l2(s_base + r[:, None] * stride_sn + tl.where(at < row_bytes, at, 0)[None, :])
-
-
-@triton.jit
 def _zero_share(y_ptr, y_numel, ZB: tl.constexpr):
     """This program's share of zeroing y (fp32, y_numel values) in blocks of ZB, grid-strided over all programs."""
     num = tl.num_programs(0) * tl.num_programs(1)
@@ -99,13 +71,11 @@ def _zero_share(y_ptr, y_numel, ZB: tl.constexpr):
 
 @triton.jit
 def _mx_gate_up_swapped(
-    x_ptr, w_ptr, s_ptr, h_ptr, y_ptr, sorted_ptr, block_expert_ptr, w2_ptr, s2_ptr,
+    x_ptr, w_ptr, s_ptr, h_ptr, y_ptr, sorted_ptr, block_expert_ptr,
     num_pairs, top_k, E, H, I, y_numel, stride_we, stride_wn, stride_se, stride_sn,
-    stride_w2e, stride_w2n, stride_s2e, stride_s2n,
     limit, CLAMP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
     NARROW: tl.constexpr, PAIR: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, X_SPLIT: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block; x split [T, 4, H / 4] (a
     split in registers instead measured 1.07-1.19x slower on the H200, and layouts that read x unsplit 1.02-1.06x
@@ -114,10 +84,9 @@ def _mx_gate_up_swapped(
     (twice the programs, for few tokens); else BLOCK_N outputs, a gate and an up tile. DIRECT: block b is route b
     (block_expert_ptr: the routes' expert ids, any in [0, E) taken). Every program first zeroes its share of y
     [T, H] fp32 and the down kernel's counters after it (y_numel values in all), which the down kernel accumulates
-    into (one launch fewer). X_SPLIT False: x is read as it is, [T, H] (no split launch before this one).
-    PREFETCH: the programs of each block ask L2 to fetch and keep (evict_last) the block's expert's down weights
-    (w2 [E, H, I / 4] 16-bit elements, s2 [E, H, I / 32] bytes) while their own weights stream past it
-    (evict_first), so that the down kernel reads them from L2: for few blocks, whose down weights fit in L2."""
+    into (one launch fewer). X_SPLIT False: x is read as it is, [T, H] (no split launch before this one). (The
+    programs prefetching their expert's down weights into L2 while their own streamed with evict_first measured
+    slower at T = 1 on the H100, 42.0 against 40.7 us, h100/sweep-mx-moe-decode-l2.json.)"""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     _zero_share(y_ptr, y_numel, 1024)
@@ -125,9 +94,6 @@ def _mx_gate_up_swapped(
     if (e < 0) | (e >= E):
         return
     rows, valid, _, tok = _block_routes(sorted_ptr, pid_m, num_pairs, top_k, BLOCK_M, DIRECT)
-    if PREFETCH:
-        _prefetch_expert(w2_ptr + e.to(tl.int64) * stride_w2e, s2_ptr + e.to(tl.int64) * stride_s2e, H, I // 4,
-                         I // 32, stride_w2n, stride_s2n, 8)
     w_base = w_ptr + e.to(tl.int64) * stride_we
     s_base = s_ptr + e.to(tl.int64) * stride_se
     x_base = x_ptr + tok[None, :] * H
@@ -148,7 +114,7 @@ def _mx_gate_up_swapped(
         for e0 in range(0, H // 4, BKE):
             xq = _mx_act_quarters(x_base, e0, XQ, BKE, DTYPE, XSTEP)
             acc = _dot_quarters(acc, _mx_row_tile(w_base, s_base, wrow, e0, nj < I, stride_wn, stride_sn, BKE, EVEN_N,
-                                                  ASM, NARROW, DTYPE, PREFETCH), xq)
+                                                  ASM, NARROW, DTYPE), xq)
         acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, [2, HALF, BLOCK_M]), (1, 2, 0)))
         n = pid_n * HALF + tl.arange(0, HALF)
     else:
@@ -158,9 +124,9 @@ def _mx_gate_up_swapped(
         for e0 in range(0, H // 4, BKE):
             xq = _mx_act_quarters(x_base, e0, XQ, BKE, DTYPE, XSTEP)
             acc_g = _dot_quarters(acc_g, _mx_row_tile(w_base, s_base, n, e0, n < I, stride_wn, stride_sn, BKE, EVEN_N,
-                                                      ASM, NARROW, DTYPE, PREFETCH), xq)
+                                                      ASM, NARROW, DTYPE), xq)
             acc_u = _dot_quarters(acc_u, _mx_row_tile(w_base, s_base, n + I, e0, n < I, stride_wn, stride_sn, BKE,
-                                                      EVEN_N, ASM, NARROW, DTYPE, PREFETCH), xq)
+                                                      EVEN_N, ASM, NARROW, DTYPE), xq)
     nmask = n < I
     h = _swiglu_f32(acc_g, acc_u, limit, CLAMP)
     col = (n % 4) * (I // 4) + n // 4  # the split layout of h
@@ -253,15 +219,10 @@ def launch_swapped(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: to
         pair = nb * triton.cdiv(inter, bn) < 2 * sm_count(dev)
     outs = bn // 2 if pair else bn  # outputs of h a gate-up program
     p = tw.numel()
-    prefetch = cfg.get("prefetch")
-    if prefetch is None:
-        down_bytes = nb * (w2[0].numel() * w2.element_size() + s2[0].numel() * s2.element_size())
-        prefetch = tiles["ASM"] and down_bytes <= PREFETCH_L2_SHARE * l2_bytes(dev)
     _mx_gate_up_swapped[(nb, triton.cdiv(inter, outs))](
-        x, w13, s13, h, work, sorted_pairs, block_expert, w2, s2, p, k, num_experts, hid, inter, work.numel(),
-        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), w2.stride(0), w2.stride(1), s2.stride(0),
-        s2.stride(1), limit, CLAMP=clamp, EVEN_N=inter % outs == 0, PAIR=pair, X_SPLIT=x.dim() == 3,
-        PREFETCH=bool(prefetch and tiles["ASM"]), **tiles)
+        x, w13, s13, h, work, sorted_pairs, block_expert, p, k, num_experts, hid, inter, work.numel(),
+        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), limit, CLAMP=clamp, EVEN_N=inter % outs == 0,
+        PAIR=pair, X_SPLIT=x.dim() == 3, **tiles)
     _mx_down_swapped[(nb, col_tiles)](
         h, w2, s2, y, out, counts, tw, sorted_pairs, block_expert, p, k, num_experts, t, hid, inter,
         w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), EVEN_N=hid % dbn == 0, FUSE_CAST=fuse_cast,

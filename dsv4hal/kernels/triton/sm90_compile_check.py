@@ -105,28 +105,7 @@ def checks() -> list[dict]:
     const = {"BLOCK_E": 256, "NCP": moe_align.MAX_PROGRAMS, "SE": moe_align.SCAN_ELEMENTS // moe_align.MAX_PROGRAMS}
     out.append({"kernel": "moe_align (scan)",  # E = 256 over the most programs: T = 4096's launch
                 **compile_sm90(moe_align._scan_kernel, {"hist_ptr": "*i32", "NC": "i32"}, const, num_warps=4)})
-    return out + _fp8_linear_checks() + _sparse_attention_checks() + _mx_moe_checks()
-
-
-def _mx_moe_checks() -> list[dict]:
-    """The swapped MXFP4 gate-up kernel at one token (PTX decode, x read as it is), with and without the down
-    weights prefetched into L2 while its own weights stream with evict_first."""
-    from dsv4hal.kernels.triton import fused_moe_swapped as sw
-
-    ptrs = {"x_ptr": "*bf16", "w_ptr": "*i16", "s_ptr": "*u8", "h_ptr": "*bf16", "y_ptr": "*fp32", "sorted_ptr": "*i32",
-            "block_expert_ptr": "*i32", "w2_ptr": "*i16", "s2_ptr": "*u8"}
-    types = {**ptrs, **{n: "i32" for n in ("num_pairs", "top_k", "E", "H", "I", "y_numel", "stride_we", "stride_wn",
-                                           "stride_se", "stride_sn", "stride_w2e", "stride_w2n", "stride_s2e",
-                                           "stride_s2n")}, "limit": "fp32"}
-    out = []
-    for prefetch in (False, True):
-        const = {"CLAMP": True, "BLOCK_M": 8, "BLOCK_N": 64, "BLOCK_K": 256, "EVEN_N": True, "ASM": True,
-                 "NARROW": False, "PAIR": True, "DIRECT": True, "DOT_F32": False, "X_SPLIT": False,
-                 "PREFETCH": prefetch}
-        out.append({"kernel": "moe gate-up (swapped)", "prefetch": prefetch,
-                    **compile_sm90(sw._mx_gate_up_swapped, types, const, aligned=tuple(ptrs), num_warps=4,
-                                   num_stages=3, count=("prefetch.global.L2::evict_last", "L1::evict_first"))})
-    return out
+    return out + _fp8_linear_checks() + _sparse_attention_checks()
 
 
 ATTENTION_COUNTS = ("mul.bf16x2", "wgmma.mma_async", "mma.sync", "prefetch.global.L2::evict_last")

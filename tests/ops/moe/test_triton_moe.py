@@ -293,12 +293,10 @@ def test_one_token_runs_without_alignment(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.parametrize("t", [1, 2])
-def test_x_split_or_read_as_it_is_and_down_weights_prefetched_or_not_give_the_same_bits(
-        monkeypatch: pytest.MonkeyPatch, t: int) -> None:
+def test_x_split_or_read_as_it_is_gives_the_same_bits(monkeypatch: pytest.MonkeyPatch, t: int) -> None:
     """split_x True splits x [T, H] into [T, 4, H / 4] by a launch before the swapped kernels, False has the gate-up
-    kernel read it as it is, None (auto) splits from two tokens; the down weights prefetched into L2 or not
-    (prefetch True / False / None; it runs with the PTX decode only) change no bit either; the defaults are
-    CONFIGS'; split_x and prefetch that are not a bool or None are refused."""
+    kernel read it as it is, None (the default) reads one token as it is and splits from two: the same bits either
+    way; a split_x that is not a bool or None is refused."""
     from dsv4hal.kernels.triton import fused_moe as tmoe
     from dsv4hal.kernels.triton import fused_moe_swapped as sw
 
@@ -306,24 +304,17 @@ def test_x_split_or_read_as_it_is_and_down_weights_prefetched_or_not_give_the_sa
     ids[0] = torch.tensor([2, -1, 2], dtype=torch.int32)
     wd = dataclasses.replace(w, **{f: getattr(w, f).to(DEV) for f in ("w13", "w13_scale", "w2", "w2_scale")})
     args = (x.to(DEV), ids.to(DEV), tw.to(DEV), tmoe.prepare_weights(wd))
-    configs = [{}, {"split_x": None}, {"split_x": False}, {"split_x": True}, {"prefetch": True},
-               {"prefetch": None}, {"prefetch": False}]
     calls: list = []
     real = sw._mx_gate_up_swapped
     monkeypatch.setattr(sw, "_mx_gate_up_swapped", _Recorder(real, calls, kwargs=True))
-    outs = [tmoe.fused_moe(*args, config=cfg) for cfg in configs]
+    outs = [tmoe.fused_moe(*args, config=cfg) for cfg in ({}, {"split_x": None}, {"split_x": False},
+                                                         {"split_x": True})]
     monkeypatch.setattr(sw, "_mx_gate_up_swapped", real)
-    default = tmoe.CONFIGS[("mxfp4", "decode")]["split_x"]
-    auto = t > 1
-    assert [kw["X_SPLIT"] for _, kw in calls] == [auto if default is None else default, auto, False, True,
-                                                  *[auto if default is None else default] * 3]
-    asm = calls[0][1]["ASM"]
-    assert [kw["PREFETCH"] for _, kw in calls][4:] == [asm, asm, False]  # None: these few bytes fit any L2
+    assert [kw["X_SPLIT"] for _, kw in calls] == [t > 1, t > 1, False, True]
     _check(outs[0].cpu(), moe_experts(x, ids, tw, w))
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
-    for key in ("split_x", "prefetch"):
-        with pytest.raises(ValueError, match=key):
-            tmoe.fused_moe(*args, config={key: 1})
+    with pytest.raises(ValueError, match="split_x"):
+        tmoe.fused_moe(*args, config={"split_x": 1})
 
 
 @pytest.mark.parametrize("t", [1, 6])

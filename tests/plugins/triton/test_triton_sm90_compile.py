@@ -33,7 +33,7 @@ def test_every_kernel_compiles(rows: list[dict]) -> None:
     settings = Counter(r["kernel"] for r in rows)
     assert settings == {"indexer_q_prep": 4, "compress (hadamard)": 3, "moe_quant (swiglu)": 2,
                         "moe_quant (scatter from tokens)": 1, "moe_align (scan)": 1, "fp8_linear": 4,
-                        "sparse_attention": 4, "moe gate-up (swapped)": 2}, settings
+                        "sparse_attention": 4}, settings
     for r in rows:
         assert "error" not in r and r["cubin_bytes"] > 0, r
 
@@ -66,12 +66,3 @@ def test_sparse_attention_dequantizes_in_bf16(rows: list[dict]) -> None:
         assert (r["prefetch.global.L2::evict_last"] > 0) == r["prefetch"], r
         assert (r["wgmma.mma_async"] > 0) == (r["block_h"] == 64) and (r["mma.sync"] > 0) == (r["block_h"] == 16), r
 
-
-def test_one_token_moe_prefetches_the_down_weights_only_when_asked(rows: list[dict]) -> None:
-    """The swapped MXFP4 gate-up kernel asks L2 for the down weights, and streams its own weights with evict_first,
-    exactly when PREFETCH is set."""
-    moe = [r for r in rows if r["kernel"] == "moe gate-up (swapped)"]
-    assert sorted(r["prefetch"] for r in moe) == [False, True]
-    for r in moe:
-        assert (r["prefetch.global.L2::evict_last"] > 0) == r["prefetch"], r
-        assert (r["L1::evict_first"] > 0) == r["prefetch"], r

@@ -38,12 +38,6 @@ ATTN_CONFIGS = [dict(block_h=bh, bk=bk, num_warps=w, num_stages=st, programs=p, 
                                              (64, 32, 8, 3, 264, 2), (32, 32, 4, 2, 264, 2), (32, 32, 8, 2, 264, 2),
                                              (32, 32, 4, 2, 528, 1), (16, 32, 4, 2, 264, 1), (16, 32, 4, 2, 528, 1),
                                              (16, 64, 4, 2, 264, 1), (16, 32, 4, 2, 264, 2), (64, 32, 8, 1, 132, 2))]
-# each block's indices loaded two blocks ahead and its keys asked of L2 one block ahead ("prefetch"), beside the
-# launches it would change (the defaults, CONFIG and SHORT_CONFIG, and their neighbours): --attn-grid prefetch
-ATTN_GRIDS = {"all": ATTN_CONFIGS, "prefetch": [
-    dict(block_h=bh, bk=bk, num_warps=w, num_stages=st, programs=p, dv_split=dv, prefetch=pf)
-    for bh, bk, w, st, p, dv in ((64, 32, 8, 2, 132, 1), (64, 32, 8, 2, 132, 2), (16, 64, 4, 2, 264, 1))
-    for pf in (False, True)]}
 # the sampled top-k (the static kernel for rows wider than 16384): samples, the bisections from the keys' common high
 # bits, the sample threshold's resolution, the filter's chunk a program, each also timed pass by pass (cumulative).
 # H200 results, one entry each in bench/results/h200/tune-triton-topk.json: the launch shape ("launch_shape"; the
@@ -161,7 +155,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {', '.join(OPS)}")
-    ap.add_argument("--attn-grid", choices=sorted(ATTN_GRIDS), default="all")
     ap.add_argument("--attn-shapes", default=",".join(map(str, range(len(ATTN_SHAPES)))),
                     help="comma-separated indices into ATTN_SHAPES")
     args = ap.parse_args()
@@ -185,9 +178,8 @@ def main() -> None:
         rows = ("q", "swa_indices", "swa_lengths", "extra_indices", "extra_lengths")
         small = {k: (v[:8] if k in rows else v) for k, v in a.items()}
         want = ref_decode(**small)[0].float()
-        for c in ATTN_GRIDS[args.attn_grid]:
-            name = ("bh{block_h}-bk{bk}-w{num_warps}-s{num_stages}-p{programs}-dv{dv_split}".format(**c)
-                    + ("-prefetch" if c.get("prefetch") else ""))
+        for c in ATTN_CONFIGS:
+            name = "bh{block_h}-bk{bk}-w{num_warps}-s{num_stages}-p{programs}-dv{dv_split}".format(**c)
             try:
                 got = tattn._launch(small["q"], small["sink"], small["softmax_scale"], small["swa_cache"],
                                     small["swa_indices"], small["swa_lengths"], small.get("extra_cache"),

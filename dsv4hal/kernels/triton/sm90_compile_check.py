@@ -108,13 +108,12 @@ def checks() -> list[dict]:
     return out + _fp8_linear_checks() + _sparse_attention_checks()
 
 
-ATTENTION_COUNTS = ("mul.bf16x2", "wgmma.mma_async", "mma.sync", "prefetch.global.L2::evict_last")
+ATTENTION_COUNTS = ("mul.bf16x2", "wgmma.mma_async", "mma.sync")
 
 
 def _sparse_attention_checks() -> list[dict]:
     """The sparse attention kernel (split-K, a C4 extra list) at 64 heads a program (wgmma) with the output in one
-    program or split over two, the latter also with its keys prefetched, and at 16 (mma.sync): the keys are
-    dequantized by bf16 products."""
+    program or split over two, and at 16 (mma.sync): the keys are dequantized by bf16 products."""
     from dsv4hal.kernels.triton import sparse_attention
 
     types = {"q_ptr": "*bf16", "sink_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
@@ -124,12 +123,10 @@ def _sparse_attention_checks() -> list[dict]:
              "qk_scale": "fp32", "keys_per_split": "i32"}
     aligned = (*(n for n in types if n.endswith("_ptr")), "a_page_bytes", "b_page_bytes", "H")
     out = []
-    for block_h, warps, dv_split, prefetch in ((64, 8, 1, False), (64, 8, 2, False), (64, 8, 2, True),
-                                               (16, 4, 1, False)):
+    for block_h, warps, dv_split in ((64, 8, 1), (64, 8, 2), (16, 4, 1)):
         const = {"P_A": 256, "P_B": 64, "FP8": True, "FNUZ": False, "HAS_B": True, "BLOCK_H": block_h, "BK": 32,
-                 "DIRECT": False, "DOT_F32": False, "DV_SPLIT": dv_split, "PREFETCH": prefetch,
-                 "L2_HINT": prefetch}
-        out.append({"kernel": "sparse_attention", "block_h": block_h, "dv_split": dv_split, "prefetch": prefetch,
+                 "DIRECT": False, "DOT_F32": False, "DV_SPLIT": dv_split}
+        out.append({"kernel": "sparse_attention", "block_h": block_h, "dv_split": dv_split,
                     **compile_sm90(sparse_attention._sparse_attn_kernel, types, const, aligned=aligned,
                                    count=ATTENTION_COUNTS, num_warps=warps, num_stages=2)})
     return out

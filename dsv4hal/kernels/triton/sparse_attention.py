@@ -20,41 +20,26 @@ import triton
 import triton.language as tl
 
 from dsv4hal.formats.v4_cache import HEAD_DIM, V4PagedCache
-from dsv4hal.kernels.triton.l2_prefetch import prefetch_l2
 from dsv4hal.kernels.triton.v4_layout import HEAD, NOPE, NTILES, RECORD, SCALES, TILE_W
 
 LOG2E = 1.4426950408889634
 # Triton's interpreter computes tl.dot on bf16 operands, and bf16 products, wrongly: fp32 there.
 _DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
-_L2_HINT = not _DOT_F32 and torch.version.hip is None  # PTX prefetch hints: NVIDIA only, never interpreted
 
 
 @triton.jit
-def _fp8_raw(base_ptr, off, valid, HALF: tl.constexpr, P: tl.constexpr, BK: tl.constexpr):
-    """The loads of one 256-column half of BK keys in the 584-byte records at (page base, offset of each key): (its
-    fp8 bytes [BK, 256], 0 past the nope columns; the UE8M0 scales of its four 64-column tiles [BK, 4]). Invalid
-    keys load nothing."""
+def _fp8_half(base_ptr, off, valid, HALF: tl.constexpr, P: tl.constexpr, FNUZ: tl.constexpr, BK: tl.constexpr,
+              F32: tl.constexpr):
+    """bf16 [BK, 256]: columns HALF * 256 .. + 256 of the keys in the 584-byte records at (page base, offset of each
+    key). A half holds four 64-column tiles: the codes times their UE8M0 scale (a power of two, so the bf16 product
+    is exact; 4 scale loads a key rather than 256), and in the second half the last tile is the bf16 rope."""
     c = HALF * 256 + tl.arange(0, 256)
-    raw = tl.load(base_ptr[:, None] + off[:, None] * RECORD + c[None, :], mask=valid[:, None] & (c[None, :] < NOPE),
-                  other=0)
+    is_nope = c[None, :] < NOPE
+    rec = base_ptr[:, None] + off[:, None] * RECORD
+    raw = tl.load(rec + c[None, :], mask=valid[:, None] & is_nope, other=0)
     tile = HALF * 4 + tl.arange(0, 4)
     s = tl.load(base_ptr[:, None] + P * RECORD + off[:, None] * SCALES + tile[None, :],
                 mask=valid[:, None] & (tile[None, :] < NTILES), other=127)
-    return raw, s
-
-
-@triton.jit
-def _rope_raw(base_ptr, off, valid):
-    """The rope of the keys as the second half's columns, bf16 [BK, 256] (0 in the nope columns)."""
-    c = 256 + tl.arange(0, 256)
-    rope_ptr = (base_ptr[:, None] + off[:, None] * RECORD + NOPE).to(tl.pointer_type(tl.bfloat16))
-    return tl.load(rope_ptr + (c[None, :] - NOPE), mask=valid[:, None] & (c[None, :] >= NOPE), other=0.0)
-
-
-@triton.jit
-def _fp8_decode(raw, s, FNUZ: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr):
-    """fp8 bytes [BK, 256] times their tiles' UE8M0 scales s [BK, 4] (a power of two, so the bf16 product is exact;
-    4 scale loads a key rather than 256) -> bf16 [BK, 256]."""
     if FNUZ or F32:  # fp32 products (the interpreter's bf16 arithmetic is wrong)
         v = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         if FNUZ:  # same bits, half the value; 0x7F/0xFF are +-240 (NaN in e4m3fn)
@@ -63,46 +48,13 @@ def _fp8_decode(raw, s, FNUZ: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr)
     else:  # bf16 products: half the registers of fp32 ones
         v = raw.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
         scale = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True).to(tl.bfloat16)
-    return (v * tl.reshape(tl.broadcast_to(scale[:, :, None], (BK, 4, TILE_W)), (BK, 256))).to(tl.bfloat16)
-
-
-@triton.jit
-def _list_idx(start, t, lo_hi, a_idx_ptr, a_stride_idx, W_A, b_idx_ptr, b_stride_idx, W_B, BK: tl.constexpr):
-    """The indices of the block of BK listed keys at position start of the row's list (the SWA indices padded to a
-    multiple of BK, then the extra ones: a block never straddles the two): -1 at and past lo_hi (the end of the
-    program's split) and in the padding. Both lists' loads are masked, no branch (Triton 3.6 fails to compile a
-    branch yielding them into the loop)."""
-    pos = start + tl.arange(0, BK)
-    wa_pad = tl.cdiv(W_A, BK) * BK
-    live = pos < lo_hi
-    idx_a = tl.load(a_idx_ptr + t * a_stride_idx + pos, mask=live & (pos < W_A), other=-1)
-    pb = pos - wa_pad
-    idx_b = tl.load(b_idx_ptr + t * b_stride_idx + pb, mask=live & (pb >= 0) & (pb < W_B), other=-1)
-    return tl.where(pos < wa_pad, idx_a, idx_b)
-
-
-@triton.jit
-def _slot_lines(idx, ptr, page_bytes, n_kv, P: tl.constexpr):
-    """[BK, 8] addresses covering the listed slots idx [BK] of one cache: each slot's 576-byte record (up to six
-    128-byte lines) and its scale bytes; an index that is no slot gives the cache's first byte."""
-    k = tl.arange(0, 8)[None, :]
-    ok = (idx >= 0) & (idx < n_kv)
-    safe = tl.where(ok, idx, 0).to(tl.int64)
-    off = (safe % P)[:, None]
-    line = tl.where(k < 5, off * RECORD + k * 128,
-                    tl.where(k == 5, off * RECORD + (RECORD - 1), P * RECORD + off * SCALES))
-    return tl.where(ok[:, None], (ptr + (safe // P) * page_bytes)[:, None] + line, ptr)
-
-
-@triton.jit
-def _hint_keys(start, idx, a_ptr, a_page_bytes, W_A, n_kv, b_ptr, b_page_bytes, n_kv_b, P_A: tl.constexpr,
-               P_B: tl.constexpr, HAS_B: tl.constexpr, BK: tl.constexpr):
-    """Ask L2 for the lines of the block at position start (its indices idx, _list_idx's). A listed slot past the
-    row's length is fetched too: it is inside the cache."""
-    lines = _slot_lines(idx, a_ptr, a_page_bytes, n_kv, P_A)
-    if HAS_B:
-        lines = tl.where(start < tl.cdiv(W_A, BK) * BK, lines, _slot_lines(idx, b_ptr, b_page_bytes, n_kv_b, P_B))
-    prefetch_l2(lines)
+    key = v * tl.reshape(tl.broadcast_to(scale[:, :, None], (BK, 4, TILE_W)), (BK, 256))
+    key = key.to(tl.bfloat16)
+    if HALF == 1:
+        rope_ptr = (rec + NOPE).to(tl.pointer_type(tl.bfloat16))
+        rope = tl.load(rope_ptr + (c[None, :] - NOPE), mask=valid[:, None] & (c[None, :] >= NOPE), other=0.0)
+        key = tl.where(is_nope, key, rope)
+    return key
 
 
 @triton.jit
@@ -113,12 +65,9 @@ def _keys(idx, pos, limit, ptr, page_bytes, n_kv, P: tl.constexpr, FP8: tl.const
     valid = (pos < limit) & (idx >= 0) & (idx < n_kv)
     safe = tl.where(valid, idx, 0).to(tl.int64)
     if FP8:
-        base, off = ptr + (safe // P) * page_bytes, safe % P
-        r0, s0 = _fp8_raw(base, off, valid, 0, P, BK)
-        k0 = _fp8_decode(r0, s0, FNUZ, BK, F32)
-        r1, s1 = _fp8_raw(base, off, valid, 1, P, BK)
-        k1 = tl.where((256 + tl.arange(0, 256))[None, :] < NOPE, _fp8_decode(r1, s1, FNUZ, BK, F32),
-                      _rope_raw(base, off, valid))
+        base = ptr + (safe // P) * page_bytes
+        k0 = _fp8_half(base, safe % P, valid, 0, P, FNUZ, BK, F32)
+        k1 = _fp8_half(base, safe % P, valid, 1, P, FNUZ, BK, F32)
     else:  # the prefill's bf16 workspace [n_kv, 512]
         c = tl.arange(0, 256)
         row = ptr + safe[:, None] * HEAD + c[None, :]
@@ -142,12 +91,9 @@ def _sparse_attn_kernel(
     H, n_kv, n_kv_b, qk_scale, keys_per_split,
     P_A: tl.constexpr, P_B: tl.constexpr, FP8: tl.constexpr, FNUZ: tl.constexpr, HAS_B: tl.constexpr,
     BLOCK_H: tl.constexpr, BK: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, DV_SPLIT: tl.constexpr,
-    PREFETCH: tl.constexpr, L2_HINT: tl.constexpr,
 ):
     """Scores from both halves of q and k; values from both halves (DV_SPLIT 1) or from the program's half
-    (DV_SPLIT 2: two programs share a head block, each keeping half the output in registers). PREFETCH: each block's
-    indices are loaded two blocks ahead, and with L2_HINT (NVIDIA) its keys' lines are asked of L2 one block ahead,
-    so that the gathers' latency overlaps the math before them instead of stalling it."""
+    (DV_SPLIT 2: two programs share a head block, each keeping half the output in registers)."""
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1) // DV_SPLIT
     dv = tl.program_id(1) % DV_SPLIT
@@ -172,25 +118,9 @@ def _sparse_attn_kernel(
     lo = split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, total)
     j = tl.arange(0, BK)
-    if PREFETCH:  # this block's indices, and the next one's in flight
-        idx_next = _list_idx(lo, t, hi, a_idx_ptr, a_stride_idx, W_A, b_idx_ptr, b_stride_idx, W_B, BK)
-        idx_after = _list_idx(lo + BK, t, hi, a_idx_ptr, a_stride_idx, W_A, b_idx_ptr, b_stride_idx, W_B, BK)
     for start in range(lo, hi, BK):
         pos = start + j
-        if PREFETCH:  # indices loaded two blocks ahead; the next block's keys asked of L2 before this block's math
-            idx = idx_next
-            idx_next = idx_after
-            if L2_HINT:
-                _hint_keys(start + BK, idx_next, a_ptr, a_page_bytes, W_A, n_kv, b_ptr, b_page_bytes, n_kv_b, P_A,
-                           P_B, HAS_B, BK)
-            idx_after = _list_idx(start + 2 * BK, t, hi, a_idx_ptr, a_stride_idx, W_A, b_idx_ptr, b_stride_idx, W_B,
-                                  BK)
-            if start < wa_pad:
-                valid, k0, k1 = _keys(idx, pos, a_len, a_ptr, a_page_bytes, n_kv, P_A, FP8, FNUZ, BK, DOT_F32)
-            else:
-                valid, k0, k1 = _keys(idx, pos - wa_pad, b_len, b_ptr, b_page_bytes, n_kv_b, P_B, True, FNUZ, BK,
-                                      DOT_F32)
-        elif start < wa_pad:
+        if start < wa_pad:
             idx = tl.load(a_idx_ptr + t * a_stride_idx + pos, mask=pos < W_A, other=-1)
             valid, k0, k1 = _keys(idx, pos, a_len, a_ptr, a_page_bytes, n_kv, P_A, FP8, FNUZ, BK, DOT_F32)
         else:
@@ -264,7 +194,9 @@ def _combine_kernel(part_o_ptr, part_ml_ptr, sink_ptr, out_ptr, lse_ptr, H, NSPL
 # (bench/results/h100/tune-triton-attention.json, random keys over a 4M-slot pool, us at 64 query rows): key lists of
 # up to SHORT_KEYS take SHORT_CONFIG (SWA alone 20.1 where CONFIG takes 30.3 and FlashMLA 38.5; SWA + 64 C128 keys
 # 27.9 / 34.2 / 42.3), longer lists CONFIG (SWA + top-512: 68.4 where SHORT_CONFIG takes 92.1 and FlashMLA 75.1; at
-# 256 rows 217.1, FlashMLA 138.9).
+# 256 rows 217.1, FlashMLA 138.9). Loading each block's indices two blocks ahead and asking L2 for its keys one block
+# ahead measured slower with each launch (C4 69.6 -> 74.7 us, C128 at 8K 27.7 -> 37.2 us:
+# h100/tune-triton-attention-prefetch.json, at commit 120746c) and is not an option.
 CONFIG = {"block_h": 64, "bk": 32, "num_warps": 8, "num_stages": 2, "programs": 132, "dv_split": 1}
 SHORT_CONFIG = {"block_h": 16, "bk": 64, "num_warps": 4, "num_stages": 2, "programs": 264, "dv_split": 1}
 SHORT_KEYS = 256
@@ -282,7 +214,7 @@ def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=N
     lse = torch.empty(t, h, dtype=torch.float32, device=dev)
     if t == 0:
         return out, lse
-    # the extra keys start at the next block after the SWA ones; width 0: one split whose loop is empty
+    # the extra keys start at the block after the SWA ones; width 0: one split whose loop is empty
     total_blocks = max(1, triton.cdiv(w_a, BK) + triton.cdiv(w_b, BK))
     heads = triton.cdiv(h, BLOCK_H)
     dv_split = cfg["dv_split"]
@@ -290,7 +222,6 @@ def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=N
     keys_per_split = triton.cdiv(total_blocks, nsplit) * BK
     nsplit = max(1, triton.cdiv(total_blocks * BK, keys_per_split))
     direct = nsplit == 1
-    prefetch = bool(cfg.get("prefetch", False))
     part_o = part_ml = out  # unused when direct
     if not direct:
         part_o = torch.empty(t * h * nsplit, HEAD_DIM, dtype=torch.float32, device=dev)
@@ -310,8 +241,7 @@ def _launch(q, sink, softmax_scale, a, a_idx, a_len, b=None, b_idx=None, b_len=N
         b_idx.stride(0) if has_b else 0, w_b,
         h, n_kv, b.num_slots if has_b else 0, softmax_scale * LOG2E, keys_per_split,
         P_A=p_a, P_B=b.page_size if has_b else 1, FP8=fp8_source, FNUZ=fnuz, HAS_B=has_b,
-        BLOCK_H=BLOCK_H, BK=BK, DIRECT=direct, DOT_F32=_DOT_F32, DV_SPLIT=dv_split,
-        PREFETCH=prefetch, L2_HINT=prefetch and fp8_source and _L2_HINT, num_warps=cfg["num_warps"],
+        BLOCK_H=BLOCK_H, BK=BK, DIRECT=direct, DOT_F32=_DOT_F32, DV_SPLIT=dv_split, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if not direct:
         _combine_kernel[(t * h,)](part_o, part_ml, sink, out, lse, h, NSPLIT=nsplit,

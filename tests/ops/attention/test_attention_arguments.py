@@ -62,13 +62,11 @@ def test_unchecked_invalid_negatives_stay_inside(value) -> None:  # noqa: ANN001
     {"block_h": 16, "bk": 32, "dv_split": 2, "programs": 1},  # one split: the output written directly
     {"block_h": 16, "bk": 32, "dv_split": 2, "programs": 64},  # split-K: partials and the combine kernel
     {"block_h": 32, "bk": 64, "dv_split": 1, "programs": 64},
-    {"block_h": 16, "bk": 32, "dv_split": 2, "programs": 64, "prefetch": True},  # keys loaded a block ahead
-    {"block_h": 32, "bk": 32, "dv_split": 1, "programs": 1, "prefetch": True},
 ])
 def test_every_launch_shape_gives_the_reference_result(launch: dict) -> None:
     """The decode kernel's launch shapes (two programs sharing a head block's output, split-K or not, other head
-    blocks and key blocks, each block's keys loaded during the block before) each give the reference's output and
-    lse, NaN-free, on rows whose lengths end inside a block or leave no SWA key, with -1 entries."""
+    blocks and key blocks) each give the reference's output and lse, NaN-free, on rows whose lengths end inside a
+    block or leave no SWA key, with -1 entries."""
     args = op_args.decode(t=3, w=96, extra=True)
     dev = args["q"].device
     args["swa_lengths"] = torch.tensor([96, 27, 0], dtype=torch.int32, device=dev)  # a block ends mid-way, or none

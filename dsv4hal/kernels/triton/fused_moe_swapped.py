@@ -194,12 +194,11 @@ def launch_swapped(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: to
                    h: torch.Tensor, tw: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: torch.Tensor, k: int,
                    num_experts: int, cfg: dict, tiles: dict, limit: float, clamp: bool) -> torch.Tensor:
     """The swapped MXFP4 kernels' two launches -> bf16 [T, H]; x split [T, 4, H / 4] or as it is, [T, H]. One fp32
-    workspace: y [T, H], then a counter a
-    column tile of the down kernel (int32 bits); the gate-up kernel zeroes it all. "fuse_cast": the down kernel's
-    last program of each tile writes it as bf16, else a cast after; by default for one token only (on the H200 37.0
-    against 37.8 us at T = 1; from T = 2 no gain beyond the 2% that two equal settings differ by, and each down
-    program's release costs its exit, ab-mx-moe-decode.json). "down": the down kernel's own tiles (default
-    DOWN_WIDE for DOWN_WIDE_TOKENS)."""
+    workspace: y [T, H], then a counter a column tile of the down kernel (int32 bits); the gate-up kernel zeroes it
+    all. "fuse_cast": the down kernel's last program of each tile writes it as bf16, else a cast after; by default
+    for one token only (on the H200 37.0 against 37.8 us at T = 1; from T = 2 no gain beyond the 2% that two equal
+    settings differ by, and each down program's release costs its exit, ab-mx-moe-decode.json). "down": the down
+    kernel's own tiles (default DOWN_WIDE for DOWN_WIDE_TOKENS)."""
     t, hid, inter = x.shape[0], w2.shape[1], h.shape[1]
     nb, bn, dev = block_expert.numel(), tiles["BLOCK_N"], x.device
     down = cfg.get("down")

@@ -73,12 +73,11 @@ def _direct_flashmla(args: dict[str, Any], views_per_call: bool = False,  # noqa
         return args["q"].unsqueeze(1), args["swa_indices"].unsqueeze(1), extra
 
     hoisted = views()
-
-    shared = fm.get_mla_metadata()[0]
+    shared = fm.get_mla_metadata()[0] if shared_plan else None
 
     def run():  # noqa: ANN202
         q, idx, extra = views() if views_per_call else hoisted
-        meta = shared if shared_plan else fm.get_mla_metadata()[0]
+        meta = fm.get_mla_metadata()[0] if shared is None else shared
         return fm.flash_mla_with_kvcache(q, swa, None, None, 512, meta, softmax_scale=SCALE,
                                          is_fp8_kvcache=True, indices=idx, attn_sink=args["sink"],
                                          topk_length=args["swa_lengths"], use_legacy=True, **extra)

@@ -105,7 +105,7 @@ def checks() -> list[dict]:
     const = {"BLOCK_E": 256, "NCP": moe_align.MAX_PROGRAMS, "SE": moe_align.SCAN_ELEMENTS // moe_align.MAX_PROGRAMS}
     out.append({"kernel": "moe_align (scan)",  # E = 256 over the most programs: T = 4096's launch
                 **compile_sm90(moe_align._scan_kernel, {"hist_ptr": "*i32", "NC": "i32"}, const, num_warps=4)})
-    return out + _fp8_linear_checks() + _sparse_attention_checks()
+    return out + _fp8_linear_checks() + _sparse_attention_checks() + _mx_swapped_checks()
 
 
 ATTENTION_COUNTS = ("mul.bf16x2", "wgmma.mma_async", "mma.sync")
@@ -135,3 +135,35 @@ def _sparse_attention_checks() -> list[dict]:
 if __name__ == "__main__":
     for row in checks():
         print(json.dumps(row))
+
+
+MOE_COUNTS = ("griddepcontrol.launch_dependents", "griddepcontrol.wait", "prefetch.global.L2")
+
+
+def _mx_swapped_checks() -> list[dict]:
+    """The swapped MXFP4 MoE kernels at one token (x read as it is, a block a route) with the down kernel as a
+    programmatic dependent: the gate-up kernel's trigger at its start or after its K loop, the down kernel's wait
+    with and without its L2 prefetch; and the default launch without PDL."""
+    from dsv4hal.kernels.triton import fused_moe_swapped as sw
+
+    tiles = {"BLOCK_M": 8, "BLOCK_N": 64, "BLOCK_K": 256, "EVEN_N": True, "ASM": True, "NARROW": False,
+             "DIRECT": True, "DOT_F32": False}
+    shared = {"sorted_ptr": "*i32", "block_expert_ptr": "*i32", "num_pairs": "i32", "top_k": "i32", "E": "i32"}
+    strides = {"stride_we": "i64", "stride_wn": "i32", "stride_se": "i64", "stride_sn": "i32"}
+    up_types = {"x_ptr": "*bf16", "w_ptr": "*i16", "s_ptr": "*u8", "h_ptr": "*bf16", "y_ptr": "*fp32", **shared,
+                "H": "i32", "I": "i32", "y_numel": "i32", **strides, "limit": "fp32"}
+    down_types = {"h_ptr": "*bf16", "w_ptr": "*i16", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*bf16",
+                  "count_ptr": "*i32", "tw_ptr": "*fp32", **shared, "T": "i32", "H": "i32", "I": "i32", **strides}
+    aligned = ("x_ptr", "w_ptr", "s_ptr", "h_ptr", "y_ptr", "out_ptr", "H", "I", "stride_wn", "stride_sn")
+    out = []
+    for trigger in sorted({0, *sw.PDL_TRIGGERS.values()}):
+        const = {"CLAMP": True, **tiles, "PAIR": True, "X_SPLIT": False, "PDL_TRIGGER": trigger}
+        out.append({"kernel": "mx_gate_up_swapped", "pdl_trigger": trigger,
+                    **compile_sm90(sw._mx_gate_up_swapped, up_types, const, num_warps=4, num_stages=3,
+                                   count=MOE_COUNTS, aligned=tuple(a for a in aligned if a in up_types))})
+    for pdl, prefetch in ((False, False), (True, False), (True, True)):
+        const = {**tiles, "FUSE_CAST": True, "PDL": pdl, "PDL_PREFETCH": prefetch}
+        out.append({"kernel": "mx_down_swapped", "pdl": pdl, "prefetch": prefetch,
+                    **compile_sm90(sw._mx_down_swapped, down_types, const, num_warps=4, num_stages=3,
+                                   count=MOE_COUNTS, aligned=tuple(a for a in aligned if a in down_types))})
+    return out

@@ -54,11 +54,6 @@ GRIDS["v5"] = [(64, 256, 4, 3, True, 8, {"down": dict(zip(("block_n", "block_k",
 # ("prefetch"), each and both, and the down and gate-up tiles around both; h100/sweep-mx-moe-decode-l2.json ran at
 # commit 3d56e11 with the prefetch, since removed (slower: 42.0 against 40.7 us)
 GRIDS["l2"] = [(64, 256, 4, 3, True, 8, more) for more in ({}, {"split_x": None}, {"split_x": False})]
-# one token: the down kernel launched as a programmatic dependent of the gate-up kernel ("pdl": where the gate-up
-# kernel lets it start), with and without its weights asked of L2 before it waits ("pdl_prefetch")
-GRIDS["pdl"] = [(64, 256, 4, 3, True, 8, more) for more in (
-    {}, {"pdl": "end"}, {"pdl": "after_k"}, {"pdl": "start"}, {"pdl": "after_k", "pdl_prefetch": True},
-    {"pdl": "start", "pdl_prefetch": True})]
 # (sweep-mx-moe-decode-v2b.json ran at commit e90747d with a grid "v2b" that also tried x split in the kernel's
 # registers, since removed: 1.07-1.19x slower than the split copy)
 

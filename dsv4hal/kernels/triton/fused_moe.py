@@ -47,7 +47,6 @@ from dsv4hal.kernels.moe_align import align_routes
 from dsv4hal.kernels.triton.fused_moe_rows import launch_rows
 from dsv4hal.kernels.triton.fused_moe_swapped import (
     DOWN_KEYS,
-    PDL_TRIGGERS,
     SWAP_MAX_BLOCK_K,
     SWAP_MIN_BLOCK_K,
     launch_swapped,
@@ -148,12 +147,6 @@ def _config(fmt: str, num_tokens: int, top_k: int, num_experts: int, config: dic
                       ("split_x", "x split by k mod 4 by a launch before the swapped kernels")):
         if cfg.get(key) is not None and type(cfg[key]) is not bool:
             raise ValueError(f"{key} ({what}) must be True, False or None (auto); got {cfg[key]!r}")
-    pdl = cfg.get("pdl")
-    if pdl and (pdl not in PDL_TRIGGERS or not _MX_ASM):
-        raise ValueError(f"pdl (the swapped down kernel launched as a programmatic dependent) takes False or one of "
-                         f"{', '.join(PDL_TRIGGERS)}, on NVIDIA GPUs only (not the interpreter); got {pdl!r}")
-    if cfg.get("pdl_prefetch") and not pdl:
-        raise ValueError("pdl_prefetch (the down kernel's weights asked of L2 before it waits) needs pdl set")
     if bn & (bn - 1) or bn < 16 or bm & (bm - 1) or bm < min_m:
         raise ValueError(f"block_m and block_n must be powers of two >= {min_m} and 16; got {bm}, {bn}")
     down = cfg.get("down") or {}

@@ -3,9 +3,7 @@ tensor-core tile however few routes an expert has) and the block's tokens its N.
 GEMMs) are stored split by k mod 4, [rows, 4, K / 4], so each quarter's tile is a contiguous run the loads can
 pipeline; mxfp4_decode turns each 16-bit weight element into the four matching operands. For one token the
 routes skip the alignment (DIRECT: a block a route), and the down kernel's last program of each column tile can write
-it as bf16 (FUSE_CAST: no cast launch). Config "pdl" launches the down kernel as a programmatic dependent of the
-gate-up kernel (NVIDIA SM90+, PTX griddepcontrol): its programs may start while the gate-up kernel's last ones run,
-fetch their weight rows into L2 ("pdl_prefetch") and wait for the gate-up kernel's writes before reading h or y."""
+it as bf16 (FUSE_CAST: no cast launch)."""
 
 from __future__ import annotations
 
@@ -14,11 +12,9 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from dsv4hal.kernels.triton.device import sm_count
 from dsv4hal.kernels.triton.fused_moe_rows import _block_routes
-from dsv4hal.kernels.triton.l2_prefetch import prefetch_l2
 from dsv4hal.kernels.triton.moe_activation import _swiglu_f32, _to_bf16
 from dsv4hal.kernels.triton.mxfp4_decode import _dot_quarters, _mx_quarters, _mx_scale_operand
 
@@ -30,9 +26,6 @@ DOWN_KEYS = ("block_n", "block_k", "num_warps", "num_stages")  # config "down": 
 # ab-mx-moe-decode.json) 1-5% faster at T = 2 .. 16, and slower at T = 1 (by 2-3 us) and T = 64 (by 1-7%).
 DOWN_WIDE = {"block_n": 128}
 DOWN_WIDE_TOKENS = range(2, 17)
-# config "pdl" (False: none): where the gate-up kernel lets the down kernel, launched as its programmatic dependent,
-# start (griddepcontrol.launch_dependents): at its start, after its K loop, or at its end
-PDL_TRIGGERS = {"start": 1, "after_k": 2, "end": 0}
 
 
 @triton.jit
@@ -83,7 +76,6 @@ def _mx_gate_up_swapped(
     limit, CLAMP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
     NARROW: tl.constexpr, PAIR: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, X_SPLIT: tl.constexpr,
-    PDL_TRIGGER: tl.constexpr = 0,
 ):
     """h^T tile [BLOCK_N, BLOCK_M] = SwiGLU(W_gate x^T, W_up x^T) for one expert block; x split [T, 4, H / 4] (a
     split in registers instead measured 1.07-1.19x slower on the H200, and layouts that read x unsplit 1.02-1.06x
@@ -94,12 +86,9 @@ def _mx_gate_up_swapped(
     [T, H] fp32 and the down kernel's counters after it (y_numel values in all), which the down kernel accumulates
     into (one launch fewer). X_SPLIT False: x is read as it is, [T, H] (no split launch before this one). (The
     programs prefetching their expert's down weights into L2 while their own streamed with evict_first measured
-    slower at T = 1 on the H100, 42.0 against 40.7 us, h100/sweep-mx-moe-decode-l2.json.) PDL_TRIGGER (PDL_TRIGGERS):
-    where the program lets a programmatic dependent launch (0: at its end)."""
+    slower at T = 1 on the H100, 42.0 against 40.7 us, h100/sweep-mx-moe-decode-l2.json.)"""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if PDL_TRIGGER == 1:
-        gdc_launch_dependents()
     _zero_share(y_ptr, y_numel, 1024)
     e = tl.load(block_expert_ptr + pid_m)
     if (e < 0) | (e >= E):
@@ -138,8 +127,6 @@ def _mx_gate_up_swapped(
                                                       ASM, NARROW, DTYPE), xq)
             acc_u = _dot_quarters(acc_u, _mx_row_tile(w_base, s_base, n + I, e0, n < I, stride_wn, stride_sn, BKE,
                                                       EVEN_N, ASM, NARROW, DTYPE), xq)
-    if PDL_TRIGGER == 2:
-        gdc_launch_dependents()
     nmask = n < I
     h = _swiglu_f32(acc_g, acc_u, limit, CLAMP)
     col = (n % 4) * (I // 4) + n // 4  # the split layout of h
@@ -164,46 +151,21 @@ def _cast_when_last(y_ptr, out_ptr, count_ptr, n, nmask, T, H, BT: tl.constexpr)
 
 
 @triton.jit
-def _prefetch_rows(w_base, s_base, n, row_elems, row_bytes, stride_wn, stride_sn):
-    """Ask L2 for weight rows n (row_elems 16-bit elements, stride_wn apart) and their scale rows (row_bytes bytes,
-    stride_sn apart), one request a 128-byte line; every address lies inside a row."""
-    LINES: tl.constexpr = 8  # lines a row a step: 512 elements
-    c = tl.arange(0, LINES)
-    rows = n.to(tl.int64)[:, None]
-    for c0 in range(0, row_elems, 64 * LINES):
-        at = c0 + c * 64
-        prefetch_l2(w_base + rows * stride_wn + tl.where(at < row_elems, at, 0)[None, :])
-    for b0 in range(0, row_bytes, 128 * LINES):
-        at = b0 + c * 128
-        prefetch_l2(s_base + rows * stride_sn + tl.where(at < row_bytes, at, row_bytes - 1)[None, :])
-
-
-@triton.jit
 def _mx_down_swapped(
     h_ptr, w_ptr, s_ptr, y_ptr, out_ptr, count_ptr, tw_ptr, sorted_ptr, block_expert_ptr,
     num_pairs, top_k, E, T, H, I, stride_we, stride_wn, stride_se, stride_sn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, ASM: tl.constexpr,
     NARROW: tl.constexpr, DIRECT: tl.constexpr, FUSE_CAST: tl.constexpr, DOT_F32: tl.constexpr,
-    PDL: tl.constexpr = False, PDL_PREFETCH: tl.constexpr = False,
 ):
     """y^T tile [BLOCK_N, BLOCK_M] += route weight * W2 h^T for one expert block (fp32 atomics into y [T, H]); h
     split [rows, 4, I / 4]. BLOCK_K divides I. FUSE_CAST: the last program of each column tile writes it to out bf16
     [T, H] (_cast_when_last; else the caller casts y). (Splitting K over more programs for few tokens measured slower
-    on the H200 at every T, sweep-mx-moe-decode.json "grid_v3".) PDL: launched as a programmatic dependent of the
-    gate-up kernel, whose writes (h, y zeroed, the counters) it waits for (griddepcontrol.wait) before any access;
-    PDL_PREFETCH: first it asks L2 for its expert's weight rows n (the expert ids were written before the gate-up
-    kernel started)."""
+    on the H200 at every T, sweep-mx-moe-decode.json "grid_v3".)"""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < H
-    if PDL:
-        if PDL_PREFETCH:
-            if (e >= 0) & (e < E):
-                _prefetch_rows(w_ptr + e.to(tl.int64) * stride_we, s_ptr + e.to(tl.int64) * stride_se,
-                               tl.where(nmask, n, 0), I // 4, I // 32, stride_wn, stride_sn)
-        gdc_wait()
     if (e >= 0) & (e < E):
         rows, valid, safe_pair, tok = _block_routes(sorted_ptr, pid_m, num_pairs, top_k, BLOCK_M, DIRECT)
         w_base = w_ptr + e.to(tl.int64) * stride_we
@@ -236,8 +198,10 @@ def launch_swapped(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: to
     all. "fuse_cast": the down kernel's last program of each tile writes it as bf16, else a cast after; by default
     for one token only (on the H200 37.0 against 37.8 us at T = 1; from T = 2 no gain beyond the 2% that two equal
     settings differ by, and each down program's release costs its exit, ab-mx-moe-decode.json). "down": the down
-    kernel's own tiles (default DOWN_WIDE for DOWN_WIDE_TOKENS). "pdl" (PDL_TRIGGERS or False, the default) and
-    "pdl_prefetch": the down kernel launched as a programmatic dependent (the caller allows it only on NVIDIA)."""
+    kernel's own tiles (default DOWN_WIDE for DOWN_WIDE_TOKENS). (The down kernel launched as a programmatic dependent
+    of the gate-up kernel measured no faster at T = 1 on the H100: 40.0 us with the trigger after the gate-up kernel's
+    K loop or at its end, as without it; 44.2-46.1 us with the trigger at its start or the down weights asked of L2
+    before the wait, h100/sweep-mx-moe-decode-pdl.json.)"""
     t, hid, inter = x.shape[0], w2.shape[1], h.shape[1]
     nb, bn, dev = block_expert.numel(), tiles["BLOCK_N"], x.device
     down = cfg.get("down")
@@ -257,14 +221,12 @@ def launch_swapped(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: to
         pair = nb * triton.cdiv(inter, bn) < 2 * sm_count(dev)
     outs = bn // 2 if pair else bn  # outputs of h a gate-up program
     p = tw.numel()
-    trigger = PDL_TRIGGERS[cfg["pdl"]] if cfg.get("pdl") else 0
-    pdl = dict(PDL=True, PDL_PREFETCH=bool(cfg.get("pdl_prefetch")), launch_pdl=True) if cfg.get("pdl") else {}
     _mx_gate_up_swapped[(nb, triton.cdiv(inter, outs))](
         x, w13, s13, h, work, sorted_pairs, block_expert, p, k, num_experts, hid, inter, work.numel(),
         w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), limit, CLAMP=clamp, EVEN_N=inter % outs == 0,
-        PAIR=pair, X_SPLIT=x.dim() == 3, PDL_TRIGGER=trigger, **tiles)
+        PAIR=pair, X_SPLIT=x.dim() == 3, **tiles)
     _mx_down_swapped[(nb, col_tiles)](
         h, w2, s2, y, out, counts, tw, sorted_pairs, block_expert, p, k, num_experts, t, hid, inter,
         w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), EVEN_N=hid % dbn == 0, FUSE_CAST=fuse_cast,
-        **down_tiles, **pdl)
+        **down_tiles)
     return out if fuse_cast else y.to(torch.bfloat16)

@@ -137,13 +137,10 @@ if __name__ == "__main__":
         print(json.dumps(row))
 
 
-MOE_COUNTS = ("griddepcontrol.launch_dependents", "griddepcontrol.wait", "prefetch.global.L2")
-
 
 def _mx_swapped_checks() -> list[dict]:
-    """The swapped MXFP4 MoE kernels at one token (x read as it is, a block a route) with the down kernel as a
-    programmatic dependent: the gate-up kernel's trigger at its start or after its K loop, the down kernel's wait
-    with and without its L2 prefetch; and the default launch without PDL."""
+    """The swapped MXFP4 MoE kernels as one token launches them (x read as it is, a block a route, gate and up rows
+    paired, the down kernel casting its tiles)."""
     from dsv4hal.kernels.triton import fused_moe_swapped as sw
 
     tiles = {"BLOCK_M": 8, "BLOCK_N": 64, "BLOCK_K": 256, "EVEN_N": True, "ASM": True, "NARROW": False,
@@ -155,15 +152,10 @@ def _mx_swapped_checks() -> list[dict]:
     down_types = {"h_ptr": "*bf16", "w_ptr": "*i16", "s_ptr": "*u8", "y_ptr": "*fp32", "out_ptr": "*bf16",
                   "count_ptr": "*i32", "tw_ptr": "*fp32", **shared, "T": "i32", "H": "i32", "I": "i32", **strides}
     aligned = ("x_ptr", "w_ptr", "s_ptr", "h_ptr", "y_ptr", "out_ptr", "H", "I", "stride_wn", "stride_sn")
-    out = []
-    for trigger in sorted({0, *sw.PDL_TRIGGERS.values()}):
-        const = {"CLAMP": True, **tiles, "PAIR": True, "X_SPLIT": False, "PDL_TRIGGER": trigger}
-        out.append({"kernel": "mx_gate_up_swapped", "pdl_trigger": trigger,
-                    **compile_sm90(sw._mx_gate_up_swapped, up_types, const, num_warps=4, num_stages=3,
-                                   count=MOE_COUNTS, aligned=tuple(a for a in aligned if a in up_types))})
-    for pdl, prefetch in ((False, False), (True, False), (True, True)):
-        const = {**tiles, "FUSE_CAST": True, "PDL": pdl, "PDL_PREFETCH": prefetch}
-        out.append({"kernel": "mx_down_swapped", "pdl": pdl, "prefetch": prefetch,
-                    **compile_sm90(sw._mx_down_swapped, down_types, const, num_warps=4, num_stages=3,
-                                   count=MOE_COUNTS, aligned=tuple(a for a in aligned if a in down_types))})
-    return out
+    return [
+        {"kernel": "mx_gate_up_swapped",
+         **compile_sm90(sw._mx_gate_up_swapped, up_types, {"CLAMP": True, **tiles, "PAIR": True, "X_SPLIT": False},
+                        num_warps=4, num_stages=3, aligned=tuple(a for a in aligned if a in up_types))},
+        {"kernel": "mx_down_swapped",
+         **compile_sm90(sw._mx_down_swapped, down_types, {**tiles, "FUSE_CAST": True}, num_warps=4, num_stages=3,
+                        aligned=tuple(a for a in aligned if a in down_types))}]

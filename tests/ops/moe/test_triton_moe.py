@@ -457,37 +457,3 @@ def test_mxfp4_past_the_decode_class_keeps_the_swapped_kernels_while_experts_get
         got, swapped, rows = _run_recording_kernels(x, ids, tw, w)
         assert (bool(swapped), bool(rows)) == (want_swapped, not want_swapped), t
         _check(got.cpu(), moe_experts(x, ids, tw, w))
-
-
-@pytest.mark.parametrize("t", [1, 3])
-def test_down_kernel_as_a_programmatic_dependent_gives_the_same_bits(t: int) -> None:
-    """config "pdl": the swapped down kernel launched as a programmatic dependent of the gate-up kernel (trigger at
-    the gate-up kernel's start, after its K loop or at its end; its weights asked of L2 first or not) gives the
-    default's bits, eagerly and in graph replays with new routing. Refused off NVIDIA GPUs (the interpreter runs
-    no griddepcontrol), with a bad trigger, and pdl_prefetch without pdl."""
-    from dsv4hal.kernels.triton import fused_moe as tmoe
-
-    x, ids, tw, w = _case("mxfp4", e=6, h=256, i=128, t=t, k=3, gain=20.0, masked=0.2, seed=23)
-    wd = dataclasses.replace(w, **{f: getattr(w, f).to(DEV) for f in ("w13", "w13_scale", "w2", "w2_scale")})
-    prepared = tmoe.prepare_weights(wd)
-    args = (x.to(DEV), ids.to(DEV), tw.to(DEV), prepared)
-    with pytest.raises(ValueError, match="pdl_prefetch"):
-        tmoe.fused_moe(*args, config={"pdl_prefetch": True})
-    if not _GPU:
-        with pytest.raises(ValueError, match="pdl .*NVIDIA"):
-            tmoe.fused_moe(*args, config={"pdl": "start"})
-        return
-    with pytest.raises(ValueError, match="pdl"):
-        tmoe.fused_moe(*args, config={"pdl": "middle"})
-    want = tmoe.fused_moe(*args)
-    _check(want.cpu(), moe_experts(x, ids, tw, w))
-    for cfg in ({"pdl": "end"}, {"pdl": "after_k"}, {"pdl": "start", "pdl_prefetch": True}):
-        assert torch.equal(tmoe.fused_moe(*args, config=cfg), want), cfg
-        xs, ids_s, tw_s = args[0].clone(), args[1].clone(), args[2].clone()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            got = tmoe.fused_moe(xs, ids_s, tw_s, prepared, config=cfg)
-        for shift in (1, 2):  # new routing each replay: the dependent waits for the gate-up kernel's new h
-            ids_s.copy_(torch.where(args[1] >= 0, (args[1] + shift) % 6, args[1]))
-            graph.replay()
-            assert torch.equal(got, tmoe.fused_moe(xs, ids_s, tw_s, prepared)), (cfg, shift)

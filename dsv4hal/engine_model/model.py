@@ -208,8 +208,9 @@ class DemoModel:
             with timer("mhc_post_pre"):
                 stream, y, post, comb = ops.mhc_post_pre(attn, stream, post, comb, *w["hc_ffn"])
             a = _rms_bf16(y)
+            logits = _linear_f32(a, w["router"])  # the engine's router projection: outside the op's range
             with timer("moe_route"):
-                ids, tw = ops.moe_route(_linear_f32(a, w["router"]), w["bias"])
+                ids, tw = ops.moe_route(logits, w["bias"])
             ffn = self._moe(w, a, ids, tw, timer, decode)
         with timer("mhc_post"):
             stream = ops.mhc_post(ffn, stream, post, comb)
@@ -290,9 +291,10 @@ class DemoModel:
                 n, step = self.tpr, self.step
                 for j in range(n):
                     rq, ps = step["req32"][j::n].contiguous(), step["pos32"][j::n].contiguous()
+                    sj = score[j::n].contiguous()
                     with timer("compress_decode"):
-                        rows = self.ops.compress_decode(score[j::n].contiguous(), w[key], rq, ps, ape,
-                                                        norm, self.cos, self.sin, r, hadamard=hadamard)
+                        rows = self.ops.compress_decode(sj, w[key], rq, ps, ape, norm, self.cos, self.sin, r,
+                                                        hadamard=hadamard)
                     if (r, j) not in step["slots"]:  # the C4 layer's two compressors close the same rows
                         step["slots"][r, j] = self._closed_slots(req[j::n], pos[j::n], r)
                     self._store_compressed(w, key, rows, step["slots"][r, j], timer)
@@ -327,19 +329,22 @@ class DemoModel:
             if "pool" in w:  # offloaded: the rows go to their pages in the working set, marked dirty
                 with timer("offload_fetch"):
                     slots, cache = w["pool"].store_slots(slots), w["pool"].working
+            kv = rows.bfloat16().contiguous()
             with timer("pack_store"):
-                self.ops.pack_store(rows.bfloat16().contiguous(), slots, cache)
+                self.ops.pack_store(kv, slots, cache)
         else:
+            keys = rows.float().contiguous()
             with timer("indexer_store"):
-                self.ops.indexer_store(rows.float().contiguous(), slots, w["idx_cache"])
+                self.ops.indexer_store(keys, slots, w["idx_cache"])
 
     def _indexer(self, w: dict, a: torch.Tensor, q_lora: torch.Tensor, req: torch.Tensor, pos: torch.Tensor,
                  meta: Any, timer: OpTimer) -> torch.Tensor:
         t = a.shape[0]
         q = self._proj(q_lora, w["wq_idx"], timer, fp32_out=True).view(t, INDEX_HEADS, INDEX_DIM)
+        head_weights = _linear_f32(a, w["w_proj"])
         with timer("indexer_q_prep"):  # RoPE, Hadamard, per-head FP8 and the folded weights: one op
-            q8, weights = self.ops.indexer_q_prep(q, _linear_f32(a, w["w_proj"]), self.cos, self.sin,
-                                                  self.step["pos32"], self.p.info.fp8)
+            q8, weights = self.ops.indexer_q_prep(q, head_weights, self.cos, self.sin, self.step["pos32"],
+                                                  self.p.info.fp8)
         table = self.step["table"]
         with timer("indexer_logits"):
             scores = self.ops.indexer_logits(q8, weights, w["idx_cache"], meta.c4_lengths_raw, table)

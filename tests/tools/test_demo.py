@@ -173,3 +173,56 @@ def test_fp8_projections_run_through_the_fp8_linear_op_and_track_the_bf16_model(
     for bf16, fp8 in zip(runs[0]["outputs"], runs[1]["outputs"]):
         assert bool(torch.isfinite(fp8).all())
         assert float((fp8 - bf16).norm() / bf16.norm()) < 0.25
+
+
+def test_each_op_range_holds_only_its_op_call() -> None:
+    """The ranges the step's profile attributes kernels by (the timer around each op call) hold the op's call and
+    nothing the engine computes for it: no torch op runs inside a range but outside the op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dsv4hal.demo import DemoConfig, DemoModel, fill_random
+
+    platform = dsv4hal.select_platform("cpu")
+    model = DemoModel(platform, DemoConfig(max_pages=2), 2)
+    fill_random(model, 2, 300)
+    state = {"range": None, "in_op": False}
+    stray: list[tuple[str, str]] = []
+    ranges: list[str] = []
+
+    class Ops:  # the platform's ops, marking when one runs
+        def __getattr__(self, name: str):  # noqa: ANN204
+            op = getattr(platform.ops, name)
+
+            def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                state["in_op"] = True
+                try:
+                    return op(*args, **kwargs)
+                finally:
+                    state["in_op"] = False
+            return call
+
+    class Ranges:  # the timer: what runs inside each range
+        def __call__(self, name: str):  # noqa: ANN204
+            import contextlib
+
+            @contextlib.contextmanager
+            def held():  # noqa: ANN202
+                state["range"] = name
+                ranges.append(name)
+                try:
+                    yield
+                finally:
+                    state["range"] = None
+            return held()
+
+    class Stray(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            if state["range"] is not None and not state["in_op"]:
+                stray.append((state["range"], str(func)))
+            return func(*args, **(kwargs or {}))
+
+    model.ops = Ops()
+    with Stray():
+        model.forward(torch.randn(2, 256).bfloat16(), torch.arange(2), torch.full((2,), 300), Ranges(), decode=True)
+    assert {"moe_route", "indexer_q_prep", "compress_decode", "pack_store", "indexer_store"} <= set(ranges), ranges
+    assert stray == []

@@ -122,6 +122,10 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
 
                     python_glue = _decoder("sgl", use_native=False)
                     raw[f"{impl} kernel, Python glue (hoisted dispatch)"] = lambda k=python_glue, args=args: k(**args)
+                    # outside a step, the parallel plan made each call in place of the op's own and the clamps
+                    planned = _decoder("sgl", plan_each_call=True)
+                    timed[f"{impl} kernel, parallel plan a call (hoisted dispatch)"] = (
+                        lambda k=planned, args=args: k(**args))
             if impls and t == 1:  # the bound op's two lookups alone, no kernel: what each mode adds, in parts
                 raw["dsv4hal validation lookup alone (memo key)"] = lambda args=args: metadata_key((), args)
                 raw["dsv4hal selection lookup alone (case)"] = lambda op=op, args=args: op.case_of(**args)

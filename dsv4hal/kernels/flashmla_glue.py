@@ -10,7 +10,9 @@ unless the engine declares a decode step (dsv4hal.step), inside which one plan p
 shared, as vLLM and SGLang share one per layer type, with the lengths clamped for it. Inside a step on SM90 that
 plan is made by dsv4hal.kernels.flashmla_sched (the same bytes as the op's own, from one parallel program instead of
 one warp's walk) and handed to the torch op. Outside a step the op plans per call, as a direct call does: there a
-Triton launch would add its host time to a call that is host-bound anyway.
+call is host-bound, and the Triton launch of the parallel plan costs more host time than it saves GPU time (on the
+H100 at one row, flash-c4: 85.2 against 59.3 us of host time for 15.4 against 36.5 us on the GPU,
+h100/bench-attention.json, "parallel plan a call").
 
 Indices follow dsv4hal's one rule: FlashMLA skips -1 and reads any other negative as a slot (-2 reads slot
 0), so other negatives are invalid and checked mode refuses them in the contract, before this binding runs;
@@ -146,9 +148,11 @@ def _step_plan(plans: dict[Any, Any], q: torch.Tensor, swa_cache: V4PagedCache, 
     return key, None, None, within_widths(swa_lengths, width), within_widths(extra_lengths, extra_width)
 
 
-def _decoder(flavour: Flavour, use_native: bool = True) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+def _decoder(flavour: Flavour, use_native: bool = True,
+             plan_each_call: bool = False) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """sparse_attention_decode for one flavour (the plugins bind it as their target; use_native=False: never the C++
-    glue, for benchmarks that time both glues in one run).
+    glue, for benchmarks that time both glues in one run; plan_each_call: outside a declared step too the plan is
+    the parallel program's, made each call, with the lengths it clamps, for benchmarks).
 
     Host cost per call, in torch ops: FlashMLA takes q and the indices as [T, s_q=1, ...] and returns out
     [T, 1, h_q, 512] and lse [T, h_q, 1], so the call costs five view ops (three unsqueezes in, two squeezes out)
@@ -172,13 +176,16 @@ def _decoder(flavour: Flavour, use_native: bool = True) -> Callable[..., tuple[t
             if plans is not None:
                 key, md, splits, swa_lengths, extra_lengths = _step_plan(
                     plans, q, swa_cache, swa_indices, swa_lengths, extra_cache, extra_indices, extra_lengths)
+            elif plan_each_call:
+                _, md, splits, swa_lengths, extra_lengths = _step_plan(
+                    {}, q, swa_cache, swa_indices, swa_lengths, extra_cache, extra_indices, extra_lengths)
             if native is not None:  # the [T, 1, ...] views made in C++ (native_glue), the lengths clamped there
                 out, lse, md, splits = native(
                     q, swa_cache.flashmla_view(), swa_indices, swa_lengths, sink, md, splits,
                     None if extra_cache is None else extra_cache.flashmla_view(), extra_indices, extra_lengths,
                     HEAD_DIM_V, softmax_scale)
             else:
-                if plans is None:
+                if plans is None and not plan_each_call:  # else _step_plan clamped them
                     swa_lengths = within_widths(swa_lengths, swa_indices.shape[-1])
                     if extra_indices is not None:
                         extra_lengths = within_widths(extra_lengths, extra_indices.shape[-1])

@@ -23,7 +23,7 @@ the partition starts are the orbit of 0 under h: h as a table over the line, com
 starts. `serial_plan` below is the vendor's walk, written out, which tests compare the kernel with.
 
 Used by dsv4hal.kernels.flashmla_glue inside a declared decode step on SM90 when the line fits one program
-(LINE_MAX units, MAX_REQUESTS requests, MAX_PARTS partitions); otherwise the decode op makes its plan itself."""
+(planned_here: LINE_MAX units, MAX_PARTS partitions); otherwise the decode op makes its plan itself."""
 
 from __future__ import annotations
 
@@ -36,8 +36,13 @@ import triton.language as tl
 BLOCK_N = 64  # keys a block
 OVERHEAD_SM90 = 5  # fixed_overhead_num_blocks of the SM90 decode kernel
 META_INTS = 8  # DecodingSchedMeta: 7 ints and a pad
-LINE_MAX = 1 << 14  # units the table holds in one program
-MAX_REQUESTS = 4096
+# The longest line the program plans; a longer one is left to the op's own planner. The program's table grows with the
+# line (a request's key blocks and overhead, times the requests): on the H100 its plan and the decode took 59.8 us
+# against the op's own 78.5 us at 960 units (64 requests, C4) and 88.0 against 96.4 us at 1472, but 463.8 against
+# 287.1 us at 8640 units (64 requests, C128 at 1M) and 928.4 against 460.9 us at 15360 (1024 requests, C4)
+# (h100/bench-attention.json, "parallel plan a call"; on the H200 69.8 against 75.9 us at 1920 units,
+# h200/check-flashmla-sched.json).
+LINE_MAX = 1 << 11
 MAX_PARTS = 511
 
 
@@ -222,12 +227,18 @@ def plan(q: torch.Tensor, lengths: torch.Tensor | None, width: int, extra_length
         return None
     is_sm90, sms = _sm90(q.device)
     b, s_q, h_q = q.shape[0], 1, q.shape[1]
-    if not is_sm90 or h_q not in (64, 128) or b == 0 or b > MAX_REQUESTS or width <= 0:
+    if not is_sm90 or h_q not in (64, 128) or b == 0 or width <= 0:
         return None
     parts = parts_sm90(sms, s_q, h_q)
-    if line_block(b, width, extra_width) > LINE_MAX or parts > MAX_PARTS:
+    if not planned_here(b, width, extra_width, parts):
         return None
     return make_plan(b, parts, lengths, width, extra_lengths, extra_width, q.device)
+
+
+def planned_here(b: int, width: int, extra_width: int, parts: int) -> bool:
+    """Whether the parallel program makes the plan of b requests (else the op plans itself): a line of at most
+    LINE_MAX units and at most MAX_PARTS partitions."""
+    return line_block(b, width, extra_width) <= LINE_MAX and parts <= MAX_PARTS
 
 
 def make_plan(b: int, parts: int, lengths: torch.Tensor | None, width: int, extra_lengths: torch.Tensor | None,

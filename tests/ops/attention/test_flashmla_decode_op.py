@@ -179,6 +179,33 @@ def test_in_a_step_the_parallel_plan_is_handed_to_the_op(monkeypatch: pytest.Mon
     assert all(c["topk_length"] is made[2] and c["extra_topk_length"] is made[3] for c in CALLS[1:])
 
 
+def test_a_plan_each_call_is_the_parallel_programs_outside_a_step(monkeypatch: pytest.MonkeyPatch,
+                                                                 namespaces: dict[str, Any]) -> None:
+    """The benchmarks' variant plan_each_call: outside a step each call asks flashmla_sched for the plan and hands
+    it, with the lengths it clamped, to the op (the bound glue leaves the plan to the op there)."""
+    _install(monkeypatch, namespaces["expected"])
+    made = (torch.full((132, 8), 7, dtype=torch.int32), torch.zeros(4, dtype=torch.int32),
+            torch.full((3,), 5, dtype=torch.int32), torch.full((3,), 6, dtype=torch.int32))
+    asked: list[int] = []
+
+    def plan(q, lengths, width, extra_lengths, extra_width):  # noqa: ANN001, ANN202
+        asked.append(width)
+        return made
+
+    from dsv4hal.kernels import flashmla_sched
+
+    monkeypatch.setattr(flashmla_sched, "plan", plan)
+    decode = flashmla_glue._decoder("sgl", plan_each_call=True)
+    args = _args(3, 4)
+    CALLS.clear()
+    decode(**args)
+    decode(**args)
+    assert asked == [128, 128] and len(CALLS) == 2
+    for c in CALLS:
+        assert c["tile_scheduler_metadata"] is made[0] and c["num_splits"] is made[1]
+        assert c["topk_length"] is made[2] and c["extra_topk_length"] is made[3]
+
+
 @pytest.mark.parametrize("in_step", [False, True], ids=["per call", "in a step"])
 def test_flashmla_never_gets_lengths_outside_its_index_rows(monkeypatch: pytest.MonkeyPatch,
                                                             namespaces: dict[str, Any], in_step: bool) -> None:

@@ -99,3 +99,19 @@ def test_the_plan_names_the_cases_it_leaves_to_the_op() -> None:
     assert fs.plan(q, None, 128, None, 0) is None
     assert fs.line_bound(64, 128, 512) == 64 * (fs._blocks(128 + 512) + fs.OVERHEAD_SM90)
     assert fs.parts_sm90(132, 1, 64) == 132 and fs.parts_sm90(132, 1, 128) == 66 and fs.parts_sm90(1, 2, 128) == 1
+
+
+@pytest.mark.parametrize(("b", "width", "extra_width", "parts", "here"), [
+    (64, 128, 512, 132, True),  # V4-Flash decode at 64 requests: C4 (960 units)
+    (64, 128, 1024, 132, True),  # C128 at 128K (1472 units)
+    (128, 128, 512, 66, True),  # V4-Pro heads (128 a query), C4 (1920 units)
+    (1, 128, 8192, 132, True),  # one request at 1M
+    (64, 128, 8192, 132, False),  # C128 at 1M (8640 units): the op's own planner was faster there
+    (1024, 128, 512, 132, False),  # C4 at 1024 requests (15360 units)
+    (64, 128, 512, 512, False),  # more partitions than the program takes
+])
+def test_the_program_plans_the_lines_it_was_faster_on(b: int, width: int, extra_width: int, parts: int,
+                                                      here: bool) -> None:
+    """planned_here: the parallel program plans lines of up to LINE_MAX units (where it and the decode beat the op
+    planning itself on the H100) and leaves longer ones, or too many partitions, to the op."""
+    assert fs.planned_here(b, width, extra_width, parts) is here

@@ -126,26 +126,19 @@ def within_widths(lengths: torch.Tensor | None, width: int) -> torch.Tensor | No
     return None if lengths is None else lengths.clamp(0, width)
 
 
-def _step_plan(plans: dict[Any, Any], q: torch.Tensor, swa_cache: V4PagedCache, swa_indices: torch.Tensor,
-               swa_lengths: torch.Tensor, extra_cache: V4PagedCache | None, extra_indices: torch.Tensor | None,
-               extra_lengths: torch.Tensor | None) -> tuple[tuple, Any, Any, torch.Tensor, torch.Tensor | None]:
-    """Inside a declared step, (its key, metadata, splits, lengths, extra lengths) for the torch op: what the step's
-    first call of this shape made, or on that first call the plan of one parallel program (SM90) with the lengths
-    it clamped, else no plan (the op plans and the caller keeps what it returns under the key) and the lengths
-    clamped here. A step shares its lengths (the engine declares them fixed), so the plan and the lengths the
-    decode reads are always the same ones."""
-    key = _plan_key("op", q, swa_cache, swa_indices, extra_cache, extra_indices)
-    kept = plans.get(key)
-    if kept is not None:
-        return (key, *kept)
+def _new_plan(q: torch.Tensor, swa_indices: torch.Tensor, swa_lengths: torch.Tensor,
+              extra_indices: torch.Tensor | None, extra_lengths: torch.Tensor | None
+              ) -> tuple[Any, Any, torch.Tensor, torch.Tensor | None]:
+    """(metadata, splits, lengths, extra lengths) for the torch op: the plan of one parallel program (SM90) with the
+    lengths it clamped, else no plan (the op plans; inside a step the caller keeps what it returns) and the lengths
+    clamped here. The plan and the lengths the decode reads are always the same ones."""
     width, extra_width = swa_indices.shape[-1], 0 if extra_indices is None else extra_indices.shape[-1]
     planner = parallel_planner()
     made = planner(q, swa_lengths, width, extra_lengths, extra_width) if planner is not None else None
     if made is not None:
         md, splits, lengths, xlengths = made
-        return key, md, splits, lengths, xlengths if xlengths is not None else within_widths(extra_lengths,
-                                                                                             extra_width)
-    return key, None, None, within_widths(swa_lengths, width), within_widths(extra_lengths, extra_width)
+        return md, splits, lengths, xlengths if xlengths is not None else within_widths(extra_lengths, extra_width)
+    return None, None, within_widths(swa_lengths, width), within_widths(extra_lengths, extra_width)
 
 
 def _decoder(flavour: Flavour, use_native: bool = True,
@@ -172,20 +165,22 @@ def _decoder(flavour: Flavour, use_native: bool = True,
         op = decode_op(flavour) if native is None else native
         if op is not None:  # the torch op, inline (a frame less a call): outside a step it plans per call
             plans = step_plans()
-            md = splits = key = None
-            if plans is not None:
-                key, md, splits, swa_lengths, extra_lengths = _step_plan(
-                    plans, q, swa_cache, swa_indices, swa_lengths, extra_cache, extra_indices, extra_lengths)
-            elif plan_each_call:
-                _, md, splits, swa_lengths, extra_lengths = _step_plan(
-                    {}, q, swa_cache, swa_indices, swa_lengths, extra_cache, extra_indices, extra_lengths)
+            md = splits = key = kept = None
+            if plans is not None:  # a step shares its lengths (the engine declares them fixed) and one plan a shape
+                key = _plan_key("op", q, swa_cache, swa_indices, extra_cache, extra_indices)
+                kept = plans.get(key)
+            if kept is not None:
+                md, splits, swa_lengths, extra_lengths = kept
+            elif plans is not None or plan_each_call:
+                md, splits, swa_lengths, extra_lengths = _new_plan(q, swa_indices, swa_lengths, extra_indices,
+                                                                   extra_lengths)
             if native is not None:  # the [T, 1, ...] views made in C++ (native_glue), the lengths clamped there
                 out, lse, md, splits = native(
                     q, swa_cache.flashmla_view(), swa_indices, swa_lengths, sink, md, splits,
                     None if extra_cache is None else extra_cache.flashmla_view(), extra_indices, extra_lengths,
                     HEAD_DIM_V, softmax_scale)
             else:
-                if plans is None and not plan_each_call:  # else _step_plan clamped them
+                if plans is None and not plan_each_call:  # else clamped with the plan
                     swa_lengths = within_widths(swa_lengths, swa_indices.shape[-1])
                     if extra_indices is not None:
                         extra_lengths = within_widths(extra_lengths, extra_indices.shape[-1])
@@ -195,7 +190,7 @@ def _decoder(flavour: Flavour, use_native: bool = True,
                     None if extra_indices is None else extra_indices.unsqueeze(1), extra_lengths, HEAD_DIM_V,
                     softmax_scale, None)
                 out, lse = out.squeeze(1), lse.squeeze(2)
-            if plans is not None:
+            if plans is not None and kept is None:  # the step's first call of this shape: its plan for the others
                 plans[key] = (md, splits, swa_lengths, extra_lengths)
             return out, lse
         iface, extra_kw = interface(flavour)

@@ -132,12 +132,6 @@ def _sparse_attention_checks() -> list[dict]:
     return out
 
 
-if __name__ == "__main__":
-    for row in checks():
-        print(json.dumps(row))
-
-
-
 def _mx_swapped_checks() -> list[dict]:
     """The swapped MXFP4 MoE kernels as one token launches them (x read as it is, a block a route, gate and up rows
     paired, the down kernel casting its tiles)."""
@@ -159,3 +153,8 @@ def _mx_swapped_checks() -> list[dict]:
         {"kernel": "mx_down_swapped",
          **compile_sm90(sw._mx_down_swapped, down_types, {**tiles, "FUSE_CAST": True}, num_warps=4, num_stages=3,
                         aligned=tuple(a for a in aligned if a in down_types))}]
+
+
+if __name__ == "__main__":
+    for row in checks():
+        print(json.dumps(row))

@@ -146,22 +146,28 @@ def test_an_op_with_another_schema_is_not_called(monkeypatch: pytest.MonkeyPatch
     assert CALLS == [] and entry_calls == ["flash_mla_with_kvcache"]
 
 
-def test_in_a_step_the_parallel_plan_is_handed_to_the_op(monkeypatch: pytest.MonkeyPatch,
-                                                         namespaces: dict[str, Any]) -> None:
-    """Inside a step the first call of a shape asks flashmla_sched for the plan (on SM90 it makes one; here a
-    stand-in) with the call's lengths and widths, and the op gets it; outside a step it is not asked."""
-    _install(monkeypatch, namespaces["expected"])
-    asked: list[tuple] = []
+def _stand_in_planner(monkeypatch: pytest.MonkeyPatch) -> tuple[tuple, list[tuple]]:
+    """flashmla_sched.plan replaced: (the plan it hands out, for 3 requests; the arguments of each call to it)."""
+    from dsv4hal.kernels import flashmla_sched
+
     made = (torch.full((132, 8), 7, dtype=torch.int32), torch.zeros(4, dtype=torch.int32),
             torch.full((3,), 5, dtype=torch.int32), torch.full((3,), 6, dtype=torch.int32))
+    asked: list[tuple] = []
 
     def plan(q, lengths, width, extra_lengths, extra_width):  # noqa: ANN001, ANN202
         asked.append((q.shape, lengths, width, extra_lengths, extra_width))
         return made
 
-    from dsv4hal.kernels import flashmla_sched
-
     monkeypatch.setattr(flashmla_sched, "plan", plan)
+    return made, asked
+
+
+def test_in_a_step_the_parallel_plan_is_handed_to_the_op(monkeypatch: pytest.MonkeyPatch,
+                                                         namespaces: dict[str, Any]) -> None:
+    """Inside a step the first call of a shape asks flashmla_sched for the plan (on SM90 it makes one; here a
+    stand-in) with the call's lengths and widths, and the op gets it; outside a step it is not asked."""
+    _install(monkeypatch, namespaces["expected"])
+    made, asked = _stand_in_planner(monkeypatch)
     op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
     args = _args(3, 4)
     CALLS.clear()
@@ -184,23 +190,13 @@ def test_a_plan_each_call_is_the_parallel_programs_outside_a_step(monkeypatch: p
     """The benchmarks' variant plan_each_call: outside a step each call asks flashmla_sched for the plan and hands
     it, with the lengths it clamped, to the op (the bound glue leaves the plan to the op there)."""
     _install(monkeypatch, namespaces["expected"])
-    made = (torch.full((132, 8), 7, dtype=torch.int32), torch.zeros(4, dtype=torch.int32),
-            torch.full((3,), 5, dtype=torch.int32), torch.full((3,), 6, dtype=torch.int32))
-    asked: list[int] = []
-
-    def plan(q, lengths, width, extra_lengths, extra_width):  # noqa: ANN001, ANN202
-        asked.append(width)
-        return made
-
-    from dsv4hal.kernels import flashmla_sched
-
-    monkeypatch.setattr(flashmla_sched, "plan", plan)
+    made, asked = _stand_in_planner(monkeypatch)
     decode = flashmla_glue._decoder("sgl", plan_each_call=True)
     args = _args(3, 4)
     CALLS.clear()
     decode(**args)
     decode(**args)
-    assert asked == [128, 128] and len(CALLS) == 2
+    assert [width for _, _, width, _, _ in asked] == [128, 128] and len(CALLS) == 2
     for c in CALLS:
         assert c["tile_scheduler_metadata"] is made[0] and c["num_splits"] is made[1]
         assert c["topk_length"] is made[2] and c["extra_topk_length"] is made[3]

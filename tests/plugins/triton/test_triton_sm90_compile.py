@@ -64,4 +64,3 @@ def test_sparse_attention_dequantizes_in_bf16(rows: list[dict]) -> None:
     for r in attention:
         assert r["mul.bf16x2"] > 0, r
         assert (r["wgmma.mma_async"] > 0) == (r["block_h"] == 64) and (r["mma.sync"] > 0) == (r["block_h"] == 16), r
-

@@ -117,6 +117,9 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
                 raw[f"{impl} kernel (hoisted dispatch)"] = lambda k=kernel, args=args: k(**args)
                 step = _in_decode_step()  # the bound call inside one declared step: one plan shared by the calls
                 raw[f"dsv4hal[{impl}] in a decode step"] = lambda op=op, args=args, step=step: step.run(op, **args)
+                # the kernel op.plan() hands back, called in the step: the hot-loop form, without the per-call lookup
+                raw[f"{impl} kernel (hoisted dispatch) in a decode step"] = (
+                    lambda k=kernel, args=args, step=step: step.run(k, **args))
                 if impl.startswith("flashmla") and impl.endswith("_sgl"):  # the same call with the Python glue
                     from dsv4hal.kernels.flashmla_glue import _decoder
 

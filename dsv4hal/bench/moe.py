@@ -7,7 +7,10 @@ side by side on the same routing, in one run:
 
 Decode (T <= 64) is judged by the expert-weight bytes streamed per second (each distinct routed expert read once)
 against the copy bandwidth measured in the same run; prefill by TFLOP/s against the measured bf16 GEMM peak, and
-the FP8 paths against DeepGEMM. Routing: k distinct uniformly random experts per token."""
+the FP8 paths against DeepGEMM's grouped GEMM and against the dense FP8 GEMM timed in the same run. Every row has its
+roofline too: the slower of its weight bytes at copy bandwidth and its FLOPs at the compute peak (FP8's for FP8
+weights, bf16's for MXFP4, whose activations stay bf16); at T = 4096 the FP8 experts' 6.4 GB of weights bound the
+time more than their FLOPs do on Hopper. Routing: k distinct uniformly random experts per token."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ QUICK_TOKENS = (1, 8, 16, 32, 64, 4096)  # every decode size of TOKENS (the MXFP
 EP_TOKENS = (64, 4096)  # expert-parallel inputs: these token counts again with a share of routes dropped
 EP_DROPPED = (0.5, 0.9)
 BASELINE = "torch_bf16_loop"
+DENSE_FP8 = (4096, 4096, 8192)  # (T, N, K) of the dense FP8 GEMM timed as the FP8 peak: V4-Flash's wo_b
 
 
 def _bf16_experts(weights: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -38,10 +42,36 @@ def _bf16_loop(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: li
     return per_expert_sum(x, ids, tw, lambda e, rows: swiglu_mlp(rows, *experts[e], 10.0))
 
 
+def _fp8_dense_tflops(platform: Any, gen: torch.Generator) -> tuple[float, str]:
+    """(TFLOP/s, kernel) of the fastest fp8_linear kernel in a dense GEMM of V4-Flash's wo_b at T = 4096
+    (DeepGEMM's where installed): the card's FP8 peak an FP8 MoE is set against, measured in this run."""
+    import dsv4hal
+    from dsv4hal.bench.linear import _time_impls
+
+    t, n, k = DENSE_FP8
+    weight, scale = dsv4hal.quantize_fp8_block(torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5,
+                                               platform.info.fp8)
+    x = torch.randn(t, k, device="cuda", generator=gen).bfloat16()
+    us = _time_impls(platform, "fp8_linear", (x, weight, scale))
+    best = min(us, key=us.__getitem__)
+    return 2 * t * n * k / us[best] / 1e6, best
+
+
+def _rooflines(row: dict[str, Any], copy_bytes_per_s: float, compute_tflops: float) -> None:
+    """The row's roofline: the slower of streaming its experts' weights at copy bandwidth and its FLOPs at the
+    compute peak, and each kernel's share of it (1.0: at the roofline)."""
+    row["roofline_us"] = max(row["weight_bytes"] / copy_bytes_per_s * 1e6, row["flop"] / compute_tflops / 1e6)
+    row["x_roofline"] = {n: row["roofline_us"] / u for n, u in row["us"].items() if n != BASELINE}
+
+
 def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[dict[str, Any]]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows: list[dict[str, Any]] = []
     for fmt in ("mxfp4", "fp8_block"):
+        dense = dense_kernel = None
+        if fmt == "fp8_block":
+            dense, dense_kernel = _fp8_dense_tflops(platform, gen)
+            print(f"moe fp8_block: dense FP8 GEMM {dense:.1f} TFLOP/s ({dense_kernel}, wo_b T=4096)", flush=True)
         p = _experts_params(SHAPE, 1, fmt)
         e, h, i, k = p["E"], p["H"], p["I"], p["top_k"]
         weights = _expert_weights(p, torch.device("cuda"), gen)
@@ -78,6 +108,10 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
             row["x_copy_bw"] = {n: g * 1e9 / ceilings["copy_bytes_per_s"] for n, g in row["weight_GBps"].items()}
             row["tflops"] = {n: row["flop"] / u / 1e6 for n, u in row["us"].items()}
             row["x_bf16_peak"] = {n: tf / ceilings["bf16_tflops"] for n, tf in row["tflops"].items()}
+            if dense is not None:  # FP8 weights and activations: the FP8 tensor cores' peak, measured above
+                row.update(fp8_dense_tflops=dense, fp8_dense_kernel=dense_kernel,
+                           x_fp8_dense={n: tf / dense for n, tf in row["tflops"].items()})
+            _rooflines(row, ceilings["copy_bytes_per_s"], dense if dense is not None else ceilings["bf16_tflops"])
             if "deepgemm_fp8_sm90" in row["us"]:
                 dg = row["us"]["deepgemm_fp8_sm90"]
                 row["x_deepgemm"] = {n: dg / u for n, u in row["us"].items()}

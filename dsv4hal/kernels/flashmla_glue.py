@@ -12,7 +12,8 @@ plan is made by dsv4hal.kernels.flashmla_sched (the same bytes as the op's own, 
 one warp's walk) and handed to the torch op. Outside a step the op plans per call, as a direct call does: there a
 call is host-bound, and the Triton launch of the parallel plan costs more host time than it saves GPU time (on the
 H100 at one row, flash-c4: 85.2 against 59.3 us of host time for 15.4 against 36.5 us on the GPU,
-h100/bench-attention.json, "parallel plan a call").
+h100/bench-attention.json, "parallel plan a call"). A call captured into a CUDA graph outside a step is planned by
+the parallel program each replay (capturing): there the host time is paid once, at capture.
 
 Indices follow dsv4hal's one rule: FlashMLA skips -1 and reads any other negative as a slot (-2 reads slot
 0), so other negatives are invalid and checked mode refuses them in the contract, before this binding runs;
@@ -126,6 +127,12 @@ def within_widths(lengths: torch.Tensor | None, width: int) -> torch.Tensor | No
     return None if lengths is None else lengths.clamp(0, width)
 
 
+def capturing(q: torch.Tensor) -> bool:
+    """Whether q's stream is being captured into a CUDA graph. Then the call's host time is paid once, at capture,
+    and each replay costs the plan's GPU time: the parallel program's, where it plans the line, is the faster."""
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _new_plan(q: torch.Tensor, swa_indices: torch.Tensor, swa_lengths: torch.Tensor,
               extra_indices: torch.Tensor | None, extra_lengths: torch.Tensor | None
               ) -> tuple[Any, Any, torch.Tensor, torch.Tensor | None]:
@@ -169,18 +176,21 @@ def _decoder(flavour: Flavour, use_native: bool = True,
             if plans is not None:  # a step shares its lengths (the engine declares them fixed) and one plan a shape
                 key = _plan_key("op", q, swa_cache, swa_indices, extra_cache, extra_indices)
                 kept = plans.get(key)
+            clamped = True  # the lengths handed on: a plan's, or clamped by _new_plan (else below or in C++)
             if kept is not None:
                 md, splits, swa_lengths, extra_lengths = kept
-            elif plans is not None or plan_each_call:
+            elif plans is not None or plan_each_call or capturing(q):
                 md, splits, swa_lengths, extra_lengths = _new_plan(q, swa_indices, swa_lengths, extra_indices,
                                                                    extra_lengths)
+            else:
+                clamped = False
             if native is not None:  # the [T, 1, ...] views made in C++ (native_glue), the lengths clamped there
                 out, lse, md, splits = native(
                     q, swa_cache.flashmla_view(), swa_indices, swa_lengths, sink, md, splits,
                     None if extra_cache is None else extra_cache.flashmla_view(), extra_indices, extra_lengths,
                     HEAD_DIM_V, softmax_scale)
             else:
-                if plans is None and not plan_each_call:  # else clamped with the plan
+                if not clamped:
                     swa_lengths = within_widths(swa_lengths, swa_indices.shape[-1])
                     if extra_indices is not None:
                         extra_lengths = within_widths(extra_lengths, extra_indices.shape[-1])

@@ -9,6 +9,7 @@ is not called (the Python entry is)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Any
 
@@ -162,10 +163,20 @@ def _stand_in_planner(monkeypatch: pytest.MonkeyPatch) -> tuple[tuple, list[tupl
     return made, asked
 
 
-def test_in_a_step_the_parallel_plan_is_handed_to_the_op(monkeypatch: pytest.MonkeyPatch,
-                                                         namespaces: dict[str, Any]) -> None:
+def _handed(calls: list[dict[str, Any]], made: tuple) -> bool:
+    """Whether every call's op got the stand-in plan and the lengths it was made for (clamped by the planner), not
+    the engine's buffers."""
+    return all(c["tile_scheduler_metadata"] is made[0] and c["num_splits"] is made[1] and c["topk_length"] is made[2]
+               and c["extra_topk_length"] is made[3] for c in calls)
+
+
+@pytest.mark.parametrize("mode", ["in a step", "captured"])
+def test_the_parallel_plan_is_handed_to_the_op(monkeypatch: pytest.MonkeyPatch, namespaces: dict[str, Any],
+                                               mode: str) -> None:
     """Inside a step the first call of a shape asks flashmla_sched for the plan (on SM90 it makes one; here a
-    stand-in) with the call's lengths and widths, and the op gets it; outside a step it is not asked."""
+    stand-in) with the call's lengths and widths; outside a step, a call made while its stream is captured into a
+    CUDA graph asks for one each call (host time is paid once, at capture); an eager call outside a step asks
+    for none (the op plans). The op gets the plan."""
     _install(monkeypatch, namespaces["expected"])
     made, asked = _stand_in_planner(monkeypatch)
     op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
@@ -173,16 +184,16 @@ def test_in_a_step_the_parallel_plan_is_handed_to_the_op(monkeypatch: pytest.Mon
     CALLS.clear()
     op(**args)
     assert asked == [] and CALLS[0]["tile_scheduler_metadata"] is None
-    with decode_step():
+    if mode == "captured":
+        monkeypatch.setattr(flashmla_glue, "capturing", lambda q: True)
+    with decode_step() if mode == "in a step" else contextlib.nullcontext():
         op(**args)
         op(**args)
-    assert len(asked) == 1
+    assert len(asked) == (1 if mode == "in a step" else 2)
     shape, lengths, width, extra_lengths, extra_width = asked[0]
     assert shape == (3, 64, 512) and lengths is args["swa_lengths"] and width == 128
     assert extra_lengths is args["extra_lengths"] and extra_width == 64
-    assert all(c["tile_scheduler_metadata"] is made[0] and c["num_splits"] is made[1] for c in CALLS[1:])
-    # the decode reads the lengths the plan was made for (clamped by the planner), not the engine's buffer
-    assert all(c["topk_length"] is made[2] and c["extra_topk_length"] is made[3] for c in CALLS[1:])
+    assert _handed(CALLS[1:], made)
 
 
 def test_a_plan_each_call_is_the_parallel_programs_outside_a_step(monkeypatch: pytest.MonkeyPatch,
@@ -197,17 +208,24 @@ def test_a_plan_each_call_is_the_parallel_programs_outside_a_step(monkeypatch: p
     decode(**args)
     decode(**args)
     assert [width for _, _, width, _, _ in asked] == [128, 128] and len(CALLS) == 2
-    for c in CALLS:
-        assert c["tile_scheduler_metadata"] is made[0] and c["num_splits"] is made[1]
-        assert c["topk_length"] is made[2] and c["extra_topk_length"] is made[3]
+    assert _handed(CALLS, made)
 
 
-@pytest.mark.parametrize("in_step", [False, True], ids=["per call", "in a step"])
+def test_capturing_is_false_for_cpu_tensors() -> None:
+    """A CPU tensor's stream is never captured (and a CPU build of torch has no capture state to ask)."""
+    assert flashmla_glue.capturing(torch.zeros(1)) is False
+
+
+@pytest.mark.parametrize("mode", ["per call", "in a step", "captured"])
 def test_flashmla_never_gets_lengths_outside_its_index_rows(monkeypatch: pytest.MonkeyPatch,
-                                                            namespaces: dict[str, Any], in_step: bool) -> None:
+                                                            namespaces: dict[str, Any], mode: str) -> None:
     """Garbage lengths in an unchecked call (negative, past the widths) reach FlashMLA clamped into [0, width]: its
-    scheduler asserts on them (ending the CUDA context) and its decode would read past the index rows."""
+    scheduler asserts on them (ending the CUDA context) and its decode would read past the index rows. Captured
+    here: the planner declines (CPU tensors), and the glue clamps them itself."""
     _install(monkeypatch, namespaces["expected"])
+    if mode == "captured":
+        monkeypatch.setattr(flashmla_glue, "capturing", lambda q: True)
+    in_step = mode == "in a step"
     op = dsv4hal.select_platform(info=simulated_info("sm90", flash_mla="1.0.0")).ops.sparse_attention_decode
     args = _args(3, 4)
     args["swa_lengths"] = torch.tensor([-5, 129, 2**31 - 1], dtype=torch.int32)

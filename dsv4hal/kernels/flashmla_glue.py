@@ -11,9 +11,9 @@ shared, as vLLM and SGLang share one per layer type, with the lengths clamped fo
 plan is made by dsv4hal.kernels.flashmla_sched (the same bytes as the op's own, from one parallel program instead of
 one warp's walk) and handed to the torch op. Outside a step the op plans per call, as a direct call does: there a
 call is host-bound, and the Triton launch of the parallel plan costs more host time than it saves GPU time (on the
-H100 at one row, flash-c4: 85.2 against 59.3 us of host time for 15.4 against 36.5 us on the GPU,
-h100/bench-attention.json, "parallel plan a call"). A call captured into a CUDA graph outside a step is planned by
-the parallel program each replay (capturing): there the host time is paid once, at capture.
+H100 at one row, flash-c4, the kernel called without dispatch: 93.7 against 55.7 us of host time, for 15.4 against
+33.5 us on the GPU, h100/bench-attention.json, "parallel plan a call"). A call captured into a CUDA graph outside a
+step is planned by the parallel program each replay (capturing): there the host time is paid once, at capture.
 
 Indices follow dsv4hal's one rule: FlashMLA skips -1 and reads any other negative as a slot (-2 reads slot
 0), so other negatives are invalid and checked mode refuses them in the contract, before this binding runs;

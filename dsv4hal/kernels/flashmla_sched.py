@@ -40,8 +40,8 @@ META_INTS = 8  # DecodingSchedMeta: 7 ints and a pad
 # line (a request's key blocks and overhead, times the requests): on the H100 its plan and the decode took 59.8 us
 # against the op's own 78.5 us at 960 units (64 requests, C4) and 88.0 against 96.4 us at 1472, but 463.8 against
 # 287.1 us at 8640 units (64 requests, C128 at 1M) and 928.4 against 460.9 us at 15360 (1024 requests, C4)
-# (h100/bench-attention.json, "parallel plan a call", run while the program took lines up to 16384 units; on the
-# H200 69.8 against 75.9 us at 1920 units, h200/check-flashmla-sched.json).
+# (h100/bench-attention.json of commit 71a98cb, "parallel plan a call", run while the program took lines up to 16384
+# units; on the H200 69.8 against 75.9 us at 1920 units, h200/check-flashmla-sched.json).
 LINE_MAX = 1 << 11
 MAX_PARTS = 511
 

@@ -42,9 +42,10 @@ def _bf16_loop(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: li
     return per_expert_sum(x, ids, tw, lambda e, rows: swiglu_mlp(rows, *experts[e], 10.0))
 
 
-def _fp8_dense_tflops(platform: Any, gen: torch.Generator) -> tuple[float, str]:
+def _fp8_dense_tflops(platform: Any, gen: torch.Generator) -> tuple[float | None, str | None]:
     """(TFLOP/s, kernel) of the fastest fp8_linear kernel in a dense GEMM of V4-Flash's wo_b at T = 4096
-    (DeepGEMM's where installed): the card's FP8 peak an FP8 MoE is set against, measured in this run."""
+    (DeepGEMM's where installed): the card's FP8 peak an FP8 MoE is set against, measured in this run; (None, None)
+    where the platform runs no fp8_linear kernel (the rows then take the bf16 peak)."""
     import dsv4hal
     from dsv4hal.bench.linear import _time_impls
 
@@ -53,14 +54,18 @@ def _fp8_dense_tflops(platform: Any, gen: torch.Generator) -> tuple[float, str]:
                                                platform.info.fp8)
     x = torch.randn(t, k, device="cuda", generator=gen).bfloat16()
     us = _time_impls(platform, "fp8_linear", (x, weight, scale))
+    if not us:
+        return None, None
     best = min(us, key=us.__getitem__)
     return 2 * t * n * k / us[best] / 1e6, best
 
 
-def _rooflines(row: dict[str, Any], copy_bytes_per_s: float, compute_tflops: float) -> None:
+def _rooflines(row: dict[str, Any], copy_bytes_per_s: float, compute_tflops: float | None) -> None:
     """The row's roofline: the slower of streaming its experts' weights at copy bandwidth and its FLOPs at the
-    compute peak, and each kernel's share of it (1.0: at the roofline)."""
-    row["roofline_us"] = max(row["weight_bytes"] / copy_bytes_per_s * 1e6, row["flop"] / compute_tflops / 1e6)
+    compute peak (the weights alone where that peak was not measured), and each kernel's share of it (1.0: at the
+    roofline)."""
+    compute_us = 0.0 if compute_tflops is None else row["flop"] / compute_tflops / 1e6
+    row["roofline_us"] = max(row["weight_bytes"] / copy_bytes_per_s * 1e6, compute_us)
     row["x_roofline"] = {n: row["roofline_us"] / u for n, u in row["us"].items() if n != BASELINE}
 
 
@@ -71,7 +76,8 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
         dense = dense_kernel = None
         if fmt == "fp8_block":
             dense, dense_kernel = _fp8_dense_tflops(platform, gen)
-            print(f"moe fp8_block: dense FP8 GEMM {dense:.1f} TFLOP/s ({dense_kernel}, wo_b T=4096)", flush=True)
+            if dense is not None:
+                print(f"moe fp8_block: dense FP8 GEMM {dense:.1f} TFLOP/s ({dense_kernel}, wo_b T=4096)", flush=True)
         p = _experts_params(SHAPE, 1, fmt)
         e, h, i, k = p["E"], p["H"], p["I"], p["top_k"]
         weights = _expert_weights(p, torch.device("cuda"), gen)
@@ -111,7 +117,8 @@ def run(platform: Any, ceilings: dict[str, float], quick: bool = False) -> list[
             if dense is not None:  # FP8 weights and activations: the FP8 tensor cores' peak, measured above
                 row.update(fp8_dense_tflops=dense, fp8_dense_kernel=dense_kernel,
                            x_fp8_dense={n: tf / dense for n, tf in row["tflops"].items()})
-            _rooflines(row, ceilings["copy_bytes_per_s"], dense if dense is not None else ceilings["bf16_tflops"])
+            # MXFP4 activations stay bf16: the bf16 peak; FP8 the dense FP8 GEMM's (none where it was not timed)
+            _rooflines(row, ceilings["copy_bytes_per_s"], dense if fmt == "fp8_block" else ceilings["bf16_tflops"])
             if "deepgemm_fp8_sm90" in row["us"]:
                 dg = row["us"]["deepgemm_fp8_sm90"]
                 row["x_deepgemm"] = {n: dg / u for n, u in row["us"].items()}

@@ -32,6 +32,14 @@ def test_a_compute_bound_row_takes_the_flops_bound() -> None:
     assert row["x_roofline"]["k"] == pytest.approx(0.5)
 
 
+def test_without_a_compute_peak_the_weights_alone_bound() -> None:
+    """FP8 rows on a platform without an fp8_linear kernel: no FP8 peak was timed, so the roofline is the weights'
+    bytes alone (never the bf16 peak, which would overstate the FP8 FLOPs' time)."""
+    row = _row(3_000_000_000, 10**15, {"k": 2000.0})
+    bench._rooflines(row, COPY, None)
+    assert row["roofline_us"] == pytest.approx(1000.0) and row["x_roofline"]["k"] == pytest.approx(0.5)
+
+
 def test_the_bf16_baseline_gets_no_share() -> None:
     row = _row(3_000_000, 1, {"k": 2.0, bench.BASELINE: 50.0})
     bench._rooflines(row, COPY, PEAK)

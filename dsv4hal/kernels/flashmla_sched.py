@@ -22,8 +22,9 @@ the partition starts are the orbit of 0 under h: h as a table over the line, com
 (pointer doubling, in registers with tl.gather), gives all of them at once; every field follows from two consecutive
 starts. `serial_plan` below is the vendor's walk, written out, which tests compare the kernel with.
 
-Used by dsv4hal.kernels.flashmla_glue inside a declared decode step on SM90 when the line fits one program
-(planned_here: LINE_MAX units, MAX_PARTS partitions); otherwise the decode op makes its plan itself."""
+Used by dsv4hal.kernels.flashmla_glue on SM90, inside a declared decode step and for a call captured into a CUDA
+graph, when the line fits one program (planned_here: LINE_MAX units, MAX_PARTS partitions); otherwise the decode op
+makes its plan itself."""
 
 from __future__ import annotations
 

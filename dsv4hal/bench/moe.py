@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from dsv4hal.bench import linear as linear_shapes
 from dsv4hal.bench.common import bound_op, candidates
 from dsv4hal.bench.timing import eager_us, graph_us
 from dsv4hal.conformance.cases_moe import _expert_weights, _experts_params
@@ -30,7 +31,8 @@ QUICK_TOKENS = (1, 8, 16, 32, 64, 4096)  # every decode size of TOKENS (the MXFP
 EP_TOKENS = (64, 4096)  # expert-parallel inputs: these token counts again with a share of routes dropped
 EP_DROPPED = (0.5, 0.9)
 BASELINE = "torch_bf16_loop"
-DENSE_FP8 = (4096, 4096, 8192)  # (T, N, K) of the dense FP8 GEMM timed as the FP8 peak: V4-Flash's wo_b
+# (T, N, K) of the dense FP8 GEMM timed as the FP8 peak: V4-Flash's wo_b (bench linear's shape) at 4096 tokens
+DENSE_FP8 = (4096, *next((n, k) for name, n, k in linear_shapes.SHAPES if name == "wo_b"))
 
 
 def _bf16_experts(weights: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -47,13 +49,12 @@ def _fp8_dense_tflops(platform: Any, gen: torch.Generator) -> tuple[float | None
     (DeepGEMM's where installed): the card's FP8 peak an FP8 MoE is set against, measured in this run; (None, None)
     where the platform runs no fp8_linear kernel (the rows then take the bf16 peak)."""
     import dsv4hal
-    from dsv4hal.bench.linear import _time_impls
 
     t, n, k = DENSE_FP8
     weight, scale = dsv4hal.quantize_fp8_block(torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5,
                                                platform.info.fp8)
     x = torch.randn(t, k, device="cuda", generator=gen).bfloat16()
-    us = _time_impls(platform, "fp8_linear", (x, weight, scale))
+    us = linear_shapes._time_impls(platform, "fp8_linear", (x, weight, scale))
     if not us:
         return None, None
     best = min(us, key=us.__getitem__)

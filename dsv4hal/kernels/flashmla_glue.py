@@ -176,24 +176,21 @@ def _decoder(flavour: Flavour, use_native: bool = True,
             if plans is not None:  # a step shares its lengths (the engine declares them fixed) and one plan a shape
                 key = _plan_key("op", q, swa_cache, swa_indices, extra_cache, extra_indices)
                 kept = plans.get(key)
-            clamped = True  # the lengths handed on: a plan's, or clamped by _new_plan (else below or in C++)
             if kept is not None:
                 md, splits, swa_lengths, extra_lengths = kept
-            elif plans is not None or plan_each_call or capturing(q):
+            elif plans is not None or plan_each_call or capturing(q):  # lengths clamped with the plan
                 md, splits, swa_lengths, extra_lengths = _new_plan(q, swa_indices, swa_lengths, extra_indices,
                                                                    extra_lengths)
-            else:
-                clamped = False
+            elif native is None:  # the op plans; the C++ glue clamps the lengths of a call without a plan itself
+                swa_lengths = within_widths(swa_lengths, swa_indices.shape[-1])
+                if extra_indices is not None:
+                    extra_lengths = within_widths(extra_lengths, extra_indices.shape[-1])
             if native is not None:  # the [T, 1, ...] views made in C++ (native_glue), the lengths clamped there
                 out, lse, md, splits = native(
                     q, swa_cache.flashmla_view(), swa_indices, swa_lengths, sink, md, splits,
                     None if extra_cache is None else extra_cache.flashmla_view(), extra_indices, extra_lengths,
                     HEAD_DIM_V, softmax_scale)
             else:
-                if not clamped:
-                    swa_lengths = within_widths(swa_lengths, swa_indices.shape[-1])
-                    if extra_indices is not None:
-                        extra_lengths = within_widths(extra_lengths, extra_indices.shape[-1])
                 out, lse, md, splits = op(
                     q.unsqueeze(1), swa_cache.flashmla_view(), swa_indices.unsqueeze(1), swa_lengths, sink, md,
                     splits, None if extra_cache is None else extra_cache.flashmla_view(),

@@ -29,19 +29,21 @@ FLASHMLA_SGL_PRIORITY = 300  # sgl-flash-mla is FlashMLA's own build: preferred 
 FLASHMLA_VLLM_PRIORITY = 290  # vLLM's bundled FlashMLA: the same kernels, used when only vLLM is installed
 # One query row (T = 1) over the SWA window alone or with a short extra list (<= 1024 entries): the portable
 # triton_sparse_decode (100) beats FlashMLA in all 6 such buckets of the H200 lock (bench/results/h200/
-# cuda_sm90.lock.json: 11.4-15.3 against 21.9-35.9 us, 1.7-2.8x; bench-attention.json agrees at 1.7-2.6x). So
-# FlashMLA goes below it there. With a long C128 list (1M context) FlashMLA stays first (37-50 against 111-189 us)
-# These are GPU times (graph replays: how engines run decode). Launched eagerly, the Triton kernel's host time is
-# 81-90 us a call against 48-51 for the bound FlashMLA call (bench-attention.json, host_us), so an eager
-# single-row call is host-bound either way and waits ~30-40 us longer: force FlashMLA for eager single-row serving.
+# cuda_sm90.lock.json: 11.4-15.3 against 21.9-35.9 us, 1.7-2.8x, FlashMLA planning each call) and in the 4 such cells
+# of bench-attention.json, where a captured FlashMLA call is planned by dsv4hal's parallel program (9.9-15.7 against
+# 14.1-17.2 us, 1.03-1.42x). So FlashMLA goes below it there. With a long C128 list (1M context) FlashMLA stays first
+# (32.0 against 59.3 us). These are GPU times (graph replays: how engines run decode). Launched eagerly, the Triton
+# kernel's host time is 85-141 us a call against 69-107 for the bound FlashMLA call (bench-attention.json, host_us),
+# so an eager single-row call is host-bound either way and waits longer through Triton: force FlashMLA for eager
+# single-row serving.
 # Up to 64 rows (the "batch" class) FlashMLA stays first: in the V4-Flash decode step at batch 64 the three layers'
 # attention takes 112.0 us alone through FlashMLA against 144.2 through Triton (bench/results/h100/
-# demo-flash-flashmla.json, demo-flash.json), and at 64 rows over 1024 extra keys Triton is slower
-# (bench/results/h100/bench-attention.json).
+# demo-flash-flashmla.json and demo-flash.json of commit f5d9056, whose static choice there was Triton), and at 64
+# rows over 1024 extra keys Triton is slower (bench/results/h100/bench-attention.json).
 FLASHMLA_SINGLE_ROW_PRIORITY = {"sgl": 95, "vllm": 94}
 FLASHMLA_SINGLE_ROW_CASES = ({"tokens": "single", "extra_class": None}, {"tokens": "single", "extra_class": "short"})
-FLASHMLA_SINGLE_ROW_WHY = ("H200 graph replays: triton_sparse_decode 1.7-2.8x faster for one query row; launched "
-                           "eagerly its host time is ~30 us longer: force FlashMLA to serve single rows eagerly")
+FLASHMLA_SINGLE_ROW_WHY = ("H200 graph replays: triton_sparse_decode 1.03-2.8x faster for one query row; launched "
+                           "eagerly its host time is 16-35 us longer: force FlashMLA to serve single rows eagerly")
 MARLIN_PRIORITY = 300  # MXFP4 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
 DEEPGEMM_MOE_PRIORITY = 290  # FP8 experts; H200 conformance: bench/results/h200/conformance-cuda_sm90-moe.json
 # the same FP8 experts with DeepGEMM's psum layout (the GEMMs skip the padding tail of every expert): above the

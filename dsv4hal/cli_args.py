@@ -37,6 +37,14 @@ def number(kind: type[int] | type[float], low: float, high: float | None = None,
     return parse
 
 
+def op_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list of op names (checked against the platform once it is selected)."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected op names separated by commas, such as sparse_attention_decode")
+    return names
+
+
 def add_demo_parser(sub: Any) -> None:
     """The `demo` subcommand and its options."""
     sp = sub.add_parser("demo", help="an engine-shaped DSV4 layer stack: prefill, then decode (small shapes)")
@@ -63,6 +71,10 @@ def add_demo_parser(sub: Any) -> None:
                     metavar="FRACTION", help="keep the C4 pool in pinned host memory with a device working set of "
                     "FRACTION of its pages (default fraction 0.25, raised to the pages one step selects), fetched each "
                     "step (default: off, the pool resident)")
+    sp.add_argument("--kernels-per-call", type=op_list, default=(), metavar="OP[,OP...]",
+                    help="graph mode: run each of the first step's calls of these ops through every kernel that "
+                         "takes its case, on the call's own inputs: output checked, then timed alone (JSON "
+                         "kernels_per_call; default: none)")
     sp.add_argument("--compare-cpu", action="store_true",
                     help="also run the small config on the CPU reference and compare every layer's output "
                          "(default: off)")

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from dsv4hal.demo.cpu_comparison import compare_with_cpu
+from dsv4hal.demo.kernels_per_call import check_ops
 from dsv4hal.demo.plots import plot_breakdown, plot_eager
 from dsv4hal.demo.runner import run_demo
 from dsv4hal.engine_model.config import SIZES
@@ -52,10 +53,17 @@ def main(args: argparse.Namespace) -> int:
     if graph and args.steps == 1:  # step 0 runs eagerly (the warm-up, each op timed alone); replays time steps 1..
         raise Dsv4HalError("--steps 1 in graph mode times no graph replay (the first step is the eager warm-up)",
                            remedy="use --steps 2 or more, or --no-graph")
+    per_call = tuple(getattr(args, "kernels_per_call", ()) or ())
+    if per_call:
+        if not graph:
+            raise Dsv4HalError("--kernels-per-call times kernels in CUDA graphs: it needs graph mode",
+                               remedy="run on a CUDA platform without --no-graph, or drop --kernels-per-call")
+        check_ops(platform, per_call)
     with Progress(1 + (1 if graph and args.steps else args.steps), "demo") as bar:
         res = run_demo(platform, args.batch, args.context, args.steps, cfg=SIZES[args.size], fill=args.fill,
                        graph=graph, progress=bar.update, compile_backend=args.compile,
-                       tokens_per_request=args.tokens_per_request, offload_c4=getattr(args, "offload_c4", None))
+                       tokens_per_request=args.tokens_per_request, offload_c4=getattr(args, "offload_c4", None),
+                       kernels_per_call_ops=per_call)
     outputs = res.pop("outputs")
     layers = res.pop("layer_outputs")
     res["output_rms"] = [float(o.pow(2).mean().sqrt()) for o in outputs]
@@ -75,6 +83,9 @@ def main(args: argparse.Namespace) -> int:
         for name, us in sorted(res["ops_alone_us"].items(), key=lambda kv: -kv[1]):
             print(f"  {name:<26} {us:9.1f} us  floor {res['ops_floor_us'][name]:8.1f} us  "
                   f"({res['kernels'].get(name, '-')})")
+        for row in res.get("kernels_per_call", ()):
+            times = ", ".join(f"{k} {v:.1f} us" for k, v in sorted(row["us"].items(), key=lambda kv: kv[1]))
+            print(f"  {row['op']} call {row['call']} ({row['chosen']} chosen): {times}")
         prof = res.get("step_kernels", {})
         if "top" in prof:
             print(f"  one replay, kernel by kernel: {prof['kernels_us']:.1f} us in {prof['kernel_launches']} kernels")

@@ -6,13 +6,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 
 from dsv4hal.demo.floors import floor_bytes
+from dsv4hal.demo.kernels_per_call import in_step, kernels_per_call
 from dsv4hal.demo.step_profile import RangeTimer, profile_replay
 from dsv4hal.engine_model.config import PAGE, DemoConfig
 from dsv4hal.engine_model.model import DemoModel, fill_random
@@ -25,7 +26,8 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
              cfg: DemoConfig | None = None, tape: Tape | None = None, *, fill: str = "prefill",
              graph: bool = False, progress: Any = None, compile_backend: str | None = None,
              tokens_per_request: int = 1, make_model: Callable[[DemoConfig], DemoModel] | None = None,
-             input_seed: int | None = None, offload_c4: float | None = None) -> dict[str, Any]:
+             input_seed: int | None = None, offload_c4: float | None = None,
+             kernels_per_call_ops: Sequence[str] = ()) -> dict[str, Any]:
     """Prefill `batch` prompts of `context` tokens (or fill="random": a synthetic context), then decode `steps`
     tokens; returns outputs and times. With a `tape` (Tape(platform.ops)) every op call is recorded for
     `replay`. graph=True (GPU): the first decode step runs eagerly (recorded and timed op by op), the rest
@@ -84,7 +86,7 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     res["compile_backend"] = compile_backend
     if graph and steps:
         res.update(_decode_graph(platform, model, embed, context, steps, outputs, layers, step,
-                                  compile_backend is not None))
+                                  compile_backend is not None, kernels_per_call_ops))
         step_done(f"{steps} decode steps (graph)")
     else:
         t0 = time.perf_counter()
@@ -137,15 +139,8 @@ def kernels_in_use(platform: Any, model: DemoModel, calls: list = ()) -> dict[st
     return out
 
 
-def _in_step(platform: Any, op: Any, args: tuple, kwargs: dict) -> Any:
-    """One op call in a decode step of its own: timed alone as the step runs it (a plan the step's first call of a
-    shape makes, such as FlashMLA's, is made in this call)."""
-    with platform.decode_step():
-        return op(*args, **kwargs)
-
-
 def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, steps: int, outputs: list,
-                  layers: list, step: Any, compiled: bool) -> dict[str, Any]:
+                  layers: list, step: Any, compiled: bool, per_call_ops: Sequence[str] = ()) -> dict[str, Any]:
     """Step 0 eagerly under a Tape (warm-up, and each op call timed alone); then one CUDA graph of the step
     (`step`: the forward, or its compiled form, compiled first), captured once and replayed for steps 1.. with new
     positions and inputs written into its buffers."""
@@ -170,9 +165,11 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
     copy_bw = copy_bandwidth(1 << 30)
     for name, args, kwargs, out in tape.calls:
         op = getattr(platform.ops, name)
-        alone[name] += graph_us(lambda op=op, a=args, k=kwargs: _in_step(platform, op, a, k), inner=3, reps=10)
+        alone[name] += graph_us(lambda op=op, a=args, k=kwargs: in_step(platform, op, a, k), inner=3, reps=10)
         floors[name] += floor_bytes(name, args, kwargs, out) / copy_bw * 1e6
         calls[name] += 1
+    per_call = kernels_per_call(platform, tape.calls, per_call_ops,
+                                lambda fn: graph_us(fn, inner=3, reps=10)) if per_call_ops else None
     compile_s = None
     if compiled:  # compile outside the capture, timed (a step at the same position: the same cache writes)
         t0 = time.perf_counter()
@@ -209,6 +206,7 @@ def _decode_graph(platform: Any, model: DemoModel, embed: Any, context: int, ste
             "ops_calls_per_step": dict(calls), "sum_ops_alone_us": sum_alone,
             "graph_step_over_sum_ops": step_us / sum_alone if sum_alone else float("nan"),
             "copy_bytes_per_s": copy_bw, "step_kernels": step_kernels, "first_step_s": compile_s,
+            **({"kernels_per_call": per_call} if per_call is not None else {}),
             # the kernels the step's real cases chose (the default case's can differ, e.g. moe_route by E)
             "kernels": kernels_in_use(platform, model, tape.calls)}
 

@@ -49,23 +49,32 @@ def replay(tape: Tape, platform: Any) -> dict[str, float]:
     In-place ops (pack_store) are checked bit-exactly by the conformance suite and skipped here."""
     worst: dict[str, float] = {}
     for name, args, kwargs, want in tape.calls:
-        if name in ("pack_store", "indexer_store"):  # in place
+        if name in IN_PLACE:
             continue
-        got = getattr(platform.ops, name)(*args, **kwargs)
-        got_t = [x for x in tensors_of(got)]
-        want_t = [x for x in tensors_of(want)]
-        for g, w in zip(got_t, want_t, strict=True):
-            if name == "indexer_topk":  # same set per row; order is free beyond k
-                g, w = g.sort(dim=-1).values, w.sort(dim=-1).values
-            err = (g.double() - w.double()).abs()
-            err = err[torch.isfinite(w.double())]
-            e = float(err.max()) if err.numel() else 0.0
-            tol = REPLAY_TOLERANCE.get(name)
-            bound = 0.0 if tol is None else tol[0] + tol[1] * float(w.double()[torch.isfinite(w.double())].abs().max()
-                                                                     if w.numel() else 0.0)
-            if e > bound or not bool(torch.equal(torch.isfinite(g.double()), torch.isfinite(w.double()))):
-                raise AssertionError(f"replay of {name}: max error {e:.3g} over {bound:.3g}")
-            worst[name] = max(worst.get(name, 0.0), e)
+        e = output_error(name, getattr(platform.ops, name)(*args, **kwargs), want)
+        worst[name] = max(worst.get(name, 0.0), e)
+    return worst
+
+
+IN_PLACE = ("pack_store", "indexer_store")  # ops whose result is the buffer they write: no output to compare
+
+
+def output_error(name: str, got: Any, want: Any) -> float:
+    """The largest absolute error of an op's output against a recorded one, over the finite recorded values;
+    raises AssertionError past the op's REPLAY_TOLERANCE (exact where it has none) or where finiteness differs."""
+    worst = 0.0
+    for g, w in zip(tensors_of(got), tensors_of(want), strict=True):
+        if name == "indexer_topk":  # same set per row; order is free beyond k
+            g, w = g.sort(dim=-1).values, w.sort(dim=-1).values
+        err = (g.double() - w.double()).abs()
+        err = err[torch.isfinite(w.double())]
+        e = float(err.max()) if err.numel() else 0.0
+        tol = REPLAY_TOLERANCE.get(name)
+        bound = 0.0 if tol is None else tol[0] + tol[1] * float(w.double()[torch.isfinite(w.double())].abs().max()
+                                                                 if w.numel() else 0.0)
+        if e > bound or not bool(torch.equal(torch.isfinite(g.double()), torch.isfinite(w.double()))):
+            raise AssertionError(f"replay of {name}: max error {e:.3g} over {bound:.3g}")
+        worst = max(worst, e)
     return worst
 
 

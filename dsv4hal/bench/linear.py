@@ -27,7 +27,7 @@ EINSUM = "bhr,hdr->bhd"  # DeepGEMM's name of x [T, G, K] . weight [G, N, K] -> 
 DIRECT = "deepgemm_fp8_einsum_direct"
 
 
-def _time_impls(platform: Any, op: str, args: tuple[torch.Tensor, ...]) -> dict[str, float]:
+def time_impls(platform: Any, op: str, args: tuple[torch.Tensor, ...]) -> dict[str, float]:
     """GPU microseconds of each kernel the platform offers for this call (the reference left out)."""
     case = platform.ops[op].case_of(*args)
     out = {}
@@ -75,7 +75,7 @@ def _linear_rows(platform: Any, ceilings: dict[str, float], quick: bool, gen: to
         for t in TOKENS:
             x = torch.randn(t, k, device="cuda", generator=gen).bfloat16()
             row: dict[str, Any] = {"op": "fp8_linear", "shape": name, "N": n, "K": k, "T": t,
-                                   "us": _time_impls(platform, "fp8_linear", (x, weight, scale))}
+                                   "us": time_impls(platform, "fp8_linear", (x, weight, scale))}
             row["bf16_mm_us"] = graph_us(lambda x=x, w=w16: x @ w.T)
             row["floor_us"] = _floor_us(n * k + scale.numel() * 4, t, 1, k, n, ceilings)
             row["tflops"] = {i: 2 * t * n * k / (us * 1e-6) / 1e12 for i, us in row["us"].items()}
@@ -97,7 +97,7 @@ def _grouped_rows(platform: Any, ceilings: dict[str, float], gen: torch.Generato
         for t in TOKENS:
             x = torch.randn(t, g, k, device="cuda", generator=gen).bfloat16()
             row: dict[str, Any] = {"op": "fp8_grouped_linear", "shape": name, "G": g, "N": n, "K": k, "T": t,
-                                   "us": _time_impls(platform, "fp8_grouped_linear", (x, weight, scale))}
+                                   "us": time_impls(platform, "fp8_grouped_linear", (x, weight, scale))}
             direct, why = _direct_einsum(x, weight, scale)
             if direct is not None:
                 row["us"][DIRECT] = direct

@@ -54,7 +54,7 @@ def _fp8_dense_tflops(platform: Any, gen: torch.Generator) -> tuple[float | None
     weight, scale = dsv4hal.quantize_fp8_block(torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5,
                                                platform.info.fp8)
     x = torch.randn(t, k, device="cuda", generator=gen).bfloat16()
-    us = linear_shapes._time_impls(platform, "fp8_linear", (x, weight, scale))
+    us = linear_shapes.time_impls(platform, "fp8_linear", (x, weight, scale))
     if not us:
         return None, None
     best = min(us, key=us.__getitem__)

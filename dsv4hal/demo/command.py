@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from dsv4hal.demo.cpu_comparison import compare_with_cpu
-from dsv4hal.demo.kernels_per_call import check_ops
 from dsv4hal.demo.plots import plot_breakdown, plot_eager
 from dsv4hal.demo.runner import run_demo
 from dsv4hal.engine_model.config import SIZES
@@ -53,17 +52,11 @@ def main(args: argparse.Namespace) -> int:
     if graph and args.steps == 1:  # step 0 runs eagerly (the warm-up, each op timed alone); replays time steps 1..
         raise Dsv4HalError("--steps 1 in graph mode times no graph replay (the first step is the eager warm-up)",
                            remedy="use --steps 2 or more, or --no-graph")
-    per_call = tuple(getattr(args, "kernels_per_call", ()) or ())
-    if per_call:
-        if not graph:
-            raise Dsv4HalError("--kernels-per-call times kernels in CUDA graphs: it needs graph mode",
-                               remedy="run on a CUDA platform without --no-graph, or drop --kernels-per-call")
-        check_ops(platform, per_call)
     with Progress(1 + (1 if graph and args.steps else args.steps), "demo") as bar:
         res = run_demo(platform, args.batch, args.context, args.steps, cfg=SIZES[args.size], fill=args.fill,
                        graph=graph, progress=bar.update, compile_backend=args.compile,
                        tokens_per_request=args.tokens_per_request, offload_c4=getattr(args, "offload_c4", None),
-                       kernels_per_call_ops=per_call)
+                       kernels_per_call_ops=getattr(args, "kernels_per_call", ()))
     outputs = res.pop("outputs")
     layers = res.pop("layer_outputs")
     res["output_rms"] = [float(o.pow(2).mean().sqrt()) for o in outputs]

@@ -13,12 +13,13 @@ from typing import Any
 import torch
 
 from dsv4hal.demo.floors import floor_bytes
-from dsv4hal.demo.kernels_per_call import in_step, kernels_per_call
+from dsv4hal.demo.kernels_per_call import check_ops, in_step, kernels_per_call
 from dsv4hal.demo.step_profile import RangeTimer, profile_replay
 from dsv4hal.engine_model.config import PAGE, DemoConfig
 from dsv4hal.engine_model.model import DemoModel, fill_random
 from dsv4hal.engine_model.tape import Tape
 from dsv4hal.engine_model.timers import NullTimer, Timer
+from dsv4hal.errors import Dsv4HalError
 from dsv4hal.speculative import chain_rows, check_chain
 
 
@@ -41,7 +42,14 @@ def run_demo(platform: Any, batch: int = 2, context: int = 40, steps: int = 3, s
     model instead of DemoModel (an expert-parallel rank's: dsv4hal.demo.ep); input_seed seeds the token embeddings
     (default seed + 1), so ranks can serve different requests with the same weights. offload_c4 (a fraction, 0.25
     for a quarter): after the prefill the C4 pool moves to pinned host memory with a device working set of that
-    fraction of its pages (DemoModel.offload_c4); the stats of its fetches are in "offload"."""
+    fraction of its pages (DemoModel.offload_c4); the stats of its fetches are in "offload". kernels_per_call_ops
+    (graph mode only, else a Dsv4HalError, as for an op check_ops refuses): each of the first step's calls of these
+    ops also runs through every kernel that takes its case ("kernels_per_call": dsv4hal.demo.kernels_per_call)."""
+    if kernels_per_call_ops:  # refused before the prefill, not after it
+        if not graph:
+            raise Dsv4HalError("--kernels-per-call times kernels in CUDA graphs: it needs graph mode",
+                               remedy="run on a CUDA platform without --no-graph, or drop --kernels-per-call")
+        check_ops(platform, kernels_per_call_ops)
     step_done = progress or (lambda text: None)
     n = tokens_per_request
     cfg = replace(cfg or DemoConfig(), max_pages=-(-(context + steps * n) // PAGE))

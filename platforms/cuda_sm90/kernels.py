@@ -36,10 +36,10 @@ FLASHMLA_VLLM_PRIORITY = 290  # vLLM's bundled FlashMLA: the same kernels, used 
 # kernel's host time is 85-141 us a call against 69-107 for the bound FlashMLA call (bench-attention.json, host_us),
 # so an eager single-row call is host-bound either way and waits longer through Triton: force FlashMLA for eager
 # single-row serving.
-# Up to 64 rows (the "batch" class) FlashMLA stays first: in the V4-Flash decode step at batch 64 the three layers'
-# attention takes 112.0 us alone through FlashMLA against 144.2 through Triton (bench/results/h100/
-# demo-flash-flashmla.json and demo-flash.json of commit f5d9056, whose static choice there was Triton), and at 64
-# rows over 1024 extra keys Triton is slower (bench/results/h100/bench-attention.json).
+# Up to 64 rows (the "batch" class) FlashMLA stays first: each of the V4-Flash step's three attention calls at batch
+# 64, run on its own inputs through both kernels, is faster through FlashMLA (SWA / C4 / C128: 17.1 / 61.1 / 34.2
+# against 21.7 / 71.0 / 55.7 us, bench/results/h100/demo-flash.json, kernels_per_call), and at 64 rows over 1024
+# extra keys Triton is slower (bench/results/h100/bench-attention.json).
 FLASHMLA_SINGLE_ROW_PRIORITY = {"sgl": 95, "vllm": 94}
 FLASHMLA_SINGLE_ROW_CASES = ({"tokens": "single", "extra_class": None}, {"tokens": "single", "extra_class": "short"})
 FLASHMLA_SINGLE_ROW_WHY = ("H200 graph replays: triton_sparse_decode 1.03-2.8x faster for one query row; launched "

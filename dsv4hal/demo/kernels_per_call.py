@@ -37,11 +37,6 @@ def check_ops(platform: Any, ops: Sequence[str]) -> None:
                                remedy="name ops that write none of their arguments, such as sparse_attention_decode")
 
 
-def _plain(case: Any) -> dict[str, Any]:
-    """A case as JSON keeps it: its values as they are where JSON has them, else their text."""
-    return {k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in dict(case).items()}
-
-
 def kernels_per_call(platform: Any, calls: Sequence[tuple], ops: Sequence[str],
                      time_call: Callable[[Callable[[], Any]], float]) -> list[dict[str, Any]]:
     """For each recorded call (a Tape's: name, args, kwargs, output) of an op in `ops`: {op, call (its index among
@@ -58,7 +53,7 @@ def kernels_per_call(platform: Any, calls: Sequence[tuple], ops: Sequence[str],
         op = platform.ops[name]
         case = op.case_of(*args, **kwargs)
         chosen = op.decide(case).chosen.name
-        row: dict[str, Any] = {"op": name, "call": seen[name], "case": _plain(case), "chosen": chosen, "us": {},
+        row: dict[str, Any] = {"op": name, "call": seen[name], "case": dict(case), "chosen": chosen, "us": {},
                                "max_error": {}, "refused": {}, "wrong": {}}
         seen[name] += 1
         for impl in dict.fromkeys([chosen, *candidates(platform, name, case=case)]):

@@ -44,6 +44,9 @@ REPLAY_TOLERANCE = {"sparse_attention_decode": (2e-2, 2e-2), "mhc_pre": (2e-3, 1
                     "moe_route": (1e-5, 1e-5)}
 
 
+IN_PLACE = ("pack_store", "indexer_store")  # ops whose result is the buffer they write: no output to compare
+
+
 def replay(tape: Tape, platform: Any) -> dict[str, float]:
     """Re-run each recorded call on `platform` and return the worst error per op (raises on a mismatch).
     In-place ops (pack_store) are checked bit-exactly by the conformance suite and skipped here."""
@@ -56,9 +59,6 @@ def replay(tape: Tape, platform: Any) -> dict[str, float]:
     return worst
 
 
-IN_PLACE = ("pack_store", "indexer_store")  # ops whose result is the buffer they write: no output to compare
-
-
 def output_error(name: str, got: Any, want: Any) -> float:
     """The largest absolute error of an op's output against a recorded one, over the finite recorded values;
     raises AssertionError past the op's REPLAY_TOLERANCE (exact where it has none) or where finiteness differs."""
@@ -66,13 +66,13 @@ def output_error(name: str, got: Any, want: Any) -> float:
     for g, w in zip(tensors_of(got), tensors_of(want), strict=True):
         if name == "indexer_topk":  # same set per row; order is free beyond k
             g, w = g.sort(dim=-1).values, w.sort(dim=-1).values
-        err = (g.double() - w.double()).abs()
-        err = err[torch.isfinite(w.double())]
+        g, w = g.double(), w.double()
+        finite = torch.isfinite(w)
+        err = (g - w).abs()[finite]
         e = float(err.max()) if err.numel() else 0.0
         tol = REPLAY_TOLERANCE.get(name)
-        bound = 0.0 if tol is None else tol[0] + tol[1] * float(w.double()[torch.isfinite(w.double())].abs().max()
-                                                                 if w.numel() else 0.0)
-        if e > bound or not bool(torch.equal(torch.isfinite(g.double()), torch.isfinite(w.double()))):
+        bound = 0.0 if tol is None else tol[0] + tol[1] * (float(w[finite].abs().max()) if err.numel() else 0.0)
+        if e > bound or not bool(torch.equal(torch.isfinite(g), finite)):
             raise AssertionError(f"replay of {name}: max error {e:.3g} over {bound:.3g}")
         worst = max(worst, e)
     return worst
